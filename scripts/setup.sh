@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian machine; safe to run again (it skips what is done).
+#  - Open MPI (the CPU collective engine and rank launcher) and clang (bindgen for rsmpi)
+#  - a project-local virtualenv .venv with PyTorch 2.13.0 from PyPI: libtorch for tch 0.26,
+#    and the fixtures' reference scripts
+#  - .libtorch -> the wheel's torch directory, which .cargo/config.toml points LIBTORCH at
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev openmpi-bin)
+command -v clang >/dev/null && [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_apt+=(libclang-dev clang)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${need_apt[*]} (apt)"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! .venv/bin/python -c 'import torch, safetensors; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
+  echo "setup: installing torch==2.13.0 into .venv (pip, about 1-2 minutes)"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r fixtures/requirements.txt
+fi
+
+torch_dir=$(.venv/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+ln -sfn "$torch_dir" .libtorch
+echo "setup: libtorch at $torch_dir"

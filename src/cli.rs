@@ -1,0 +1,145 @@
+//! Flags, parsed once and turned into the library's validated `Config`. Only the binary
+//! sees clap.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use ddp_verify::{Config, Tolerance, TrainConfig};
+
+const EXIT_CODES: &str = "Exit codes: 0 equivalent, 1 not equivalent, 2 bad usage or input, 3 a rank or the launcher failed.";
+
+#[derive(Parser)]
+#[command(
+    name = "ddp-verify",
+    version,
+    about = "Proves that DDP over W ranks and gradient accumulation over K micro-batches give the same model.",
+    args_conflicts_with_subcommands = true,
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Print each rank's DistributedSampler indices and the accumulation order.
+    Split(SplitArgs),
+    /// One DDP rank, started by ddp-verify itself under mpirun.
+    #[command(name = "__rank", hide = true)]
+    Rank {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+pub struct SplitShape {
+    /// N: samples in the data set.
+    #[arg(long, default_value_t = 8)]
+    pub data_size: usize,
+    /// W: DDP ranks (one per GPU, or one CPU process each).
+    #[arg(long, default_value_t = 2)]
+    pub gpus: usize,
+    /// B: micro-batch size per rank.
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+    /// K: micro-batches per optimizer step in the single-device run; a multiple of --gpus.
+    #[arg(long, default_value_t = 2)]
+    pub acc_steps: usize,
+    /// Shuffle with randperm seeded by seed + epoch, as DistributedSampler(shuffle=True).
+    #[arg(long)]
+    pub shuffle: bool,
+    /// Drop the tail that does not divide evenly instead of padding by repetition.
+    #[arg(long)]
+    pub drop_last: bool,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub shape: SplitShape,
+    /// D: input features of the linear model [default: --data-size, as in the article].
+    #[arg(long)]
+    pub features: Option<usize>,
+    #[arg(long, default_value_t = 2)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Largest distance in float32 ulps that counts as equal.
+    #[arg(long, default_value_t = Tolerance::default().max_ulps)]
+    pub max_ulps: u32,
+    /// Largest relative difference that counts as equal.
+    #[arg(long, default_value_t = Tolerance::default().rtol)]
+    pub rtol: f32,
+    /// Absolute difference that counts as equal; only matters for values near zero.
+    #[arg(long, default_value_t = Tolerance::default().atol)]
+    pub atol: f32,
+    /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
+    #[arg(long, value_name = "DIR")]
+    pub save_trace: Option<PathBuf>,
+    /// Also check both runs against PyTorch's traces in DIR (e.g. golden/article).
+    #[arg(long, value_name = "DIR")]
+    pub golden: Option<PathBuf>,
+    /// Let --save-trace replace existing files.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args)]
+pub struct SplitArgs {
+    #[command(flatten)]
+    pub shape: SplitShape,
+    /// The epoch passed to set_epoch (changes the shuffle).
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    /// Print JSON: {"shards": [...], "accumulation_order": [...], ...}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl SplitShape {
+    fn train(&self, features: Option<usize>, epochs: usize, lr: f64, momentum: f64) -> TrainConfig {
+        TrainConfig {
+            data_size: self.data_size,
+            features: features.unwrap_or(self.data_size),
+            seed: self.seed,
+            epochs,
+            batch_size: self.batch_size,
+            acc_steps: self.acc_steps,
+            gpus: self.gpus,
+            lr,
+            momentum,
+            shuffle: self.shuffle,
+            drop_last: self.drop_last,
+        }
+    }
+}
+
+impl RunArgs {
+    pub fn config(&self) -> Config {
+        Config {
+            train: self.shape.train(self.features, self.epochs, self.lr, self.momentum),
+            tolerance: Tolerance { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol },
+            save_trace: self.save_trace.clone(),
+            golden: self.golden.clone(),
+            force: self.force,
+        }
+    }
+}
+
+impl SplitArgs {
+    pub fn train(&self) -> TrainConfig {
+        let d = TrainConfig::article();
+        self.shape.train(None, 1, d.lr, d.momentum)
+    }
+}

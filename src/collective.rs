@@ -1,0 +1,76 @@
+//! The collective engine behind DDP, as one small trait: Open MPI (rsmpi) for CPU ranks
+//! today, so an NCCL backend for GPUs can slot in beside it.
+
+use mpi::collective::SystemOperation;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::*;
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+pub trait Collective {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Element-wise sum over all ranks, result on every rank.
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()>;
+    /// Copies `root`'s data to every rank.
+    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()>;
+}
+
+/// A world of one process: what `--gpus 1` needs, and a stand-in for unit tests.
+pub struct Solo;
+
+impl Collective for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _data: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast(&self, _data: &mut [f32], _root: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `MPI_COMM_WORLD` of an initialised MPI universe.
+pub struct Mpi {
+    world: SimpleCommunicator,
+}
+
+impl Mpi {
+    pub fn new(world: SimpleCommunicator) -> Self {
+        Mpi { world }
+    }
+}
+
+impl Collective for Mpi {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+    fn world_size(&self) -> usize {
+        self.world.size() as usize
+    }
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
+        let send = data.to_vec();
+        self.world.all_reduce_into(&send[..], data, SystemOperation::sum());
+        Ok(())
+    }
+    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()> {
+        self.world.process_at_rank(root as i32).broadcast_into(data);
+        Ok(())
+    }
+}
+
+/// Applies `op` to a float32 CPU tensor's values in place.
+pub fn with_values(t: &mut Tensor, op: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+    if t.kind() != Kind::Float {
+        return Err(Error::Rank { rank: 0, problem: format!("collective needs float32 tensors, got {:?}", t.kind()) });
+    }
+    let mut values = Vec::<f32>::try_from(&t.flatten(0, -1))?;
+    op(&mut values)?;
+    let _ = tch::no_grad(|| t.copy_(&Tensor::from_slice(&values).view_as(t)));
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! One error type for the library. Each variant maps to a documented exit code, and its
+//! message is a single line that names the flag or file and says how to fix it.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // --- bad usage or input (exit 2) ---
+    #[error("{flag}: {problem}; {fix}")]
+    BadFlag { flag: &'static str, problem: String, fix: String },
+
+    #[error("{}: {problem}; {fix}", path.display())]
+    BadFile { path: PathBuf, problem: String, fix: String },
+
+    // --- a rank or the launcher failed (exit 3) ---
+    #[error("launcher: {problem}; {fix}")]
+    Launcher { problem: String, fix: String },
+
+    #[error("rank {rank}: {problem}")]
+    Rank { rank: usize, problem: String },
+
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+
+    #[error("{context}: {source}")]
+    Io { context: String, source: std::io::Error },
+}
+
+impl Error {
+    /// Exit codes: 0 equivalent, 1 not equivalent (not an error), 2 bad usage or input,
+    /// 3 a rank or the launcher failed.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::BadFlag { .. } | Error::BadFile { .. } => 2,
+            Error::Launcher { .. } | Error::Rank { .. } | Error::Torch(_) | Error::Io { .. } => 3,
+        }
+    }
+
+    pub fn bad_flag(flag: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Error::BadFlag { flag, problem: problem.into(), fix: fix.into() }
+    }
+
+    pub fn bad_file(path: impl Into<PathBuf>, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Error::BadFile { path: path.into(), problem: problem.into(), fix: fix.into() }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}

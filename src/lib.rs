@@ -1,0 +1,22 @@
+//! ddp-verify: proves that data-parallel training (DDP) and gradient accumulation give the
+//! same per-step gradients and final weights.
+//!
+//! Data flows one way: [`config::Config`] → [`sampler`] plan → the two [`runs`] emitting
+//! [`trace::Trace`]s → [`compare`] → [`report`].
+
+pub mod collective;
+pub mod compare;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod golden;
+pub mod models;
+pub mod optim;
+pub mod report;
+pub mod runs;
+pub mod sampler;
+pub mod trace;
+pub mod verify;
+
+pub use config::{Config, Tolerance, TrainConfig};
+pub use error::{Error, Result};

@@ -1,0 +1,15 @@
+//! Models trained by both runs. Parameters carry PyTorch's `state_dict` names, because
+//! those names are how our traces meet the ones PyTorch writes.
+
+mod linear;
+
+pub use linear::Linear;
+
+use tch::Tensor;
+
+pub trait Model {
+    /// Trainable parameters, sorted by name.
+    fn parameters(&self) -> &[(String, Tensor)];
+    /// The micro-batch's loss before any accumulation scaling.
+    fn loss(&self, x: &Tensor) -> Tensor;
+}

@@ -1,0 +1,105 @@
+//! Real processes for the DDP side. On one machine `ddp-verify` starts its own W ranks
+//! with Open MPI's `mpirun` (the user never types it); under a user's `mpirun` across hosts
+//! it notices it is already inside an MPI world and each process acts as one rank.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::collective::Mpi;
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::trace::Trace;
+
+/// The hidden subcommand a launched rank runs.
+pub const RANK_SUBCOMMAND: &str = "__rank";
+
+/// True when Open MPI, PMIx or a PMI launcher started this process.
+pub fn inside_mpi_world() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// An initialised MPI world; finalised when dropped.
+pub struct MpiRank {
+    _universe: mpi::environment::Universe,
+    pub comm: Mpi,
+}
+
+/// Initialises MPI and gives this rank its share of the cores: under mpirun, libtorch would
+/// otherwise run one thread per rank (MKL reads Open MPI's local size, and Open MPI binds
+/// each rank to one core when np <= 2).
+pub fn init_rank() -> Result<MpiRank> {
+    let universe = mpi::initialize().ok_or_else(|| Error::Launcher {
+        problem: "MPI could not be initialised (or was initialised twice)".into(),
+        fix: "start ddp-verify directly, or under mpirun".into(),
+    })?;
+    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads((cores / local.max(1)).max(1) as i32);
+    let comm = Mpi::new(universe.world());
+    Ok(MpiRank { _universe: universe, comm })
+}
+
+/// Entry point of a rank started by [`spawn_ddp`]: trains, and rank 0 writes the trace.
+pub fn rank_main(config: &Path, out: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(config).map_err(|e| Error::io(format!("reading {}", config.display()), e))?;
+    let cfg: TrainConfig = serde_json::from_str(&text)
+        .map_err(|e| Error::bad_file(config, format!("not a rank config ({e})"), "rank configs are written by ddp-verify itself"))?;
+    let rank = init_rank()?;
+    let trace = super::ddp_rank(&cfg, &rank.comm)?;
+    if crate::collective::Collective::rank(&rank.comm) == 0 {
+        trace.save(out)?;
+    }
+    Ok(())
+}
+
+/// W rank processes under way; [`PendingDdp::wait`] collects rank 0's trace.
+pub struct PendingDdp {
+    child: Child,
+    out: PathBuf,
+}
+
+/// Starts `mpirun -np W ddp-verify __rank ...` and returns at once, so the accumulation run
+/// can proceed meanwhile.
+pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path) -> Result<PendingDdp> {
+    let mpirun = find_on_path("mpirun").ok_or_else(|| Error::Launcher {
+        problem: "Open MPI's mpirun is not on PATH".into(),
+        fix: "install Open MPI (apt-get install openmpi-bin libopenmpi-dev, or scripts/setup.sh)".into(),
+    })?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ddp-verify executable", e))?;
+    let config = workdir.join("rank-config.json");
+    let out = workdir.join("ddp.safetensors");
+    let json = serde_json::to_string(cfg).expect("config serialises");
+    std::fs::write(&config, json).map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
+    let child = Command::new(mpirun)
+        .args(["-np", &cfg.gpus.to_string(), "--oversubscribe", "--bind-to", "none"])
+        .arg(exe)
+        .arg(RANK_SUBCOMMAND)
+        .arg("--config")
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        // Open MPI refuses root without these; CI containers run as root.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| Error::Launcher { problem: format!("cannot start mpirun ({e})"), fix: "check the Open MPI install".into() })?;
+    Ok(PendingDdp { child, out })
+}
+
+impl PendingDdp {
+    pub fn wait(mut self) -> Result<Trace> {
+        let status = self.child.wait().map_err(|e| Error::io("waiting for mpirun", e))?;
+        if !status.success() {
+            return Err(Error::Launcher {
+                problem: format!("the DDP ranks failed (mpirun {status})"),
+                fix: "see the rank's message above".into(),
+            });
+        }
+        Trace::load(&self.out)
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file())
+}

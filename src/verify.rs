@@ -1,0 +1,101 @@
+//! The main job: both runs, their comparison, and the golden check.
+
+use std::path::{Path, PathBuf};
+
+use crate::compare::{compare, Comparison, Verdict};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::golden::Golden;
+use crate::runs::{self, launch};
+use crate::trace::Trace;
+
+pub struct Outcome {
+    pub config: Config,
+    pub accumulation: Trace,
+    pub ddp: Trace,
+    /// Accumulation vs DDP: the claim under test.
+    pub runs: Comparison,
+    /// Each run against PyTorch's trace of the same run, when `--golden` is given.
+    pub golden: Vec<Comparison>,
+    pub golden_torch: Option<String>,
+}
+
+impl Outcome {
+    pub fn verdict(&self) -> Verdict {
+        self.golden.iter().map(|c| c.verdict).fold(self.runs.verdict, Verdict::max)
+    }
+}
+
+const TRACE_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "report.json"];
+
+/// Runs accumulation in this process while W MPI ranks run DDP beside it.
+pub fn verify(cfg: &Config) -> Result<Outcome> {
+    let golden = prepare(cfg)?;
+    let workdir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
+    let pending = launch::spawn_ddp(&cfg.train, workdir.path())?;
+    let accumulation = runs::accumulation(&cfg.train);
+    let ddp = pending.wait()?;
+    finish(cfg, accumulation?, ddp, golden)
+}
+
+/// Under a user's `mpirun`: every process is a DDP rank; rank 0 also runs accumulation and
+/// returns the outcome, the others return None.
+pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
+    let rank = launch::init_rank()?;
+    let is_root = crate::collective::Collective::rank(&rank.comm) == 0;
+    let golden = if is_root { prepare(cfg)? } else { None };
+    let ddp = runs::ddp_rank(&cfg.train, &rank.comm)?;
+    if !is_root {
+        return Ok(None);
+    }
+    let accumulation = runs::accumulation(&cfg.train)?;
+    finish(cfg, accumulation, ddp, golden).map(Some)
+}
+
+/// Everything that can refuse the run does so before any training starts.
+fn prepare(cfg: &Config) -> Result<Option<Golden>> {
+    cfg.validate()?;
+    if let Some(dir) = &cfg.save_trace {
+        check_writable(dir, cfg.force)?;
+    }
+    cfg.golden.as_deref().map(|d| Golden::load(d, &cfg.train)).transpose()
+}
+
+fn check_writable(dir: &Path, force: bool) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    if let Some(f) = TRACE_FILES.iter().map(|f| dir.join(f)).find(|p| p.exists()) {
+        return Err(Error::bad_file(f, "--save-trace would overwrite this file", "choose another directory or pass --force"));
+    }
+    Ok(())
+}
+
+fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Result<Outcome> {
+    let tol = &cfg.tolerance;
+    let runs = compare("accumulation", &accumulation, "ddp", &ddp, tol);
+    let (golden, golden_torch) = match golden {
+        Some(g) => (
+            vec![
+                compare("accumulation", &accumulation, "golden accumulation", &g.accumulation, tol),
+                compare("ddp", &ddp, "golden ddp", &g.ddp, tol),
+            ],
+            Some(format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version)),
+        ),
+        None => (Vec::new(), None),
+    };
+    let outcome = Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch };
+    if let Some(dir) = &cfg.save_trace {
+        save(dir, &outcome)?;
+    }
+    Ok(outcome)
+}
+
+fn save(dir: &PathBuf, o: &Outcome) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    o.accumulation.save(&dir.join(TRACE_FILES[0]))?;
+    o.ddp.save(&dir.join(TRACE_FILES[1]))?;
+    let json = serde_json::to_string_pretty(&crate::report::json(o)).expect("report serialises");
+    let path = dir.join(TRACE_FILES[2]);
+    std::fs::write(&path, json + "\n").map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}

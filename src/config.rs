@@ -124,7 +124,7 @@ impl TrainConfig {
         if self.data_size < self.gpus {
             return Err(Error::bad_flag(
                 "--data-size",
-                format!("{} samples cannot give each of --gpus {} ranks its own sample", self.data_size, self.gpus),
+                format!("{} cannot give each of --gpus {} ranks a sample of its own", self.data_size, self.gpus),
                 format!("use --data-size {} or more, or fewer --gpus", self.gpus),
             ));
         }

@@ -21,6 +21,10 @@ pub enum Error {
     #[error("rank {rank}: {problem}")]
     Rank { rank: usize, problem: String },
 
+    /// A rank other than 0 stopped because rank 0 refused the input and reports why.
+    #[error("stopped because rank 0 refused the configuration")]
+    FollowerStopped,
+
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 
@@ -33,8 +37,17 @@ impl Error {
     /// 3 a rank or the launcher failed.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::BadFlag { .. } | Error::BadFile { .. } => 2,
+            Error::BadFlag { .. } | Error::BadFile { .. } | Error::FollowerStopped => 2,
             Error::Launcher { .. } | Error::Rank { .. } | Error::Torch(_) | Error::Io { .. } => 3,
+        }
+    }
+
+    /// Under mpirun every rank meets the same bad input; rank 0 alone reports it.
+    pub fn reported_by(&self, rank: Option<usize>) -> bool {
+        match self {
+            Error::FollowerStopped => false,
+            Error::BadFlag { .. } | Error::BadFile { .. } => rank.unwrap_or(0) == 0,
+            _ => true,
         }
     }
 

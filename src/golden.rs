@@ -29,7 +29,11 @@ impl Golden {
     /// that differs, so a golden is never silently compared against the wrong run.
     pub fn load(dir: &Path, train: &TrainConfig) -> Result<Golden> {
         if !dir.is_dir() {
-            return Err(Error::bad_file(dir, "--golden: no such directory", "pass a directory such as golden/article"));
+            return Err(Error::bad_flag(
+                "--golden",
+                format!("{} is not a directory", dir.display()),
+                "pass a golden directory such as golden/article",
+            ));
         }
         let meta_path = dir.join("config.json");
         let text = std::fs::read_to_string(&meta_path)

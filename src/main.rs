@@ -16,7 +16,9 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("ddp-verify: {e}");
+            if e.reported_by(launch::env_rank()) {
+                eprintln!("ddp-verify: {e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

@@ -44,9 +44,9 @@ impl SamplerSpec {
         let total = self.num_samples() * self.world;
         let mut indices: Vec<i64> = if self.shuffle {
             // torch: g = Generator(); g.manual_seed(seed + epoch); randperm(n, generator=g).
-            // The global generator after manual_seed is in the same state as that fresh one.
-            tch::manual_seed(self.seed.wrapping_add(epoch) as i64);
-            let perm = tch::Tensor::randperm(n as i64, (tch::Kind::Int64, tch::Device::Cpu));
+            let perm = crate::data::seeded(self.seed.wrapping_add(epoch), || {
+                tch::Tensor::randperm(n as i64, (tch::Kind::Int64, tch::Device::Cpu))
+            });
             Vec::<i64>::try_from(&perm).expect("randperm gives int64")
         } else {
             (0..n as i64).collect()

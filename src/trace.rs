@@ -32,7 +32,7 @@ impl Trace {
 
     /// Reads a trace and checks its layout, so a corrupt file is refused, never half-compared.
     pub fn load(path: &Path) -> Result<Self> {
-        let fix = "regenerate it (see fixtures/README.md) or point to another file";
+        let fix = "regenerate it with fixtures/make_golden.sh or point to another file";
         if !path.is_file() {
             return Err(Error::bad_file(path, "no such file", fix));
         }

@@ -18,6 +18,11 @@ pub fn inside_mpi_world() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"].iter().any(|v| std::env::var_os(v).is_some())
 }
 
+/// This process's rank as the launcher's environment states it, before MPI starts.
+pub fn env_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
 /// An initialised MPI world; finalised when dropped.
 pub struct MpiRank {
     _universe: mpi::environment::Universe,

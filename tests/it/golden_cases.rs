@@ -1,0 +1,63 @@
+//! The binary on every golden case: W real MPI ranks against one process, and both against
+//! PyTorch's own traces of the same runs.
+
+use tch::Tensor;
+
+use crate::util::{ddp_verify, golden_flags, repo, stderr, stdout};
+
+fn check_golden(case: &str) -> String {
+    let dir = repo(&format!("golden/{case}"));
+    let mut args = golden_flags(case);
+    args.extend(["--golden".into(), dir.display().to_string()]);
+    let out = ddp_verify(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{case}: {text}{}", stderr(&out));
+    assert!(text.contains("\nEQUIVALENT"), "{text}");
+    assert!(!text.contains("DIVERGED"), "{text}");
+    text
+}
+
+macro_rules! golden_case {
+    ($($name:ident => $dir:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            check_golden($dir);
+        }
+    )*};
+}
+
+golden_case! {
+    golden_article_is_equivalent_and_matches_pytorch => "article",
+    golden_shuffle_over_3_epochs_is_equivalent_and_matches_pytorch => "shuffle-3-epochs",
+    golden_three_ranks_are_equivalent_and_match_pytorch => "w3",
+    golden_k4_w2_no_sync_accumulation_is_equivalent_and_matches_pytorch => "k4-w2",
+    golden_padding_when_n_is_not_divisible_by_w_is_equivalent_and_matches_pytorch => "uneven",
+    golden_partial_window_carried_across_epochs_is_equivalent_and_matches_pytorch => "carry-drop-last",
+}
+
+#[test]
+fn the_articles_command_prints_pytorchs_final_weights_for_both_runs() {
+    let out = ddp_verify(&["--acc-steps", "2", "--gpus", "2", "--epochs", "2", "--batch-size", "4", "--data-size", "8"]);
+    assert_eq!(out.status.code(), Some(0));
+    // PyTorch's final weights for this config, printed the way PyTorch prints them (4 decimals).
+    let golden = Tensor::read_safetensors(repo("golden/article/ddp.safetensors")).unwrap();
+    let w = &golden.iter().find(|(n, _)| n == "final.linear.weight").unwrap().1;
+    let values: Vec<String> = Vec::<f32>::try_from(&w.flatten(0, -1)).unwrap().iter().map(|x| format!("{x:.4}")).collect();
+    let line = format!("[{}]", values.join(", "));
+    let text = stdout(&out);
+    assert!(text.contains(&format!("accumulation  {line}")), "{text}");
+    assert!(text.contains(&format!("ddp           {line}")), "{text}");
+}
+
+#[test]
+fn a_zero_tolerance_catches_the_reduction_order_of_three_ranks() {
+    // Open MPI and gloo sum three partial gradients in different orders (1 ulp apart): with
+    // no tolerance at all the gate must fire and exit 1.
+    let mut args = golden_flags("w3");
+    let dir = repo("golden/w3").display().to_string();
+    args.extend(["--golden", &dir, "--max-ulps", "0", "--rtol", "0", "--atol", "0"].map(String::from));
+    let out = ddp_verify(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("NOT EQUIVALENT"), "{text}");
+}

@@ -1,0 +1,40 @@
+//! Helpers: the built binary, repository paths, and golden configs as flags.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+pub fn ddp_verify(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(args).output().expect("ddp-verify runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The flags that reproduce a golden case, read from its config.json.
+pub fn golden_flags(case: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo(&format!("golden/{case}/config.json"))).unwrap();
+    let meta: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut flags = Vec::new();
+    for (k, v) in meta["train"].as_object().unwrap() {
+        let flag = format!("--{}", k.replace('_', "-"));
+        match v {
+            serde_json::Value::Bool(true) => flags.push(flag),
+            serde_json::Value::Bool(false) => {}
+            other => flags.extend([flag, other.to_string()]),
+        }
+    }
+    flags
+}
+
+pub fn json_file(path: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
+}

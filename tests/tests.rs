@@ -1,0 +1,16 @@
+//! Integration tests, one binary. Expected values come from real PyTorch (golden/, made by
+//! fixtures/make_golden.sh) or from properties.
+
+#[path = "it/util.rs"]
+mod util;
+
+#[path = "it/cli.rs"]
+mod cli;
+#[path = "it/golden_cases.rs"]
+mod golden_cases;
+#[path = "it/properties.rs"]
+mod properties;
+#[path = "it/sampler.rs"]
+mod sampler;
+#[path = "it/sgd.rs"]
+mod sgd;

@@ -128,8 +128,14 @@ impl SplitShape {
 impl RunArgs {
     pub fn config(&self) -> Config {
         Config {
-            train: self.shape.train(self.features, self.epochs, self.lr, self.momentum),
-            tolerance: Tolerance { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol },
+            train: self
+                .shape
+                .train(self.features, self.epochs, self.lr, self.momentum),
+            tolerance: Tolerance {
+                max_ulps: self.max_ulps,
+                rtol: self.rtol,
+                atol: self.atol,
+            },
             save_trace: self.save_trace.clone(),
             golden: self.golden.clone(),
             force: self.force,

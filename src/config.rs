@@ -38,7 +38,11 @@ pub struct Tolerance {
 impl Default for Tolerance {
     /// Float32: a sum of W partial gradients in another order moves a few ulps at most.
     fn default() -> Self {
-        Tolerance { max_ulps: 16, rtol: 1e-6, atol: 1e-7 }
+        Tolerance {
+            max_ulps: 16,
+            rtol: 1e-6,
+            atol: 1e-7,
+        }
     }
 }
 
@@ -99,7 +103,11 @@ impl TrainConfig {
     pub fn validate_split(&self) -> Result<()> {
         let positive = |flag: &'static str, v: usize| {
             if v == 0 {
-                Err(Error::bad_flag(flag, "must be at least 1", format!("pass {flag} 1 or more")))
+                Err(Error::bad_flag(
+                    flag,
+                    "must be at least 1",
+                    format!("pass {flag} 1 or more"),
+                ))
             } else {
                 Ok(())
             }
@@ -110,7 +118,7 @@ impl TrainConfig {
         positive("--epochs", self.epochs)?;
         positive("--data-size", self.data_size)?;
         positive("--features", self.features)?;
-        if self.acc_steps % self.gpus != 0 {
+        if !self.acc_steps.is_multiple_of(self.gpus) {
             let lo = (self.acc_steps / self.gpus).max(1) * self.gpus;
             return Err(Error::bad_flag(
                 "--acc-steps",
@@ -124,13 +132,20 @@ impl TrainConfig {
         if self.data_size < self.gpus {
             return Err(Error::bad_flag(
                 "--data-size",
-                format!("{} cannot give each of --gpus {} ranks a sample of its own", self.data_size, self.gpus),
+                format!(
+                    "{} cannot give each of --gpus {} ranks a sample of its own",
+                    self.data_size, self.gpus
+                ),
                 format!("use --data-size {} or more, or fewer --gpus", self.gpus),
             ));
         }
         for (flag, v) in [("--lr", self.lr), ("--momentum", self.momentum)] {
             if !v.is_finite() || v < 0.0 {
-                return Err(Error::bad_flag(flag, format!("{v} is not a finite non-negative number"), "pass e.g. 0.01"));
+                return Err(Error::bad_flag(
+                    flag,
+                    format!("{v} is not a finite non-negative number"),
+                    "pass e.g. 0.01",
+                ));
             }
         }
         Ok(())
@@ -141,7 +156,11 @@ impl Tolerance {
     pub fn validate(&self) -> Result<()> {
         for (flag, v) in [("--rtol", self.rtol), ("--atol", self.atol)] {
             if !v.is_finite() || v < 0.0 {
-                return Err(Error::bad_flag(flag, format!("{v} is not a finite non-negative number"), "pass e.g. 1e-6"));
+                return Err(Error::bad_flag(
+                    flag,
+                    format!("{v} is not a finite non-negative number"),
+                    "pass e.g. 1e-6",
+                ));
             }
         }
         Ok(())

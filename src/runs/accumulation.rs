@@ -14,13 +14,21 @@ pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
     let model = Linear::new(cfg.features);
     let spec = SamplerSpec::from_train(cfg);
     let micro_batches = |epoch: u64| -> Vec<Vec<i64>> {
-        accumulation_order(&spec.shards(epoch), cfg.batch_size).into_iter().map(|m| m.indices).collect()
+        accumulation_order(&spec.shards(epoch), cfg.batch_size)
+            .into_iter()
+            .map(|m| m.indices)
+            .collect()
     };
     let mut no_sync = |_: &[(String, tch::Tensor)]| Ok(());
     train(
         cfg,
         &model,
         &data,
-        Schedule { micro_batches: &micro_batches, window: cfg.acc_steps, loss_divisor: cfg.acc_steps, sync: &mut no_sync },
+        Schedule {
+            micro_batches: &micro_batches,
+            window: cfg.acc_steps,
+            loss_divisor: cfg.acc_steps,
+            sync: &mut no_sync,
+        },
     )
 }

@@ -18,6 +18,9 @@ use crate::models::Model;
 use crate::optim::Sgd;
 use crate::trace::{snapshot, Trace};
 
+/// DDP's gradient all-reduce, or nothing.
+type Sync<'a> = &'a mut dyn FnMut(&[(String, Tensor)]) -> Result<()>;
+
 /// How one run differs from the other; everything else is shared.
 struct Schedule<'a> {
     /// The micro-batches this process runs in an epoch, in order.
@@ -27,7 +30,7 @@ struct Schedule<'a> {
     /// Each micro-batch's loss is divided by this (K, or K/W per rank).
     loss_divisor: usize,
     /// Runs at each window's end before the step: DDP's gradient all-reduce.
-    sync: &'a mut dyn FnMut(&[(String, Tensor)]) -> Result<()>,
+    sync: Sync<'a>,
 }
 
 fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Result<Trace> {
@@ -44,7 +47,9 @@ fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Re
             loss.backward();
             if (i + 1) % s.window == 0 {
                 (s.sync)(params)?;
-                trace.steps.push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
+                trace
+                    .steps
+                    .push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
                 opt.step()?;
                 opt.zero_grad()?;
             }

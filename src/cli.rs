@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 use ddp_verify::{Config, Tolerance, TrainConfig};
 
-const EXIT_CODES: &str = "Exit codes: 0 equivalent, 1 not equivalent, 2 bad usage or input, 3 a rank or the launcher failed.";
+const EXIT_CODES: &str =
+    "Exit codes: 0 equivalent, 1 not equivalent, 2 bad usage or input, 3 a rank or the launcher failed.";
 
 #[derive(Parser)]
 #[command(
@@ -128,14 +129,8 @@ impl SplitShape {
 impl RunArgs {
     pub fn config(&self) -> Config {
         Config {
-            train: self
-                .shape
-                .train(self.features, self.epochs, self.lr, self.momentum),
-            tolerance: Tolerance {
-                max_ulps: self.max_ulps,
-                rtol: self.rtol,
-                atol: self.atol,
-            },
+            train: self.shape.train(self.features, self.epochs, self.lr, self.momentum),
+            tolerance: Tolerance { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol },
             save_trace: self.save_trace.clone(),
             golden: self.golden.clone(),
             force: self.force,

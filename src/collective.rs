@@ -55,8 +55,7 @@ impl Collective for Mpi {
     }
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
         let send = data.to_vec();
-        self.world
-            .all_reduce_into(&send[..], data, SystemOperation::sum());
+        self.world.all_reduce_into(&send[..], data, SystemOperation::sum());
         Ok(())
     }
     fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()> {
@@ -68,10 +67,7 @@ impl Collective for Mpi {
 /// Applies `op` to a float32 CPU tensor's values in place.
 pub fn with_values(t: &mut Tensor, op: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
     if t.kind() != Kind::Float {
-        return Err(Error::Rank {
-            rank: 0,
-            problem: format!("collective needs float32 tensors, got {:?}", t.kind()),
-        });
+        return Err(Error::Rank { rank: 0, problem: format!("collective needs float32 tensors, got {:?}", t.kind()) });
     }
     let mut values = Vec::<f32>::try_from(&t.flatten(0, -1))?;
     op(&mut values)?;

@@ -60,19 +60,9 @@ pub struct Comparison {
 }
 
 pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -> Comparison {
-    let steps: Vec<GroupDiff> = a
-        .steps
-        .iter()
-        .zip(&b.steps)
-        .map(|(x, y)| compare_group(x, y, tol))
-        .collect();
+    let steps: Vec<GroupDiff> = a.steps.iter().zip(&b.steps).map(|(x, y)| compare_group(x, y, tol)).collect();
     let finals = compare_group(&a.finals, &b.finals, tol);
-    let mut verdict = steps
-        .iter()
-        .map(|s| s.verdict)
-        .chain([finals.verdict])
-        .max()
-        .unwrap_or(Verdict::Exact);
+    let mut verdict = steps.iter().map(|s| s.verdict).chain([finals.verdict]).max().unwrap_or(Verdict::Exact);
     if a.steps.len() != b.steps.len() {
         verdict = Verdict::Diverged;
     }
@@ -104,11 +94,7 @@ fn compare_group(a: &Params, b: &Params, tol: &Tolerance) -> GroupDiff {
         max_abs: fold(|t| t.max_abs),
         max_rel: fold(|t| t.max_rel),
         max_ulps: tensors.iter().map(|t| t.max_ulps).max().unwrap_or(0),
-        verdict: tensors
-            .iter()
-            .map(|t| t.verdict)
-            .max()
-            .unwrap_or(Verdict::Exact),
+        verdict: tensors.iter().map(|t| t.verdict).max().unwrap_or(Verdict::Exact),
         tensors,
     }
 }
@@ -141,8 +127,7 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance) -> Tensor
     for (&p, &q) in xs.iter().zip(&ys) {
         if !(p.is_finite() && q.is_finite()) {
             if p.to_bits() != q.to_bits() || p.is_nan() {
-                d.problem
-                    .get_or_insert_with(|| format!("non-finite values ({p} vs {q})"));
+                d.problem.get_or_insert_with(|| format!("non-finite values ({p} vs {q})"));
                 d.verdict = Verdict::Diverged;
             }
             continue;
@@ -157,11 +142,7 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance) -> Tensor
         d.max_ulps = d.max_ulps.max(ulps_between(p, q));
         let close = approx::relative_eq!(p, q, epsilon = tol.atol, max_relative = tol.rtol)
             || approx::ulps_eq!(p, q, epsilon = tol.atol, max_ulps = tol.max_ulps);
-        let v = if close {
-            Verdict::WithinTolerance
-        } else {
-            Verdict::Diverged
-        };
+        let v = if close { Verdict::WithinTolerance } else { Verdict::Diverged };
         d.verdict = d.verdict.max(v);
     }
     d
@@ -195,21 +176,12 @@ mod tests {
 
     fn trace(grad: &[f32]) -> Trace {
         let t = Tensor::from_slice(grad);
-        Trace {
-            steps: vec![vec![("w".into(), t.copy())]],
-            finals: vec![("w".into(), t)],
-        }
+        Trace { steps: vec![vec![("w".into(), t.copy())]], finals: vec![("w".into(), t)] }
     }
 
     #[test]
     fn a_2x_scaling_bug_diverges_under_default_tolerance() {
-        let c = compare(
-            "a",
-            &trace(&[0.5, 1e-3]),
-            "b",
-            &trace(&[1.0, 2e-3]),
-            &Tolerance::default(),
-        );
+        let c = compare("a", &trace(&[0.5, 1e-3]), "b", &trace(&[1.0, 2e-3]), &Tolerance::default());
         assert_eq!(c.verdict, Verdict::Diverged);
     }
 
@@ -218,25 +190,13 @@ mod tests {
         let x = 0.7f32;
         let y = f32::from_bits(x.to_bits() + 1);
         let tol = Tolerance::default();
-        assert_eq!(
-            compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).verdict,
-            Verdict::WithinTolerance
-        );
-        assert_eq!(
-            compare("a", &trace(&[x]), "b", &trace(&[x]), &tol).verdict,
-            Verdict::Exact
-        );
+        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).verdict, Verdict::WithinTolerance);
+        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[x]), &tol).verdict, Verdict::Exact);
     }
 
     #[test]
     fn nan_diverges() {
-        let c = compare(
-            "a",
-            &trace(&[f32::NAN]),
-            "b",
-            &trace(&[f32::NAN]),
-            &Tolerance::default(),
-        );
+        let c = compare("a", &trace(&[f32::NAN]), "b", &trace(&[f32::NAN]), &Tolerance::default());
         assert_eq!(c.verdict, Verdict::Diverged);
     }
 }

@@ -38,11 +38,7 @@ pub struct Tolerance {
 impl Default for Tolerance {
     /// Float32: a sum of W partial gradients in another order moves a few ulps at most.
     fn default() -> Self {
-        Tolerance {
-            max_ulps: 16,
-            rtol: 1e-6,
-            atol: 1e-7,
-        }
+        Tolerance { max_ulps: 16, rtol: 1e-6, atol: 1e-7 }
     }
 }
 
@@ -103,11 +99,7 @@ impl TrainConfig {
     pub fn validate_split(&self) -> Result<()> {
         let positive = |flag: &'static str, v: usize| {
             if v == 0 {
-                Err(Error::bad_flag(
-                    flag,
-                    "must be at least 1",
-                    format!("pass {flag} 1 or more"),
-                ))
+                Err(Error::bad_flag(flag, "must be at least 1", format!("pass {flag} 1 or more")))
             } else {
                 Ok(())
             }
@@ -132,10 +124,7 @@ impl TrainConfig {
         if self.data_size < self.gpus {
             return Err(Error::bad_flag(
                 "--data-size",
-                format!(
-                    "{} cannot give each of --gpus {} ranks a sample of its own",
-                    self.data_size, self.gpus
-                ),
+                format!("{} cannot give each of --gpus {} ranks a sample of its own", self.data_size, self.gpus),
                 format!("use --data-size {} or more, or fewer --gpus", self.gpus),
             ));
         }

@@ -18,12 +18,7 @@ pub fn seeded<T>(seed: u64, draw: impl FnOnce() -> T) -> T {
 }
 
 pub fn linear_data(seed: u64, data_size: usize, features: usize) -> Tensor {
-    seeded(seed, || {
-        Tensor::rand(
-            [data_size as i64, features as i64],
-            (Kind::Float, Device::Cpu),
-        )
-    })
+    seeded(seed, || Tensor::rand([data_size as i64, features as i64], (Kind::Float, Device::Cpu)))
 }
 
 /// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.

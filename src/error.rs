@@ -9,18 +9,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     // --- bad usage or input (exit 2) ---
     #[error("{flag}: {problem}; {fix}")]
-    BadFlag {
-        flag: &'static str,
-        problem: String,
-        fix: String,
-    },
+    BadFlag { flag: &'static str, problem: String, fix: String },
 
     #[error("{}: {problem}; {fix}", path.display())]
-    BadFile {
-        path: PathBuf,
-        problem: String,
-        fix: String,
-    },
+    BadFile { path: PathBuf, problem: String, fix: String },
 
     // --- a rank or the launcher failed (exit 3) ---
     #[error("launcher: {problem}; {fix}")]
@@ -37,10 +29,7 @@ pub enum Error {
     Torch(#[from] tch::TchError),
 
     #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: std::io::Error,
-    },
+    Io { context: String, source: std::io::Error },
 }
 
 impl Error {
@@ -62,34 +51,15 @@ impl Error {
         }
     }
 
-    pub fn bad_flag(
-        flag: &'static str,
-        problem: impl Into<String>,
-        fix: impl Into<String>,
-    ) -> Self {
-        Error::BadFlag {
-            flag,
-            problem: problem.into(),
-            fix: fix.into(),
-        }
+    pub fn bad_flag(flag: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Error::BadFlag { flag, problem: problem.into(), fix: fix.into() }
     }
 
-    pub fn bad_file(
-        path: impl Into<PathBuf>,
-        problem: impl Into<String>,
-        fix: impl Into<String>,
-    ) -> Self {
-        Error::BadFile {
-            path: path.into(),
-            problem: problem.into(),
-            fix: fix.into(),
-        }
+    pub fn bad_file(path: impl Into<PathBuf>, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Error::BadFile { path: path.into(), problem: problem.into(), fix: fix.into() }
     }
 
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io {
-            context: context.into(),
-            source,
-        }
+        Error::Io { context: context.into(), source }
     }
 }

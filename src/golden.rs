@@ -38,27 +38,18 @@ impl Golden {
         let meta_path = dir.join("config.json");
         let text = std::fs::read_to_string(&meta_path)
             .map_err(|e| Error::bad_file(&meta_path, format!("cannot read ({e})"), REGENERATE))?;
-        let meta: GoldenMeta = serde_json::from_str(&text).map_err(|e| {
-            Error::bad_file(&meta_path, format!("not a golden config ({e})"), REGENERATE)
-        })?;
+        let meta: GoldenMeta = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(&meta_path, format!("not a golden config ({e})"), REGENERATE))?;
         if let Some((flag, golden, ours)) = first_difference(&meta.train, train) {
             return Err(Error::bad_file(
                 dir,
                 format!("golden was made with {flag} {golden} but this run has {flag} {ours}"),
-                format!(
-                    "pass the flags in {} or choose the golden for this config",
-                    meta_path.display()
-                ),
+                format!("pass the flags in {} or choose the golden for this config", meta_path.display()),
             ));
         }
         let accumulation = Trace::load(&dir.join("accumulation.safetensors"))?;
         let ddp = Trace::load(&dir.join("ddp.safetensors"))?;
-        Ok(Golden {
-            dir: dir.into(),
-            meta,
-            accumulation,
-            ddp,
-        })
+        Ok(Golden { dir: dir.into(), meta, accumulation, ddp })
     }
 }
 
@@ -68,10 +59,6 @@ fn first_difference(golden: &TrainConfig, ours: &TrainConfig) -> Option<(String,
     let o = serde_json::to_value(ours).ok()?;
     let (g, o) = (g.as_object()?, o.as_object()?);
     g.iter().find(|(k, v)| o.get(*k) != Some(v)).map(|(k, v)| {
-        (
-            format!("--{}", k.replace('_', "-")),
-            v.to_string(),
-            o.get(k).map_or("?".into(), |x| x.to_string()),
-        )
+        (format!("--{}", k.replace('_', "-")), v.to_string(), o.get(k).map_or("?".into(), |x| x.to_string()))
     })
 }

@@ -49,11 +49,7 @@ fn run(args: cli::Cli) -> Result<u8> {
                 verify::verify(&cfg)?
             };
             print!("{}", report::table(&outcome));
-            Ok(if outcome.verdict() == Verdict::Diverged {
-                1
-            } else {
-                0
-            })
+            Ok(if outcome.verdict() == Verdict::Diverged { 1 } else { 0 })
         }
     }
 }

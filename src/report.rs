@@ -19,19 +19,20 @@ pub fn table(o: &Outcome) -> String {
         s,
         "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks (Open MPI), \
          {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}",
-        t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum,
-        onoff(t.shuffle), onoff(t.drop_last), t.seed
+        t.data_size,
+        t.features,
+        t.batch_size,
+        t.acc_steps,
+        t.gpus,
+        t.epochs,
+        t.lr,
+        t.momentum,
+        onoff(t.shuffle),
+        onoff(t.drop_last),
+        t.seed
     );
-    let _ = writeln!(
-        s,
-        "\nper optimizer step: {} vs {} gradients",
-        o.runs.left, o.runs.right
-    );
-    let _ = writeln!(
-        s,
-        "  {:>4}  {:>10}  {:>10}  {:>8}  verdict",
-        "step", "max |Δ|", "max rel", "max ulp"
-    );
+    let _ = writeln!(s, "\nper optimizer step: {} vs {} gradients", o.runs.left, o.runs.right);
+    let _ = writeln!(s, "  {:>4}  {:>10}  {:>10}  {:>8}  verdict", "step", "max |Δ|", "max rel", "max ulp");
     for (i, g) in o.runs.steps.iter().enumerate() {
         let _ = writeln!(s, "  {:>4}  {}", i, row(g));
     }
@@ -50,7 +51,8 @@ pub fn table(o: &Outcome) -> String {
             let _ = writeln!(s, "    ddp           {}", values(d));
         }
     }
-    let _ = writeln!(s, "  {:>4}  {}", "", row(&o.runs.finals));
+    let _ = writeln!(s, "  {:<4}  {:>10}  {:>10}  {:>8}  verdict", "", "max |Δ|", "max rel", "max ulp");
+    let _ = writeln!(s, "  {:<4}  {}", "all", row(&o.runs.finals));
     if let Some(g) = &o.golden_torch {
         let _ = writeln!(s, "\ngolden {g}");
         for c in &o.golden {
@@ -62,23 +64,11 @@ pub fn table(o: &Outcome) -> String {
 }
 
 fn row(g: &GroupDiff) -> String {
-    format!(
-        "{:>10}  {:>10}  {:>8}  {}",
-        num(g.max_abs),
-        num(g.max_rel),
-        ulps(g.max_ulps),
-        g.verdict.label()
-    )
+    format!("{:>10}  {:>10}  {:>8}  {}", num(g.max_abs), num(g.max_rel), ulps(g.max_ulps), g.verdict.label())
 }
 
 fn summary(c: &Comparison) -> String {
-    let worst = c
-        .steps
-        .iter()
-        .chain([&c.finals])
-        .map(|g| g.max_ulps)
-        .max()
-        .unwrap_or(0);
+    let worst = c.steps.iter().chain([&c.finals]).map(|g| g.max_ulps).max().unwrap_or(0);
     let steps = if c.left_steps == c.right_steps {
         format!("{} steps + final weights", c.left_steps)
     } else {
@@ -89,36 +79,16 @@ fn summary(c: &Comparison) -> String {
 
 fn verdict_line(o: &Outcome) -> String {
     let tol = &o.config.tolerance;
-    let bound = format!(
-        "{} ulp or rel {:e} or abs {:e}",
-        tol.max_ulps, tol.rtol, tol.atol
-    );
+    let bound = format!("{} ulp or rel {:e} or abs {:e}", tol.max_ulps, tol.rtol, tol.atol);
     let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
-    let worst = all
-        .iter()
-        .flat_map(|c| c.steps.iter().chain([&c.finals]))
-        .map(|g| g.max_ulps)
-        .max()
-        .unwrap_or(0);
+    let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
     if o.verdict() != Verdict::Diverged {
-        return format!(
-            "EQUIVALENT: every gradient and final weight within {bound} (worst seen: {} ulp)",
-            ulps(worst)
-        );
+        return format!("EQUIVALENT: every gradient and final weight within {bound} (worst seen: {} ulp)", ulps(worst));
     }
-    let first = all
-        .iter()
-        .find(|c| c.verdict == Verdict::Diverged)
-        .expect("a diverged comparison");
-    let (what, g) = match first
-        .steps
-        .iter()
-        .position(|g| g.verdict == Verdict::Diverged)
-    {
+    let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
+    let (what, g) = match first.steps.iter().position(|g| g.verdict == Verdict::Diverged) {
         Some(i) => (format!("step {i}"), &first.steps[i]),
-        None if first.finals.verdict == Verdict::Diverged => {
-            ("final weights".to_string(), &first.finals)
-        }
+        None if first.finals.verdict == Verdict::Diverged => ("final weights".to_string(), &first.finals),
         None => {
             return format!(
                 "NOT EQUIVALENT: {} made {} optimizer steps but {} made {}",
@@ -126,23 +96,11 @@ fn verdict_line(o: &Outcome) -> String {
             )
         }
     };
-    let t = g
-        .tensors
-        .iter()
-        .find(|t| t.verdict == Verdict::Diverged)
-        .expect("a diverged tensor");
+    let t = g.tensors.iter().find(|t| t.verdict == Verdict::Diverged).expect("a diverged tensor");
     let detail = t.problem.clone().unwrap_or_else(|| {
-        format!(
-            "max |Δ| {}, rel {}, {} ulp; allowed {bound}",
-            num(t.max_abs),
-            num(t.max_rel),
-            ulps(t.max_ulps)
-        )
+        format!("max |Δ| {}, rel {}, {} ulp; allowed {bound}", num(t.max_abs), num(t.max_rel), ulps(t.max_ulps))
     });
-    format!(
-        "NOT EQUIVALENT: {} vs {} first differ at {what}, {}: {detail}",
-        first.left, first.right, t.name
-    )
+    format!("NOT EQUIVALENT: {} vs {} first differ at {what}, {}: {detail}", first.left, first.right, t.name)
 }
 
 fn num(x: f64) -> String {
@@ -165,23 +123,12 @@ fn ulps(u: u64) -> String {
 fn values(t: &tch::Tensor) -> String {
     let v = Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default();
     let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
-    let more = if v.len() > 8 {
-        format!(", ... ({} values)", v.len())
-    } else {
-        String::new()
-    };
+    let more = if v.len() > 8 { format!(", ... ({} values)", v.len()) } else { String::new() };
     format!("[{}{more}]", shown.join(", "))
 }
 
 fn finals_json(p: &Params) -> Value {
-    p.iter()
-        .map(|(n, t)| {
-            (
-                n.clone(),
-                json!(Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default()),
-            )
-        })
-        .collect()
+    p.iter().map(|(n, t)| (n.clone(), json!(Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default()))).collect()
 }
 
 pub fn json(o: &Outcome) -> Value {

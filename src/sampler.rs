@@ -61,15 +61,7 @@ impl SamplerSpec {
                 indices.extend_from_slice(&base[..take]);
             }
         }
-        (0..self.world)
-            .map(|r| {
-                indices[r..total]
-                    .iter()
-                    .step_by(self.world)
-                    .copied()
-                    .collect()
-            })
-            .collect()
+        (0..self.world).map(|r| indices[r..total].iter().step_by(self.world).copied().collect()).collect()
     }
 }
 
@@ -96,11 +88,7 @@ pub fn accumulation_order(shards: &[Vec<i64>], batch_size: usize) -> Vec<MicroBa
     let mut order = Vec::with_capacity(nb * shards.len());
     for local_batch in 0..nb {
         for (rank, batches) in per_rank.iter().enumerate() {
-            order.push(MicroBatch {
-                rank,
-                local_batch,
-                indices: batches[local_batch].clone(),
-            });
+            order.push(MicroBatch { rank, local_batch, indices: batches[local_batch].clone() });
         }
     }
     order
@@ -108,9 +96,7 @@ pub fn accumulation_order(shards: &[Vec<i64>], batch_size: usize) -> Vec<MicroBa
 
 /// Micro-batches each rank runs per epoch.
 pub fn batches_per_rank(cfg: &TrainConfig) -> usize {
-    SamplerSpec::from_train(cfg)
-        .num_samples()
-        .div_ceil(cfg.batch_size)
+    SamplerSpec::from_train(cfg).num_samples().div_ceil(cfg.batch_size)
 }
 
 /// Optimizer steps over the whole run: the micro-batch counter restarts each epoch, so a
@@ -169,7 +155,12 @@ impl SplitPlan {
         let _ = writeln!(
             s,
             "DistributedSampler: N={} W={} shuffle {} seed {} epoch {} drop_last {}: {per_rank} samples per rank{}",
-            self.data_size, self.gpus, onoff(self.shuffle), self.seed, self.epoch, onoff(self.drop_last),
+            self.data_size,
+            self.gpus,
+            onoff(self.shuffle),
+            self.seed,
+            self.epoch,
+            onoff(self.drop_last),
             if padded > 0 && !self.drop_last { format!(", {padded} repeated as padding") } else { String::new() }
         );
         for (r, shard) in self.shards.iter().enumerate() {
@@ -181,11 +172,7 @@ impl SplitPlan {
             self.batch_size, self.acc_steps
         );
         for (w, window) in self.accumulation_order.chunks(self.acc_steps).enumerate() {
-            let label = if window.len() == self.acc_steps {
-                format!("step {w}")
-            } else {
-                "carried".to_string()
-            };
+            let label = if window.len() == self.acc_steps { format!("step {w}") } else { "carried".to_string() };
             let parts: Vec<String> = window
                 .iter()
                 .zip(&self.micro_batch_ranks[w * self.acc_steps..])
@@ -194,7 +181,10 @@ impl SplitPlan {
             let _ = writeln!(s, "  {label:>8}: {}", parts.join("  "));
         }
         if !self.accumulation_order.len().is_multiple_of(self.acc_steps) {
-            let _ = writeln!(s, "  (a carried partial window keeps its gradient and is stepped with the next epoch's first window)");
+            let _ = writeln!(
+                s,
+                "  (a carried partial window keeps its gradient and is stepped with the next epoch's first window)"
+            );
         }
         s
     }
@@ -205,29 +195,17 @@ mod tests {
     use super::*;
 
     fn spec(n: usize, w: usize, drop_last: bool) -> SamplerSpec {
-        SamplerSpec {
-            data_size: n,
-            world: w,
-            shuffle: false,
-            seed: 0,
-            drop_last,
-        }
+        SamplerSpec { data_size: n, world: w, shuffle: false, seed: 0, drop_last }
     }
 
     #[test]
     fn article_split_is_rank_strided() {
-        assert_eq!(
-            spec(8, 2, false).shards(0),
-            vec![vec![0, 2, 4, 6], vec![1, 3, 5, 7]]
-        );
+        assert_eq!(spec(8, 2, false).shards(0), vec![vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
     }
 
     #[test]
     fn padding_repeats_from_the_start() {
-        assert_eq!(
-            spec(5, 3, false).shards(0),
-            vec![vec![0, 3], vec![1, 4], vec![2, 0]]
-        );
+        assert_eq!(spec(5, 3, false).shards(0), vec![vec![0, 3], vec![1, 4], vec![2, 0]]);
         assert_eq!(spec(2, 5, false).num_samples(), 1);
     }
 

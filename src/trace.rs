@@ -26,13 +26,8 @@ impl Trace {
             named.extend(grads.iter().map(|(n, t)| (format!("grads.{s}.{n}"), t)));
         }
         named.extend(self.finals.iter().map(|(n, t)| (format!("final.{n}"), t)));
-        Tensor::write_safetensors(&named, path).map_err(|e| {
-            Error::bad_file(
-                path,
-                format!("cannot write trace: {e}"),
-                "check the directory is writable",
-            )
-        })
+        Tensor::write_safetensors(&named, path)
+            .map_err(|e| Error::bad_file(path, format!("cannot write trace: {e}"), "check the directory is writable"))
     }
 
     /// Reads a trace and checks its layout, so a corrupt file is refused, never half-compared.
@@ -41,43 +36,29 @@ impl Trace {
         if !path.is_file() {
             return Err(Error::bad_file(path, "no such file", fix));
         }
-        let tensors = Tensor::read_safetensors(path).map_err(|e| {
-            Error::bad_file(path, format!("not a readable safetensors file ({e})"), fix)
-        })?;
+        let tensors = Tensor::read_safetensors(path)
+            .map_err(|e| Error::bad_file(path, format!("not a readable safetensors file ({e})"), fix))?;
         let mut steps: BTreeMap<usize, Params> = BTreeMap::new();
         let mut finals = Params::new();
         for (name, t) in tensors {
             if t.kind() != Kind::Float {
-                return Err(Error::bad_file(
-                    path,
-                    format!("tensor {name} is {:?}, expected float32", t.kind()),
-                    fix,
-                ));
+                return Err(Error::bad_file(path, format!("tensor {name} is {:?}, expected float32", t.kind()), fix));
             }
             if let Some(p) = name.strip_prefix("final.") {
                 finals.push((p.to_string(), t));
-            } else if let Some((step, p)) =
-                name.strip_prefix("grads.").and_then(|r| r.split_once('.'))
-            {
-                let step: usize = step.parse().map_err(|_| {
-                    Error::bad_file(path, format!("tensor {name} has no step number"), fix)
-                })?;
+            } else if let Some((step, p)) = name.strip_prefix("grads.").and_then(|r| r.split_once('.')) {
+                let step: usize = step
+                    .parse()
+                    .map_err(|_| Error::bad_file(path, format!("tensor {name} has no step number"), fix))?;
                 steps.entry(step).or_default().push((p.to_string(), t));
             } else {
-                return Err(Error::bad_file(
-                    path,
-                    format!("unexpected tensor {name}"),
-                    fix,
-                ));
+                return Err(Error::bad_file(path, format!("unexpected tensor {name}"), fix));
             }
         }
         if finals.is_empty() {
             return Err(Error::bad_file(path, "no final.<param> tensors", fix));
         }
-        let mut trace = Trace {
-            steps: Vec::with_capacity(steps.len()),
-            finals,
-        };
+        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -92,8 +73,5 @@ impl Trace {
 
 /// A detached copy of named tensors (parameters or their gradients).
 pub fn snapshot<'a>(named: impl IntoIterator<Item = (&'a String, Tensor)>) -> Params {
-    named
-        .into_iter()
-        .map(|(n, t)| (n.clone(), t.detach().copy()))
-        .collect()
+    named.into_iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect()
 }

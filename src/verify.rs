@@ -23,10 +23,7 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn verdict(&self) -> Verdict {
-        self.golden
-            .iter()
-            .map(|c| c.verdict)
-            .fold(self.runs.verdict, Verdict::max)
+        self.golden.iter().map(|c| c.verdict).fold(self.runs.verdict, Verdict::max)
     }
 }
 
@@ -35,8 +32,7 @@ const TRACE_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "
 /// Runs accumulation in this process while W MPI ranks run DDP beside it.
 pub fn verify(cfg: &Config) -> Result<Outcome> {
     let golden = prepare(cfg)?;
-    let workdir =
-        tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
+    let workdir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
     let pending = launch::spawn_ddp(&cfg.train, workdir.path())?;
     let accumulation = runs::accumulation(&cfg.train);
     let ddp = pending.wait()?;
@@ -72,10 +68,7 @@ fn prepare(cfg: &Config) -> Result<Option<Golden>> {
     if let Some(dir) = &cfg.save_trace {
         check_writable(dir, cfg.force)?;
     }
-    cfg.golden
-        .as_deref()
-        .map(|d| Golden::load(d, &cfg.train))
-        .transpose()
+    cfg.golden.as_deref().map(|d| Golden::load(d, &cfg.train)).transpose()
 }
 
 fn check_writable(dir: &Path, force: bool) -> Result<()> {
@@ -92,42 +85,20 @@ fn check_writable(dir: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-fn finish(
-    cfg: &Config,
-    accumulation: Trace,
-    ddp: Trace,
-    golden: Option<Golden>,
-) -> Result<Outcome> {
+fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Result<Outcome> {
     let tol = &cfg.tolerance;
     let runs = compare("accumulation", &accumulation, "ddp", &ddp, tol);
     let (golden, golden_torch) = match golden {
         Some(g) => (
             vec![
-                compare(
-                    "accumulation",
-                    &accumulation,
-                    "golden accumulation",
-                    &g.accumulation,
-                    tol,
-                ),
+                compare("accumulation", &accumulation, "golden accumulation", &g.accumulation, tol),
                 compare("ddp", &ddp, "golden ddp", &g.ddp, tol),
             ],
-            Some(format!(
-                "{} (PyTorch {})",
-                g.dir.display(),
-                g.meta.torch_version
-            )),
+            Some(format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version)),
         ),
         None => (Vec::new(), None),
     };
-    let outcome = Outcome {
-        config: cfg.clone(),
-        accumulation,
-        ddp,
-        runs,
-        golden,
-        golden_torch,
-    };
+    let outcome = Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch };
     if let Some(dir) = &cfg.save_trace {
         save(dir, &outcome)?;
     }
@@ -135,12 +106,10 @@ fn finish(
 }
 
 fn save(dir: &PathBuf, o: &Outcome) -> Result<()> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     o.accumulation.save(&dir.join(TRACE_FILES[0]))?;
     o.ddp.save(&dir.join(TRACE_FILES[1]))?;
     let json = serde_json::to_string_pretty(&crate::report::json(o)).expect("report serialises");
     let path = dir.join(TRACE_FILES[2]);
-    std::fs::write(&path, json + "\n")
-        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    std::fs::write(&path, json + "\n").map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }

@@ -10,11 +10,8 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(features: usize) -> Self {
-        let weight =
-            Tensor::ones([1, features as i64], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        Linear {
-            params: vec![("linear.weight".to_string(), weight)],
-        }
+        let weight = Tensor::ones([1, features as i64], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        Linear { params: vec![("linear.weight".to_string(), weight)] }
     }
 }
 

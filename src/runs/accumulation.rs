@@ -14,10 +14,7 @@ pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
     let model = Linear::new(cfg.features);
     let spec = SamplerSpec::from_train(cfg);
     let micro_batches = |epoch: u64| -> Vec<Vec<i64>> {
-        accumulation_order(&spec.shards(epoch), cfg.batch_size)
-            .into_iter()
-            .map(|m| m.indices)
-            .collect()
+        accumulation_order(&spec.shards(epoch), cfg.batch_size).into_iter().map(|m| m.indices).collect()
     };
     let mut no_sync = |_: &[(String, tch::Tensor)]| Ok(());
     train(

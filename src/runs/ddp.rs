@@ -18,10 +18,7 @@ pub fn ddp_rank(cfg: &TrainConfig, comm: &dyn Collective) -> Result<Trace> {
     if world != cfg.gpus {
         return Err(Error::bad_flag(
             "--gpus",
-            format!(
-                "{} ranks were asked for but the MPI world has {world}",
-                cfg.gpus
-            ),
+            format!("{} ranks were asked for but the MPI world has {world}", cfg.gpus),
             format!("launch with mpirun -np {} or pass --gpus {world}", cfg.gpus),
         ));
     }
@@ -47,11 +44,6 @@ pub fn ddp_rank(cfg: &TrainConfig, comm: &dyn Collective) -> Result<Trace> {
         cfg,
         &model,
         &data,
-        Schedule {
-            micro_batches: &micro_batches,
-            window: local,
-            loss_divisor: local,
-            sync: &mut all_reduce,
-        },
+        Schedule { micro_batches: &micro_batches, window: local, loss_divisor: local, sync: &mut all_reduce },
     )
 }

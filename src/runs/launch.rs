@@ -15,16 +15,12 @@ pub const RANK_SUBCOMMAND: &str = "__rank";
 
 /// True when Open MPI, PMIx or a PMI launcher started this process.
 pub fn inside_mpi_world() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"].iter().any(|v| std::env::var_os(v).is_some())
 }
 
 /// This process's rank as the launcher's environment states it, before MPI starts.
 pub fn env_rank() -> Option<usize> {
-    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
 /// An initialised MPI world; finalised when dropped.
@@ -41,29 +37,18 @@ pub fn init_rank() -> Result<MpiRank> {
         problem: "MPI could not be initialised (or was initialised twice)".into(),
         fix: "start ddp-verify directly, or under mpirun".into(),
     })?;
-    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     tch::set_num_threads((cores / local.max(1)).max(1) as i32);
     let comm = Mpi::new(universe.world());
-    Ok(MpiRank {
-        _universe: universe,
-        comm,
-    })
+    Ok(MpiRank { _universe: universe, comm })
 }
 
 /// Entry point of a rank started by [`spawn_ddp`]: trains, and rank 0 writes the trace.
 pub fn rank_main(config: &Path, out: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(config)
-        .map_err(|e| Error::io(format!("reading {}", config.display()), e))?;
+    let text = std::fs::read_to_string(config).map_err(|e| Error::io(format!("reading {}", config.display()), e))?;
     let cfg: TrainConfig = serde_json::from_str(&text).map_err(|e| {
-        Error::bad_file(
-            config,
-            format!("not a rank config ({e})"),
-            "rank configs are written by ddp-verify itself",
-        )
+        Error::bad_file(config, format!("not a rank config ({e})"), "rank configs are written by ddp-verify itself")
     })?;
     let rank = init_rank()?;
     let trace = super::ddp_rank(&cfg, &rank.comm)?;
@@ -84,24 +69,15 @@ pub struct PendingDdp {
 pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path) -> Result<PendingDdp> {
     let mpirun = find_on_path("mpirun").ok_or_else(|| Error::Launcher {
         problem: "Open MPI's mpirun is not on PATH".into(),
-        fix: "install Open MPI (apt-get install openmpi-bin libopenmpi-dev, or scripts/setup.sh)"
-            .into(),
+        fix: "install Open MPI (apt-get install openmpi-bin libopenmpi-dev, or scripts/setup.sh)".into(),
     })?;
-    let exe =
-        std::env::current_exe().map_err(|e| Error::io("locating the ddp-verify executable", e))?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ddp-verify executable", e))?;
     let config = workdir.join("rank-config.json");
     let out = workdir.join("ddp.safetensors");
     let json = serde_json::to_string(cfg).expect("config serialises");
-    std::fs::write(&config, json)
-        .map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
+    std::fs::write(&config, json).map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
     let child = Command::new(mpirun)
-        .args([
-            "-np",
-            &cfg.gpus.to_string(),
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-        ])
+        .args(["-np", &cfg.gpus.to_string(), "--oversubscribe", "--bind-to", "none"])
         .arg(exe)
         .arg(RANK_SUBCOMMAND)
         .arg("--config")
@@ -120,12 +96,19 @@ pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path) -> Result<PendingDdp> {
     Ok(PendingDdp { child, out })
 }
 
+/// If the caller gives up (its own run failed), the ranks are stopped, not left behind.
+impl Drop for PendingDdp {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl PendingDdp {
     pub fn wait(mut self) -> Result<Trace> {
-        let status = self
-            .child
-            .wait()
-            .map_err(|e| Error::io("waiting for mpirun", e))?;
+        let status = self.child.wait().map_err(|e| Error::io("waiting for mpirun", e))?;
         if !status.success() {
             return Err(Error::Launcher {
                 problem: format!("the DDP ranks failed (mpirun {status})"),
@@ -137,7 +120,5 @@ impl PendingDdp {
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file())
 }

@@ -47,9 +47,7 @@ fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Re
             loss.backward();
             if (i + 1) % s.window == 0 {
                 (s.sync)(params)?;
-                trace
-                    .steps
-                    .push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
+                trace.steps.push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
                 opt.step()?;
                 opt.zero_grad()?;
             }

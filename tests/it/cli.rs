@@ -10,33 +10,18 @@ fn assert_refused(args: &[&str], names: &str) {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
-    assert!(
-        err.starts_with("ddp-verify: ") && err.contains(names),
-        "{args:?}: {err}"
-    );
+    assert!(err.starts_with("ddp-verify: ") && err.contains(names), "{args:?}: {err}");
     assert!(stdout(&out).is_empty());
 }
 
 #[test]
 fn bad_flags_exit_2_with_one_line_naming_the_flag_and_the_fix() {
-    assert_refused(
-        &["--acc-steps", "3", "--gpus", "2"],
-        "--acc-steps: 3 is not a multiple of --gpus 2",
-    );
+    assert_refused(&["--acc-steps", "3", "--gpus", "2"], "--acc-steps: 3 is not a multiple of --gpus 2");
     assert_refused(&["--gpus", "0"], "--gpus");
     assert_refused(&["--batch-size", "0"], "--batch-size");
     assert_refused(&["--data-size", "1", "--gpus", "2"], "--data-size");
     assert_refused(
-        &[
-            "--data-size",
-            "4",
-            "--batch-size",
-            "4",
-            "--acc-steps",
-            "4",
-            "--epochs",
-            "1",
-        ],
+        &["--data-size", "4", "--batch-size", "4", "--acc-steps", "4", "--epochs", "1"],
         "no optimizer step",
     );
     assert_refused(&["--lr", "inf"], "--lr");
@@ -48,35 +33,19 @@ fn missing_mismatched_or_corrupt_goldens_exit_2_before_anything_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let trace_dir = tmp.path().join("trace");
     let t = trace_dir.to_str().unwrap();
-    assert_refused(
-        &["--golden", "/no/such/golden", "--save-trace", t],
-        "--golden",
-    );
+    assert_refused(&["--golden", "/no/such/golden", "--save-trace", t], "--golden");
     let w3 = repo("golden/w3");
-    assert_refused(
-        &["--golden", w3.to_str().unwrap(), "--save-trace", t],
-        "golden was made with --acc-steps 3",
-    );
+    assert_refused(&["--golden", w3.to_str().unwrap(), "--save-trace", t], "golden was made with --acc-steps 3");
     let bad = tmp.path().join("bad");
     std::fs::create_dir(&bad).unwrap();
     for f in ["config.json", "ddp.safetensors"] {
         std::fs::copy(repo("golden/article").join(f), bad.join(f)).unwrap();
     }
     let truncated = std::fs::read(repo("golden/article/accumulation.safetensors")).unwrap();
-    std::fs::write(
-        bad.join("accumulation.safetensors"),
-        &truncated[..truncated.len() / 2],
-    )
-    .unwrap();
-    assert_refused(
-        &["--golden", bad.to_str().unwrap(), "--save-trace", t],
-        "accumulation.safetensors",
-    );
+    std::fs::write(bad.join("accumulation.safetensors"), &truncated[..truncated.len() / 2]).unwrap();
+    assert_refused(&["--golden", bad.to_str().unwrap(), "--save-trace", t], "accumulation.safetensors");
     std::fs::write(bad.join("config.json"), "{not json").unwrap();
-    assert_refused(
-        &["--golden", bad.to_str().unwrap(), "--save-trace", t],
-        "config.json",
-    );
+    assert_refused(&["--golden", bad.to_str().unwrap(), "--save-trace", t], "config.json");
     assert!(!trace_dir.exists(), "a refused run wrote its trace");
 }
 
@@ -88,18 +57,10 @@ fn save_trace_writes_the_pytorch_layout_and_refuses_to_overwrite_without_force()
     let out = ddp_verify(&["--save-trace", d]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     for run in ["accumulation", "ddp"] {
-        let tensors =
-            tch::Tensor::read_safetensors(dir.join(format!("{run}.safetensors"))).unwrap();
+        let tensors = tch::Tensor::read_safetensors(dir.join(format!("{run}.safetensors"))).unwrap();
         let mut names: Vec<String> = tensors.into_iter().map(|(n, _)| n).collect();
         names.sort();
-        assert_eq!(
-            names,
-            [
-                "final.linear.weight",
-                "grads.0.linear.weight",
-                "grads.1.linear.weight"
-            ]
-        );
+        assert_eq!(names, ["final.linear.weight", "grads.0.linear.weight", "grads.1.linear.weight"]);
     }
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
@@ -120,11 +81,7 @@ fn split_json_gives_torchs_shards_and_the_accumulation_order() {
         .unwrap()
         .iter()
         .find(|c| {
-            c["shuffle"] == true
-                && c["drop_last"] == false
-                && c["data_size"] == 17
-                && c["gpus"] == 3
-                && c["epoch"] == 3
+            c["shuffle"] == true && c["drop_last"] == false && c["data_size"] == 17 && c["gpus"] == 3 && c["epoch"] == 3
         })
         .unwrap();
     let seed = case["seed"].to_string();
@@ -153,37 +110,17 @@ fn split_json_gives_torchs_shards_and_the_accumulation_order() {
 
 #[test]
 fn split_text_names_every_rank_and_each_step() {
-    let out = ddp_verify(&[
-        "split",
-        "--data-size",
-        "10",
-        "--gpus",
-        "3",
-        "--batch-size",
-        "3",
-        "--acc-steps",
-        "3",
-    ]);
+    let out = ddp_verify(&["split", "--data-size", "10", "--gpus", "3", "--batch-size", "3", "--acc-steps", "3"]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0));
     assert!(text.contains("rank 2: [2, 5, 8, 1]"), "{text}");
-    assert!(
-        text.contains("step 0: [0, 3, 6] (rank 0)  [1, 4, 7] (rank 1)  [2, 5, 8] (rank 2)"),
-        "{text}"
-    );
+    assert!(text.contains("step 0: [0, 3, 6] (rank 0)  [1, 4, 7] (rank 1)  [2, 5, 8] (rank 2)"), "{text}");
 }
 
 #[test]
 fn under_a_users_mpirun_each_process_is_a_rank_and_rank_0_reports() {
     let out = Command::new("mpirun")
-        .args([
-            "-np",
-            "2",
-            "--bind-to",
-            "none",
-            env!("CARGO_BIN_EXE_ddp-verify"),
-            "--golden",
-        ])
+        .args(["-np", "2", "--bind-to", "none", env!("CARGO_BIN_EXE_ddp-verify"), "--golden"])
         .arg(repo("golden/article"))
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -196,14 +133,8 @@ fn under_a_users_mpirun_each_process_is_a_rank_and_rank_0_reports() {
 
 #[test]
 fn a_missing_mpirun_is_a_launcher_failure_with_exit_3() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify")).env("PATH", "/nonexistent").output().unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(
-        err.contains("mpirun is not on PATH") && err.contains("openmpi-bin"),
-        "{err}"
-    );
+    assert!(err.contains("mpirun is not on PATH") && err.contains("openmpi-bin"), "{err}");
 }

@@ -37,31 +37,14 @@ golden_case! {
 
 #[test]
 fn the_articles_command_prints_pytorchs_final_weights_for_both_runs() {
-    let out = ddp_verify(&[
-        "--acc-steps",
-        "2",
-        "--gpus",
-        "2",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "4",
-        "--data-size",
-        "8",
-    ]);
+    let out =
+        ddp_verify(&["--acc-steps", "2", "--gpus", "2", "--epochs", "2", "--batch-size", "4", "--data-size", "8"]);
     assert_eq!(out.status.code(), Some(0));
     // PyTorch's final weights for this config, printed the way PyTorch prints them (4 decimals).
     let golden = Tensor::read_safetensors(repo("golden/article/ddp.safetensors")).unwrap();
-    let w = &golden
-        .iter()
-        .find(|(n, _)| n == "final.linear.weight")
-        .unwrap()
-        .1;
-    let values: Vec<String> = Vec::<f32>::try_from(&w.flatten(0, -1))
-        .unwrap()
-        .iter()
-        .map(|x| format!("{x:.4}"))
-        .collect();
+    let w = &golden.iter().find(|(n, _)| n == "final.linear.weight").unwrap().1;
+    let values: Vec<String> =
+        Vec::<f32>::try_from(&w.flatten(0, -1)).unwrap().iter().map(|x| format!("{x:.4}")).collect();
     let line = format!("[{}]", values.join(", "));
     let text = stdout(&out);
     assert!(text.contains(&format!("accumulation  {line}")), "{text}");
@@ -74,19 +57,7 @@ fn a_zero_tolerance_catches_the_reduction_order_of_three_ranks() {
     // no tolerance at all the gate must fire and exit 1.
     let mut args = golden_flags("w3");
     let dir = repo("golden/w3").display().to_string();
-    args.extend(
-        [
-            "--golden",
-            &dir,
-            "--max-ulps",
-            "0",
-            "--rtol",
-            "0",
-            "--atol",
-            "0",
-        ]
-        .map(String::from),
-    );
+    args.extend(["--golden", &dir, "--max-ulps", "0", "--rtol", "0", "--atol", "0"].map(String::from));
     let out = ddp_verify(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");

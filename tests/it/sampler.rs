@@ -6,10 +6,7 @@ use ddp_verify::sampler::{accumulation_order, SamplerSpec};
 use crate::util::json_file;
 
 fn cases() -> Vec<serde_json::Value> {
-    json_file("golden/sampler/cases.json")["cases"]
-        .as_array()
-        .unwrap()
-        .clone()
+    json_file("golden/sampler/cases.json")["cases"].as_array().unwrap().clone()
 }
 
 fn spec(c: &serde_json::Value) -> SamplerSpec {
@@ -40,11 +37,10 @@ fn distributed_sampler_port_matches_torch_on_every_committed_case() {
 fn mimicking_sampler_matches_the_python_reference_order() {
     for c in &cases() {
         let shards = spec(c).shards(c["epoch"].as_u64().unwrap());
-        let order: Vec<Vec<i64>> =
-            accumulation_order(&shards, c["batch_size"].as_u64().unwrap() as usize)
-                .into_iter()
-                .map(|m| m.indices)
-                .collect();
+        let order: Vec<Vec<i64>> = accumulation_order(&shards, c["batch_size"].as_u64().unwrap() as usize)
+            .into_iter()
+            .map(|m| m.indices)
+            .collect();
         assert_eq!(order, lists(&c["accumulation_order"]), "case {c}");
     }
 }

@@ -9,23 +9,12 @@ use crate::util::{json_file, repo};
 fn sgd_steps_are_bit_identical_to_torch_optim_sgd() {
     let meta = json_file("golden/sgd/cases.json");
     let tensors = Tensor::read_safetensors(repo("golden/sgd/cases.safetensors")).unwrap();
-    let get = |name: String| {
-        tensors
-            .iter()
-            .find(|(n, _)| *n == name)
-            .unwrap()
-            .1
-            .shallow_clone()
-    };
+    let get = |name: String| tensors.iter().find(|(n, _)| *n == name).unwrap().1.shallow_clone();
     for c in meta["cases"].as_array().unwrap() {
         let i = c["case"].as_u64().unwrap();
         let param = get(format!("{i}.param")).copy().set_requires_grad(true);
-        let mut opt = Sgd::new(
-            &[param.shallow_clone()],
-            c["lr"].as_f64().unwrap(),
-            c["momentum"].as_f64().unwrap(),
-        )
-        .unwrap();
+        let mut opt =
+            Sgd::new(&[param.shallow_clone()], c["lr"].as_f64().unwrap(), c["momentum"].as_f64().unwrap()).unwrap();
         for s in 0..c["steps"].as_u64().unwrap() {
             let mut grad = param.grad();
             if !grad.defined() {

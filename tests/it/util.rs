@@ -8,10 +8,7 @@ pub fn repo(path: &str) -> PathBuf {
 }
 
 pub fn ddp_verify(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
-        .args(args)
-        .output()
-        .expect("ddp-verify runs")
+    Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(args).output().expect("ddp-verify runs")
 }
 
 pub fn stdout(o: &Output) -> String {

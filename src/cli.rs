@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use ddp_verify::{Config, Tolerance, TrainConfig};
+use ddp_verify::explore::ExploreOptions;
+use ddp_verify::inject::Bug;
+use ddp_verify::{Config, Error, Tolerance, TrainConfig};
 
 const EXIT_CODES: &str =
     "Exit codes: 0 equivalent, 1 not equivalent, 2 bad usage or input, 3 a rank or the launcher failed.";
@@ -29,6 +31,8 @@ pub struct Cli {
 pub enum Command {
     /// Print each rank's DistributedSampler indices and the accumulation order.
     Split(SplitArgs),
+    /// Run many random configurations both ways on ranks started once; shrink failures.
+    Explore(ExploreArgs),
     /// One DDP rank, started by ddp-verify itself under mpirun.
     #[command(name = "__rank", hide = true)]
     Rank {
@@ -76,15 +80,8 @@ pub struct RunArgs {
     pub lr: f64,
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// Largest distance in float32 ulps that counts as equal.
-    #[arg(long, default_value_t = Tolerance::default().max_ulps)]
-    pub max_ulps: u32,
-    /// Largest relative difference that counts as equal.
-    #[arg(long, default_value_t = Tolerance::default().rtol)]
-    pub rtol: f32,
-    /// Absolute difference that counts as equal; only matters for values near zero.
-    #[arg(long, default_value_t = Tolerance::default().atol)]
-    pub atol: f32,
+    #[command(flatten)]
+    pub tolerance: ToleranceArgs,
     /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
     #[arg(long, value_name = "DIR")]
     pub save_trace: Option<PathBuf>,
@@ -94,6 +91,57 @@ pub struct RunArgs {
     /// Let --save-trace replace existing files.
     #[arg(long)]
     pub force: bool,
+    /// Plant a known bug in one run, to watch the gate fire.
+    #[arg(long, value_name = "BUG", value_parser = parse_bug)]
+    pub inject: Option<Bug>,
+}
+
+#[derive(Args)]
+pub struct ToleranceArgs {
+    /// Largest distance in float32 ulps that counts as equal.
+    #[arg(long, default_value_t = Tolerance::default().max_ulps)]
+    pub max_ulps: u32,
+    /// Largest relative difference that counts as equal.
+    #[arg(long, default_value_t = Tolerance::default().rtol)]
+    pub rtol: f32,
+    /// Absolute difference that counts as equal; only matters for values near zero.
+    #[arg(long, default_value_t = Tolerance::default().atol)]
+    pub atol: f32,
+}
+
+impl ToleranceArgs {
+    fn tolerance(&self) -> Tolerance {
+        Tolerance { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol }
+    }
+}
+
+#[derive(Args)]
+pub struct ExploreArgs {
+    /// Random configurations per pass (one pass per injected bug).
+    #[arg(long, default_value_t = 100)]
+    pub cases: usize,
+    /// Largest W drawn; that many ranks are started once and reused.
+    #[arg(long, default_value_t = 3)]
+    pub max_gpus: usize,
+    /// Seed of the random draws [default: a fresh one, printed for replay].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Plant BUG in every case, or `all` for one pass per known bug: no-loss-scale,
+    /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad.
+    #[arg(long, value_name = "BUG|all")]
+    pub inject: Option<String>,
+    #[command(flatten)]
+    pub tolerance: ToleranceArgs,
+    /// Minimal failing configs are appended here and replayed first next time.
+    #[arg(long, value_name = "FILE", default_value = "proptest-regressions/explore.txt")]
+    pub regressions: PathBuf,
+}
+
+fn parse_bug(s: &str) -> Result<Bug, String> {
+    Bug::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+        format!("unknown bug '{s}'; known: {}", names.join(", "))
+    })
 }
 
 #[derive(Args)]
@@ -122,6 +170,7 @@ impl SplitShape {
             momentum,
             shuffle: self.shuffle,
             drop_last: self.drop_last,
+            inject: None,
         }
     }
 }
@@ -129,12 +178,48 @@ impl SplitShape {
 impl RunArgs {
     pub fn config(&self) -> Config {
         Config {
-            train: self.shape.train(self.features, self.epochs, self.lr, self.momentum),
-            tolerance: Tolerance { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol },
+            train: TrainConfig {
+                inject: self.inject,
+                ..self.shape.train(self.features, self.epochs, self.lr, self.momentum)
+            },
+            tolerance: self.tolerance.tolerance(),
             save_trace: self.save_trace.clone(),
             golden: self.golden.clone(),
             force: self.force,
         }
+    }
+}
+
+impl ExploreArgs {
+    /// Every check happens here, before any rank starts.
+    pub fn options(&self) -> Result<ExploreOptions, Error> {
+        if self.cases == 0 {
+            return Err(Error::bad_flag("--cases", "must be at least 1", "pass e.g. --cases 100"));
+        }
+        if self.max_gpus == 0 {
+            return Err(Error::bad_flag("--max-gpus", "must be at least 1", "pass e.g. --max-gpus 3"));
+        }
+        let bugs = match self.inject.as_deref() {
+            None => vec![None],
+            Some("all") => Bug::ALL.into_iter().map(Some).collect(),
+            Some(name) => {
+                vec![Some(parse_bug(name).map_err(|e| Error::bad_flag("--inject", e, "pass one of those, or all"))?)]
+            }
+        };
+        let tolerance = self.tolerance.tolerance();
+        tolerance.validate()?;
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
+        });
+        Ok(ExploreOptions {
+            cases: self.cases,
+            max_gpus: self.max_gpus,
+            seed,
+            bugs,
+            tolerance,
+            regressions: Some(self.regressions.clone()),
+            progress: ddp_verify::runs::launch::progress_wanted(),
+        })
     }
 }
 

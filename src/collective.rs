@@ -1,6 +1,9 @@
 //! The collective engine behind DDP, as one small trait: Open MPI (rsmpi) for CPU ranks
 //! today, so an NCCL backend for GPUs can slot in beside it.
 
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
 use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
@@ -35,31 +38,44 @@ impl Collective for Solo {
     }
 }
 
-/// `MPI_COMM_WORLD` of an initialised MPI universe.
+/// An MPI communicator (the world, or the first W ranks of it).
 pub struct Mpi {
-    world: SimpleCommunicator,
+    comm: SimpleCommunicator,
+    /// Time spent inside collectives, for the explore time split.
+    busy: Cell<Duration>,
 }
 
 impl Mpi {
-    pub fn new(world: SimpleCommunicator) -> Self {
-        Mpi { world }
+    pub fn new(comm: SimpleCommunicator) -> Self {
+        Mpi { comm, busy: Cell::new(Duration::ZERO) }
+    }
+
+    pub fn comm_seconds(&self) -> f64 {
+        self.busy.get().as_secs_f64()
+    }
+
+    fn timed<T>(&self, op: impl FnOnce(&SimpleCommunicator) -> T) -> T {
+        let start = Instant::now();
+        let out = op(&self.comm);
+        self.busy.set(self.busy.get() + start.elapsed());
+        out
     }
 }
 
 impl Collective for Mpi {
     fn rank(&self) -> usize {
-        self.world.rank() as usize
+        self.comm.rank() as usize
     }
     fn world_size(&self) -> usize {
-        self.world.size() as usize
+        self.comm.size() as usize
     }
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
         let send = data.to_vec();
-        self.world.all_reduce_into(&send[..], data, SystemOperation::sum());
+        self.timed(|c| c.all_reduce_into(&send[..], data, SystemOperation::sum()));
         Ok(())
     }
     fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()> {
-        self.world.process_at_rank(root as i32).broadcast_into(data);
+        self.timed(|c| c.process_at_rank(root as i32).broadcast_into(data));
         Ok(())
     }
 }

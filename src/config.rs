@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
+use crate::inject::Bug;
 
 /// What to train and how to split it. Mirrors the seed article's flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,6 +25,9 @@ pub struct TrainConfig {
     pub momentum: f64,
     pub shuffle: bool,
     pub drop_last: bool,
+    /// A known mistake planted in one run (`--inject`), to show the gate fires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Bug>,
 }
 
 /// When two float32 values count as the same. An element passes if any bound holds;
@@ -68,7 +72,26 @@ impl TrainConfig {
             momentum: 0.9,
             shuffle: false,
             drop_last: false,
+            inject: None,
         }
+    }
+
+    /// The `ddp-verify` command that reruns exactly this configuration.
+    pub fn command(&self) -> String {
+        let mut s = format!(
+            "ddp-verify --data-size {} --features {} --batch-size {} --acc-steps {} --gpus {} --epochs {} --seed {} --lr {} --momentum {}",
+            self.data_size, self.features, self.batch_size, self.acc_steps, self.gpus, self.epochs, self.seed, self.lr, self.momentum
+        );
+        for (on, flag) in [(self.shuffle, " --shuffle"), (self.drop_last, " --drop-last")] {
+            if on {
+                s.push_str(flag);
+            }
+        }
+        if let Some(bug) = self.inject {
+            s.push_str(" --inject ");
+            s.push_str(bug.name());
+        }
+        s
     }
 
     /// Micro-batches each rank accumulates under no_sync before an all-reduce.

@@ -8,8 +8,9 @@ use clap::Parser;
 
 use ddp_verify::compare::Verdict;
 use ddp_verify::runs::launch;
+use ddp_verify::runs::pool::RankPool;
 use ddp_verify::sampler::SplitPlan;
-use ddp_verify::{report, verify, Result};
+use ddp_verify::{explore, report, verify, Result};
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
@@ -19,6 +20,9 @@ fn main() -> ExitCode {
             if e.reported_by(launch::env_rank()) {
                 eprintln!("ddp-verify: {e}");
             }
+            if launch::leave_exit_code(e.exit_code()) {
+                return ExitCode::SUCCESS;
+            }
             ExitCode::from(e.exit_code())
         }
     }
@@ -27,6 +31,26 @@ fn main() -> ExitCode {
 fn run(args: cli::Cli) -> Result<u8> {
     match args.command {
         Some(cli::Command::Rank { config, out }) => launch::rank_main(&config, &out).map(|()| 0),
+        Some(cli::Command::Explore(explore)) => {
+            let opts = explore.options()?;
+            if !launch::inside_mpi_world() {
+                // Start max-gpus ranks once; this same command runs again as each of them.
+                return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1));
+            }
+            let rank = launch::init_rank()?;
+            let pool = RankPool::new(rank.world());
+            if !pool.is_leader() {
+                pool.follow()?;
+                return Ok(0);
+            }
+            let report = explore::explore(&opts, &pool);
+            pool.stop();
+            let report = report?;
+            print!("{}", report.to_text());
+            let code = if report.passed() { 0 } else { 1 };
+            // Under our own launcher every rank exits 0 and the code travels by file.
+            Ok(if launch::leave_exit_code(code) { 0 } else { code })
+        }
         Some(cli::Command::Split(split)) => {
             let train = split.train();
             train.validate_split()?;

@@ -18,7 +18,7 @@ pub fn table(o: &Outcome) -> String {
     let _ = writeln!(
         s,
         "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks (Open MPI), \
-         {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}",
+         {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}{}",
         t.data_size,
         t.features,
         t.batch_size,
@@ -29,7 +29,8 @@ pub fn table(o: &Outcome) -> String {
         t.momentum,
         onoff(t.shuffle),
         onoff(t.drop_last),
-        t.seed
+        t.seed,
+        t.inject.map_or(String::new(), |b| format!("\ninjected bug: {} (planted in the {} run)", b.name(), b.side()))
     );
     let _ = writeln!(s, "\nper optimizer step: {} vs {} gradients", o.runs.left, o.runs.right);
     let _ = writeln!(s, "  {:>4}  {:>10}  {:>10}  {:>8}  verdict", "step", "max |Δ|", "max rel", "max ulp");
@@ -60,6 +61,9 @@ pub fn table(o: &Outcome) -> String {
         }
     }
     let _ = writeln!(s, "\n{}", verdict_line(o));
+    if let Some(d) = &o.diagnosis {
+        let _ = writeln!(s, "likely cause: {}", d.detail);
+    }
     s
 }
 
@@ -139,6 +143,7 @@ pub fn json(o: &Outcome) -> Value {
         "tolerance": o.config.tolerance,
         "verdict": if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" },
         "runs": o.runs,
+        "diagnosis": o.diagnosis,
         "golden": o.golden,
         "final_weights": { "accumulation": finals_json(&o.accumulation.finals), "ddp": finals_json(&o.ddp.finals) },
     })

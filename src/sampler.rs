@@ -99,13 +99,18 @@ pub fn batches_per_rank(cfg: &TrainConfig) -> usize {
     SamplerSpec::from_train(cfg).num_samples().div_ceil(cfg.batch_size)
 }
 
-/// Optimizer steps over the whole run: the micro-batch counter restarts each epoch, so a
-/// partial window at an epoch's end steps only later, when the next window completes.
-pub fn optimizer_steps(cfg: &TrainConfig) -> usize {
+/// Optimizer steps per epoch: the micro-batch counter restarts each epoch, so a partial
+/// window at an epoch's end steps only later, when the next window completes.
+pub fn steps_per_epoch(cfg: &TrainConfig) -> usize {
     if cfg.gpus == 0 || cfg.acc_steps < cfg.gpus {
         return 0;
     }
-    cfg.epochs * (batches_per_rank(cfg) / cfg.local_acc_steps())
+    batches_per_rank(cfg) / cfg.local_acc_steps()
+}
+
+/// Optimizer steps over the whole run.
+pub fn optimizer_steps(cfg: &TrainConfig) -> usize {
+    cfg.epochs * steps_per_epoch(cfg)
 }
 
 /// What `ddp-verify split` shows: each rank's shard and the single-device order.

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::collective::Collective;
-use crate::compare::{compare, Comparison, Verdict};
+use crate::compare::{compare, diagnose, Comparison, Diagnosis, Verdict};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
@@ -19,6 +19,8 @@ pub struct Outcome {
     /// Each run against PyTorch's trace of the same run, when `--golden` is given.
     pub golden: Vec<Comparison>,
     pub golden_torch: Option<String>,
+    /// Likely cause of an accumulation/DDP mismatch, in plain words.
+    pub diagnosis: Option<Diagnosis>,
 }
 
 impl Outcome {
@@ -88,6 +90,7 @@ fn check_writable(dir: &Path, force: bool) -> Result<()> {
 fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Result<Outcome> {
     let tol = &cfg.tolerance;
     let runs = compare("accumulation", &accumulation, "ddp", &ddp, tol);
+    let diagnosis = diagnose(&accumulation, &ddp, &runs, crate::sampler::steps_per_epoch(&cfg.train));
     let (golden, golden_torch) = match golden {
         Some(g) => (
             vec![
@@ -98,7 +101,7 @@ fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>)
         ),
         None => (Vec::new(), None),
     };
-    let outcome = Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch };
+    let outcome = Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch, diagnosis };
     if let Some(dir) = &cfg.save_trace {
         save(dir, &outcome)?;
     }

@@ -1,6 +1,7 @@
 use crate::config::TrainConfig;
 use crate::data;
 use crate::error::Result;
+use crate::inject::{self, Bug};
 use crate::models::Linear;
 use crate::sampler::{accumulation_order, SamplerSpec};
 use crate::trace::Trace;
@@ -14,18 +15,24 @@ pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
     let model = Linear::new(cfg.features);
     let spec = SamplerSpec::from_train(cfg);
     let micro_batches = |epoch: u64| -> Vec<Vec<i64>> {
-        accumulation_order(&spec.shards(epoch), cfg.batch_size).into_iter().map(|m| m.indices).collect()
+        let order = match cfg.inject {
+            Some(bug) => inject::accumulation_with(bug, cfg, epoch),
+            None => accumulation_order(&spec.shards(epoch), cfg.batch_size),
+        };
+        order.into_iter().map(|m| m.indices).collect()
+    };
+    let loss_divisor = match cfg.inject {
+        Some(Bug::NoLossScale) => 1,
+        Some(Bug::DoubleScale) => cfg.acc_steps * cfg.gpus,
+        _ => cfg.acc_steps,
     };
     let mut no_sync = |_: &[(String, tch::Tensor)]| Ok(());
-    train(
-        cfg,
-        &model,
-        &data,
-        Schedule {
-            micro_batches: &micro_batches,
-            window: cfg.acc_steps,
-            loss_divisor: cfg.acc_steps,
-            sync: &mut no_sync,
-        },
-    )
+    let schedule = Schedule {
+        micro_batches: &micro_batches,
+        window: cfg.acc_steps,
+        loss_divisor,
+        zero_grad: true,
+        sync: &mut no_sync,
+    };
+    train(cfg, &model, &data, schedule)
 }

@@ -4,6 +4,7 @@ use crate::collective::{with_values, Collective};
 use crate::config::TrainConfig;
 use crate::data;
 use crate::error::{Error, Result};
+use crate::inject::Bug;
 use crate::models::{Linear, Model};
 use crate::sampler::{rank_batches, SamplerSpec};
 use crate::trace::Trace;
@@ -29,7 +30,8 @@ pub fn ddp_rank(cfg: &TrainConfig, comm: &dyn Collective) -> Result<Trace> {
         with_values(&mut p.shallow_clone(), |v| comm.broadcast(v, 0))?;
     }
     let spec = SamplerSpec::from_train(cfg);
-    let micro_batches = |epoch: u64| rank_batches(&spec.shards(epoch)[rank], cfg.batch_size);
+    let sampler_epoch = |epoch: u64| if cfg.inject == Some(Bug::NoSetEpoch) { 0 } else { epoch };
+    let micro_batches = |epoch: u64| rank_batches(&spec.shards(sampler_epoch(epoch))[rank], cfg.batch_size);
     let scale = 1.0 / world as f64;
     let mut all_reduce = |params: &[(String, Tensor)]| -> Result<()> {
         for (_, p) in params {
@@ -40,10 +42,13 @@ pub fn ddp_rank(cfg: &TrainConfig, comm: &dyn Collective) -> Result<Trace> {
         Ok(())
     };
     let local = cfg.local_acc_steps();
-    train(
-        cfg,
-        &model,
-        &data,
-        Schedule { micro_batches: &micro_batches, window: local, loss_divisor: local, sync: &mut all_reduce },
-    )
+    let zero_grad = cfg.inject != Some(Bug::StaleZeroGrad);
+    let schedule = Schedule {
+        micro_batches: &micro_batches,
+        window: local,
+        loss_divisor: local,
+        zero_grad,
+        sync: &mut all_reduce,
+    };
+    train(cfg, &model, &data, schedule)
 }

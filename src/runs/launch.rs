@@ -2,6 +2,7 @@
 //! with Open MPI's `mpirun` (the user never types it); under a user's `mpirun` across hosts
 //! it notices it is already inside an MPI world and each process acts as one rank.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -25,8 +26,14 @@ pub fn env_rank() -> Option<usize> {
 
 /// An initialised MPI world; finalised when dropped.
 pub struct MpiRank {
-    _universe: mpi::environment::Universe,
+    universe: mpi::environment::Universe,
     pub comm: Mpi,
+}
+
+impl MpiRank {
+    pub fn world(&self) -> mpi::topology::SimpleCommunicator {
+        self.universe.world()
+    }
 }
 
 /// Initialises MPI and gives this rank its share of the cores: under mpirun, libtorch would
@@ -41,7 +48,7 @@ pub fn init_rank() -> Result<MpiRank> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     tch::set_num_threads((cores / local.max(1)).max(1) as i32);
     let comm = Mpi::new(universe.world());
-    Ok(MpiRank { _universe: universe, comm })
+    Ok(MpiRank { universe, comm })
 }
 
 /// Entry point of a rank started by [`spawn_ddp`]: trains, and rank 0 writes the trace.
@@ -67,33 +74,91 @@ pub struct PendingDdp {
 /// Starts `mpirun -np W ddp-verify __rank ...` and returns at once, so the accumulation run
 /// can proceed meanwhile.
 pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path) -> Result<PendingDdp> {
-    let mpirun = find_on_path("mpirun").ok_or_else(|| Error::Launcher {
-        problem: "Open MPI's mpirun is not on PATH".into(),
-        fix: "install Open MPI (apt-get install openmpi-bin libopenmpi-dev, or scripts/setup.sh)".into(),
-    })?;
-    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ddp-verify executable", e))?;
     let config = workdir.join("rank-config.json");
     let out = workdir.join("ddp.safetensors");
     let json = serde_json::to_string(cfg).expect("config serialises");
     std::fs::write(&config, json).map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
-    let child = Command::new(mpirun)
-        .args(["-np", &cfg.gpus.to_string(), "--oversubscribe", "--bind-to", "none"])
-        .arg(exe)
+    let child = mpirun_self(cfg.gpus)?
         .arg(RANK_SUBCOMMAND)
         .arg("--config")
         .arg(&config)
         .arg("--out")
         .arg(&out)
-        // Open MPI refuses root without these; CI containers run as root.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
         .spawn()
         .map_err(|e| Error::Launcher {
             problem: format!("cannot start mpirun ({e})"),
             fix: "check the Open MPI install".into(),
         })?;
     Ok(PendingDdp { child, out })
+}
+
+/// Where rank 0 leaves its exit code for [`relaunch`].
+const RESULT_ENV: &str = "DDP_VERIFY_RESULT_FILE";
+/// When the launcher started the ranks (Unix time in ns), for the time split.
+const LAUNCHED_AT_ENV: &str = "DDP_VERIFY_LAUNCHED_AT";
+/// Set when the launcher's stderr is a terminal, so rank 0 may draw progress.
+const PROGRESS_ENV: &str = "DDP_VERIFY_PROGRESS";
+
+/// Runs this same command again as `np` MPI ranks and returns the exit code rank 0 left,
+/// so mpirun's banners about non-zero exits never reach the user.
+pub fn relaunch(np: usize, args: impl IntoIterator<Item = OsString>) -> Result<u8> {
+    use std::io::IsTerminal;
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
+    let result = dir.path().join("exit-code");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let status = mpirun_self(np)?
+        .args(args)
+        .env(RESULT_ENV, &result)
+        .env(LAUNCHED_AT_ENV, now.to_string())
+        .env(PROGRESS_ENV, if std::io::stderr().is_terminal() { "1" } else { "" })
+        .status()
+        .map_err(|e| Error::Launcher {
+            problem: format!("cannot start mpirun ({e})"),
+            fix: "check the Open MPI install".into(),
+        })?;
+    match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
+        Some(code) => Ok(code),
+        None => Err(Error::Launcher {
+            problem: format!("the ranks stopped before rank 0 finished (mpirun {status})"),
+            fix: "see the rank's message above".into(),
+        }),
+    }
+}
+
+/// Rank 0 under [`relaunch`]: records the exit code and returns true; false elsewhere.
+pub fn leave_exit_code(code: u8) -> bool {
+    match std::env::var_os(RESULT_ENV) {
+        Some(path) => std::fs::write(path, code.to_string()).is_ok(),
+        None => false,
+    }
+}
+
+/// Seconds since the launcher started the ranks, if it said when.
+pub fn seconds_since_launch() -> Option<f64> {
+    let at: u128 = std::env::var(LAUNCHED_AT_ENV).ok()?.parse().ok()?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(now.saturating_sub(at) as f64 / 1e9)
+}
+
+pub fn progress_wanted() -> bool {
+    std::env::var(PROGRESS_ENV).is_ok_and(|v| v == "1")
+}
+
+/// `mpirun -np N <this executable>`, set up for one machine.
+fn mpirun_self(np: usize) -> Result<Command> {
+    let mpirun = find_on_path("mpirun").ok_or_else(|| Error::Launcher {
+        problem: "Open MPI's mpirun is not on PATH".into(),
+        fix: "install Open MPI (apt-get install openmpi-bin libopenmpi-dev, or scripts/setup.sh)".into(),
+    })?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ddp-verify executable", e))?;
+    let mut cmd = Command::new(mpirun);
+    cmd.args(["-np", &np.to_string(), "--oversubscribe", "--bind-to", "none"])
+        .arg(exe)
+        // Open MPI refuses root without these; CI containers run as root.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null());
+    Ok(cmd)
 }
 
 /// If the caller gives up (its own run failed), the ranks are stopped, not left behind.

@@ -5,6 +5,7 @@
 mod accumulation;
 mod ddp;
 pub mod launch;
+pub mod pool;
 
 pub use accumulation::accumulation;
 pub use ddp::ddp_rank;
@@ -29,6 +30,8 @@ struct Schedule<'a> {
     window: usize,
     /// Each micro-batch's loss is divided by this (K, or K/W per rank).
     loss_divisor: usize,
+    /// False only to plant the stale-gradient bug.
+    zero_grad: bool,
     /// Runs at each window's end before the step: DDP's gradient all-reduce.
     sync: Sync<'a>,
 }
@@ -49,7 +52,9 @@ fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Re
                 (s.sync)(params)?;
                 trace.steps.push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
                 opt.step()?;
-                opt.zero_grad()?;
+                if s.zero_grad {
+                    opt.zero_grad()?;
+                }
             }
         }
     }

@@ -1,5 +1,9 @@
 //! Per-step, per-parameter differences between two traces, and verdicts.
 
+mod diagnose;
+
+pub use diagnose::{diagnose, Diagnosis};
+
 use serde::Serialize;
 use tch::Tensor;
 

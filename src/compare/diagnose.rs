@@ -1,0 +1,94 @@
+//! Plain-words likely causes for a mismatch, from the shape of the evidence: a constant
+//! ratio between the runs' gradients, a gradient that still holds the previous step's, a
+//! mismatch that starts only in a later epoch, or different samples behind a step.
+
+use serde::Serialize;
+
+use super::{Comparison, Verdict};
+use crate::trace::{Params, Trace};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Diagnosis {
+    /// Short and stable, for counting by reason.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// `steps_per_epoch` maps steps to epochs (the counter restarts each epoch, so it is fixed).
+pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) -> Option<Diagnosis> {
+    if c.verdict != Verdict::Diverged {
+        return None;
+    }
+    if c.left_steps != c.right_steps {
+        return Some(Diagnosis {
+            reason: "step count",
+            detail: format!(
+                "{} made {} optimizer steps and {} made {}: the samplers give different numbers of micro-batches",
+                c.left, c.left_steps, c.right, c.right_steps
+            ),
+        });
+    }
+    let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    let (x, y) = (flat(&a.steps[s]), flat(&b.steps[s]));
+    // Stale first: it only starts after step 0, and for a model whose gradient does not
+    // depend on the weights it can also look like a constant ratio.
+    if s > 0 {
+        for (side, own, other) in [(&c.right, b, &x), (&c.left, a, &y)] {
+            let prev = flat(&own.steps[s - 1]);
+            let now = flat(&own.steps[s]);
+            let stale: Vec<f64> = prev.iter().zip(other).map(|(p, o)| p + o).collect();
+            if close(&now, &stale) {
+                return Some(Diagnosis {
+                    reason: "stale gradients",
+                    detail: format!(
+                        "{side}'s gradient at step {s} is step {}'s plus this step's: gradients are not zeroed after optimizer.step()",
+                        s - 1
+                    ),
+                });
+            }
+        }
+    }
+    if let Some(r) = constant_ratio(&x, &y) {
+        return Some(Diagnosis {
+            reason: "loss scaling",
+            detail: format!(
+                "{} gradients are exactly {r:.2}x {}'s from step {s}: loss scaling (divide each loss by K in accumulation, by K/W on each rank)",
+                c.right, c.left
+            ),
+        });
+    }
+    let epoch = s / steps_per_epoch.max(1);
+    if epoch > 0 {
+        return Some(Diagnosis {
+            reason: "epoch-dependent sampling",
+            detail: format!(
+                "the runs agree through epoch {} and first differ in epoch {epoch} (step {s}): the shuffle differs between epochs; is set_epoch(epoch) called on every rank's sampler?",
+                epoch - 1
+            ),
+        });
+    }
+    Some(Diagnosis {
+        reason: "different samples",
+        detail: format!(
+            "step {s} differs by more than rounding and not by a constant factor: the runs likely see different samples in that step (strided vs contiguous split, padding)"
+        ),
+    })
+}
+
+fn flat(p: &Params) -> Vec<f64> {
+    p.iter()
+        .flat_map(|(_, t)| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default())
+        .collect()
+}
+
+/// y = r * x for one r (not 1) over every element that is not tiny.
+fn constant_ratio(x: &[f64], y: &[f64]) -> Option<f64> {
+    let ratios: Vec<f64> = x.iter().zip(y).filter(|(a, _)| a.abs() > 1e-12).map(|(a, b)| b / a).collect();
+    let first = *ratios.first()?;
+    let same = ratios.iter().all(|r| (r - first).abs() <= 1e-4 * first.abs());
+    (same && (first - 1.0).abs() > 1e-4).then_some(first)
+}
+
+fn close(x: &[f64], y: &[f64]) -> bool {
+    x.len() == y.len() && x.iter().zip(y).all(|(a, b)| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1e-6))
+}

@@ -1,0 +1,435 @@
+//! `ddp-verify explore`: random configurations through both runs on ranks started once,
+//! each failure shrunk by proptest to a minimal reproducing command, and planted bugs
+//! tallied against the configurations they can change.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+
+use crate::compare::{compare, diagnose, Diagnosis, Verdict};
+use crate::config::{Tolerance, TrainConfig};
+use crate::error::{Error, Result};
+use crate::inject::Bug;
+use crate::runs::{accumulation, pool::RankPool};
+
+pub struct ExploreOptions {
+    pub cases: usize,
+    pub max_gpus: usize,
+    pub seed: u64,
+    /// One pass per entry; `None` is the honest run.
+    pub bugs: Vec<Option<Bug>>,
+    pub tolerance: Tolerance,
+    /// Minimal failing configurations, replayed first and appended to (proptest's idea of
+    /// persisted regressions, stored as the configs themselves).
+    pub regressions: Option<PathBuf>,
+    pub progress: bool,
+}
+
+/// Random valid configurations; K is drawn as a multiple of W so every draw is usable.
+pub fn strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
+    (
+        1..=max_gpus.max(1),
+        1usize..=4,
+        1usize..=48,
+        1usize..=16,
+        1usize..=8,
+        1usize..=3,
+        any::<bool>(),
+        any::<bool>(),
+        0u64..1000,
+        0.001f64..0.1,
+        0.0f64..0.95,
+    )
+        .prop_map(|(gpus, local, data_size, features, batch_size, epochs, shuffle, drop_last, seed, lr, momentum)| {
+            TrainConfig {
+                data_size,
+                features,
+                seed,
+                epochs,
+                batch_size,
+                acc_steps: local * gpus,
+                gpus,
+                lr,
+                momentum,
+                shuffle,
+                drop_last,
+                inject: None,
+            }
+        })
+        .prop_filter("a valid config with at least one optimizer step", |c| c.validate().is_ok())
+}
+
+/// What one bug (or the honest run) did over all cases.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub bug: Option<Bug>,
+    pub cases: usize,
+    pub replayed: usize,
+    pub not_equivalent: usize,
+    pub reasons: BTreeMap<&'static str, usize>,
+    pub changes_math: usize,
+    pub caught: usize,
+    pub missed: usize,
+    pub false_alarms: usize,
+    /// The shrunk case worth showing: a failure, a miss or false alarm, or else the
+    /// smallest config the bug was caught on.
+    pub example: Option<Example>,
+}
+
+#[derive(Debug)]
+pub struct Example {
+    pub what: &'static str,
+    pub config: TrainConfig,
+    pub diagnosis: Option<Diagnosis>,
+}
+
+#[derive(Debug, Default)]
+pub struct Timing {
+    pub total: f64,
+    pub start: Option<f64>,
+    pub ddp: f64,
+    pub comm: f64,
+    pub accumulation: f64,
+    pub compare: f64,
+    pub evaluations: usize,
+}
+
+pub struct ExploreReport {
+    pub seed: u64,
+    pub cases: usize,
+    pub max_gpus: usize,
+    pub tallies: Vec<Tally>,
+    pub timing: Timing,
+}
+
+struct Case {
+    verdict: Verdict,
+    diagnosis: Option<Diagnosis>,
+}
+
+struct Runner<'a> {
+    pool: &'a RankPool,
+    tol: Tolerance,
+    timing: Timing,
+}
+
+impl Runner<'_> {
+    fn evaluate(&mut self, cfg: &TrainConfig) -> Result<Case> {
+        let t0 = Instant::now();
+        let ddp = self.pool.lead(cfg)?;
+        let t1 = Instant::now();
+        let acc = accumulation(cfg)?;
+        let t2 = Instant::now();
+        let c = compare("accumulation", &acc, "ddp", &ddp, &self.tol);
+        let diagnosis = diagnose(&acc, &ddp, &c, crate::sampler::steps_per_epoch(cfg));
+        let t = &mut self.timing;
+        t.ddp += (t1 - t0).as_secs_f64();
+        t.accumulation += (t2 - t1).as_secs_f64();
+        t.compare += t2.elapsed().as_secs_f64();
+        t.evaluations += 1;
+        Ok(Case { verdict: c.verdict, diagnosis })
+    }
+}
+
+/// How a case came out relative to what it should have.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Fine,
+    /// Honest run not equivalent: a real finding.
+    Failure,
+    /// The bug changed the math and the gate fired.
+    Caught,
+    /// The bug changed the math and the gate stayed quiet.
+    Missed,
+    /// The bug cannot change the math yet the gate fired.
+    FalseAlarm,
+}
+
+fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Outcome {
+    let diverged = case.verdict == Verdict::Diverged;
+    match bug {
+        None if diverged => Outcome::Failure,
+        None => Outcome::Fine,
+        Some(b) => match (b.changes_math(cfg), diverged) {
+            (true, true) => Outcome::Caught,
+            (true, false) => Outcome::Missed,
+            (false, true) => Outcome::FalseAlarm,
+            (false, false) => Outcome::Fine,
+        },
+    }
+}
+
+/// Rank 0's side of explore; the other ranks run `pool.follow()`.
+pub fn explore(opts: &ExploreOptions, pool: &RankPool) -> Result<ExploreReport> {
+    let started = Instant::now();
+    let mut runner = Runner { pool, tol: opts.tolerance, timing: Timing::default() };
+    let strat = strategy(opts.max_gpus);
+    let mut tallies = Vec::new();
+    for (pass, &bug) in opts.bugs.iter().enumerate() {
+        tallies.push(explore_one(opts, &mut runner, &strat, bug, pass)?);
+    }
+    let mut timing = runner.timing;
+    timing.total = started.elapsed().as_secs_f64();
+    timing.start = crate::runs::launch::seconds_since_launch().map(|s| (s - timing.total).max(0.0));
+    timing.comm = pool.comm_seconds();
+    if opts.progress {
+        eprint!("\r{:60}\r", "");
+    }
+    Ok(ExploreReport { seed: opts.seed, cases: opts.cases, max_gpus: opts.max_gpus, tallies, timing })
+}
+
+fn explore_one<S: Strategy<Value = TrainConfig>>(
+    opts: &ExploreOptions,
+    runner: &mut Runner,
+    strat: &S,
+    bug: Option<Bug>,
+    pass: usize,
+) -> Result<Tally> {
+    let mut tally = Tally { bug, ..Tally::default() };
+    let record = |tally: &mut Tally, cfg: &TrainConfig, case: &Case| {
+        tally.cases += 1;
+        if case.verdict == Verdict::Diverged {
+            tally.not_equivalent += 1;
+            let reason = case.diagnosis.as_ref().map_or("unexplained", |d| d.reason);
+            *tally.reasons.entry(reason).or_default() += 1;
+        }
+        let outcome = classify(bug, cfg, case);
+        if let Some(b) = bug {
+            tally.changes_math += usize::from(b.changes_math(cfg));
+        }
+        match outcome {
+            Outcome::Caught => tally.caught += 1,
+            Outcome::Missed => tally.missed += 1,
+            Outcome::FalseAlarm => tally.false_alarms += 1,
+            _ => {}
+        }
+        outcome
+    };
+
+    if bug.is_none() {
+        for cfg in read_regressions(opts.regressions.as_ref()) {
+            let case = runner.evaluate(&cfg)?;
+            tally.replayed += 1;
+            if record(&mut tally, &cfg, &case) == Outcome::Failure && tally.example.is_none() {
+                tally.example = Some(Example { what: "replayed failure", config: cfg, diagnosis: case.diagnosis });
+            }
+        }
+    }
+
+    let mut rng_seed = [0u8; 32];
+    rng_seed[..8].copy_from_slice(&opts.seed.to_le_bytes());
+    let mut test_runner =
+        TestRunner::new_with_rng(RunnerConfig::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &rng_seed));
+    // The tree to shrink and what it showed; a problem outranks a plain catch.
+    let mut keep: Option<(S::Tree, Outcome)> = None;
+    for i in 0..opts.cases {
+        let tree = strat.new_tree(&mut test_runner).map_err(|e| {
+            Error::bad_flag("--max-gpus", format!("no valid configuration could be drawn ({e})"), "raise --max-gpus")
+        })?;
+        let mut cfg = tree.current();
+        cfg.inject = bug;
+        let case = runner.evaluate(&cfg)?;
+        let outcome = record(&mut tally, &cfg, &case);
+        let rank = |o: Outcome| match o {
+            Outcome::Fine => 0,
+            Outcome::Caught => 1,
+            _ => 2,
+        };
+        if rank(outcome) > keep.as_ref().map_or(0, |(_, o)| rank(*o)) {
+            keep = Some((tree, outcome));
+        }
+        if opts.progress {
+            let label = bug.map_or("honest", Bug::name);
+            eprint!(
+                "\rexplore pass {} ({label}): {}/{} cases, {} not equivalent   ",
+                pass + 1,
+                i + 1,
+                opts.cases,
+                tally.not_equivalent
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+    if let Some((mut tree, outcome)) = keep {
+        if tally.example.is_none() {
+            let config = shrink(&mut tree, |c| {
+                let mut c = c.clone();
+                c.inject = bug;
+                Ok(classify(bug, &c, &runner.evaluate(&c)?) == outcome)
+            })?;
+            let mut config = config;
+            config.inject = bug;
+            let diagnosis = runner.evaluate(&config)?.diagnosis;
+            if outcome == Outcome::Failure {
+                append_regression(opts.regressions.as_ref(), &config);
+            }
+            let what = match outcome {
+                Outcome::Failure => "not equivalent",
+                Outcome::Caught => "smallest config caught",
+                Outcome::Missed => "MISSED",
+                _ => "FALSE ALARM",
+            };
+            tally.example = Some(Example { what, config, diagnosis });
+        }
+    }
+    Ok(tally)
+}
+
+/// proptest's shrink loop: simplify while the property still shows, else complicate.
+fn shrink<T: ValueTree<Value = TrainConfig>>(
+    tree: &mut T,
+    mut still_shows: impl FnMut(&TrainConfig) -> Result<bool>,
+) -> Result<TrainConfig> {
+    let mut best = tree.current();
+    if !tree.simplify() {
+        return Ok(best);
+    }
+    for _ in 0..512 {
+        let c = tree.current();
+        let more = if still_shows(&c)? {
+            best = c;
+            tree.simplify()
+        } else {
+            tree.complicate()
+        };
+        if !more {
+            break;
+        }
+    }
+    Ok(best)
+}
+
+fn read_regressions(path: Option<&PathBuf>) -> Vec<TrainConfig> {
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Vec::new() };
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str::<TrainConfig>(l).ok())
+        .filter(|c| c.validate().is_ok())
+        .collect()
+}
+
+fn append_regression(path: Option<&PathBuf>, cfg: &TrainConfig) {
+    let Some(path) = path else { return };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let fresh = !path.exists();
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if fresh {
+            let _ = writeln!(f, "# Minimal configurations ddp-verify explore found not equivalent; replayed first.");
+        }
+        let _ = writeln!(f, "{}", serde_json::to_string(cfg).expect("config serialises"));
+    }
+}
+
+impl ExploreReport {
+    /// Honest cases all equivalent; every bug caught wherever it changes the math, never
+    /// where it cannot, and exercised at least once.
+    pub fn passed(&self) -> bool {
+        self.tallies.iter().all(|t| match t.bug {
+            None => t.not_equivalent == 0,
+            Some(_) => t.missed == 0 && t.false_alarms == 0 && t.caught > 0,
+        })
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "explore: {} random configurations per pass (seed {}; replay with --seed {}), up to {} ranks, linear model",
+            self.cases, self.seed, self.seed, self.max_gpus
+        );
+        for t in self.tallies.iter().filter(|t| t.bug.is_none()) {
+            let _ = writeln!(s, "  cases            {:>6}{}", t.cases, replayed(t));
+            let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent);
+            let _ = writeln!(s, "  not equivalent   {:>6}{}", t.not_equivalent, reasons(t));
+        }
+        let bugs: Vec<&Tally> = self.tallies.iter().filter(|t| t.bug.is_some()).collect();
+        if !bugs.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7}  likely cause reported",
+                "injected bug", "planted in", "configs", "changes math", "caught", "missed", "false+"
+            );
+            for t in &bugs {
+                let b = t.bug.expect("bug tally");
+                let _ = writeln!(
+                    s,
+                    "  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {}",
+                    b.name(),
+                    b.side(),
+                    t.cases,
+                    t.changes_math,
+                    t.caught,
+                    t.missed,
+                    t.false_alarms,
+                    reasons(t)
+                );
+            }
+        }
+        let examples: Vec<&Tally> = self.tallies.iter().filter(|t| t.example.is_some()).collect();
+        if !examples.is_empty() {
+            let _ = writeln!(s, "\n  shrunk cases (proptest):");
+            for t in examples {
+                let e = t.example.as_ref().expect("example");
+                let _ = writeln!(s, "  {}: {}", e.what, e.config.command());
+                if let Some(d) = &e.diagnosis {
+                    let _ = writeln!(s, "      likely cause: {}", d.detail);
+                }
+            }
+        }
+        let tm = &self.timing;
+        let runs: usize = self.tallies.iter().map(|t| t.cases).sum();
+        let per_s = runs as f64 / tm.total.max(1e-9);
+        let _ = writeln!(
+            s,
+            "\ntime: {runs} cases in {:.1} s = {per_s:.1} configs/s ({:.0} per minute; {} evaluations with shrinking)",
+            tm.total,
+            per_s * 60.0,
+            tm.evaluations
+        );
+        if let Some(start) = tm.start {
+            let _ = writeln!(s, "  start: mpirun, processes, libtorch load, MPI init  {start:>7.2} s (once)");
+        }
+        let _ = writeln!(s, "  DDP ranks (rank 0's share, waits included)       {:>7.2} s", tm.ddp);
+        let _ = writeln!(s, "    of which inside collectives                     {:>7.2} s", tm.comm);
+        let _ = writeln!(s, "  accumulation run                                  {:>7.2} s", tm.accumulation);
+        let _ = writeln!(s, "  comparison and diagnosis                          {:>7.2} s", tm.compare);
+        let verdict = if self.passed() {
+            if bugs.is_empty() {
+                "EQUIVALENT on every case"
+            } else {
+                "GATE OK: every planted bug caught wherever it changes the math"
+            }
+        } else if bugs.is_empty() {
+            "NOT EQUIVALENT on some cases (see the shrunk command above)"
+        } else {
+            "GATE PROBLEM: a bug was missed, raised a false alarm, or was never exercised (see above)"
+        };
+        let _ = writeln!(s, "\n{verdict}");
+        s
+    }
+}
+
+fn replayed(t: &Tally) -> String {
+    if t.replayed > 0 {
+        format!(" ({} replayed from the regressions file first)", t.replayed)
+    } else {
+        String::new()
+    }
+}
+
+fn reasons(t: &Tally) -> String {
+    let parts: Vec<String> = t.reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", parts.join(", "))
+    }
+}

@@ -1,0 +1,141 @@
+//! Known, realistic mistakes that can be planted in one of the two runs, so users (and our
+//! tests) can watch the gate fire. Each bug also says whether it can change the mathematics
+//! of a given configuration, from the sampling plans themselves, so a config it cannot
+//! change is reported as such instead of as a miss.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+use crate::sampler::{accumulation_order, rank_batches, MicroBatch, SamplerSpec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bug {
+    /// Accumulation forgets to divide each loss by K.
+    NoLossScale,
+    /// Accumulation divides each loss by K and again by W.
+    DoubleScale,
+    /// The single-device sampler takes contiguous blocks instead of the rank-strided split.
+    ContiguousSplit,
+    /// DDP ranks never call set_epoch: every epoch reuses epoch 0's shuffle.
+    NoSetEpoch,
+    /// The mimicking sampler ignores DistributedSampler's padding.
+    NoPadding,
+    /// DDP ranks never zero their gradients after a step.
+    StaleZeroGrad,
+}
+
+impl Bug {
+    pub const ALL: [Bug; 6] =
+        [Bug::NoLossScale, Bug::DoubleScale, Bug::ContiguousSplit, Bug::NoSetEpoch, Bug::NoPadding, Bug::StaleZeroGrad];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::NoLossScale => "no-loss-scale",
+            Bug::DoubleScale => "double-scale",
+            Bug::ContiguousSplit => "contiguous-split",
+            Bug::NoSetEpoch => "no-set-epoch",
+            Bug::NoPadding => "no-padding",
+            Bug::StaleZeroGrad => "stale-zero-grad",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Bug> {
+        Bug::ALL.into_iter().find(|b| b.name() == s)
+    }
+
+    /// Which run carries the bug.
+    pub fn side(self) -> &'static str {
+        match self {
+            Bug::NoSetEpoch | Bug::StaleZeroGrad => "ddp",
+            _ => "accumulation",
+        }
+    }
+
+    /// True when the buggy run sees other samples per step, or other scaling, than the
+    /// correct one: only then must the gate fire. (Per-step sample multisets decide it: the
+    /// linear model's gradient depends on nothing else.)
+    pub fn changes_math(self, cfg: &TrainConfig) -> bool {
+        let correct = step_samples(cfg, |e| correct_order(cfg, e));
+        match self {
+            Bug::NoLossScale => cfg.acc_steps > 1,
+            Bug::DoubleScale => cfg.gpus > 1,
+            Bug::StaleZeroGrad => crate::sampler::optimizer_steps(cfg) > 1,
+            Bug::ContiguousSplit | Bug::NoPadding => correct != step_samples(cfg, |e| accumulation_with(self, cfg, e)),
+            Bug::NoSetEpoch => correct != step_samples(cfg, |_| correct_order(cfg, 0)),
+        }
+    }
+}
+
+fn correct_order(cfg: &TrainConfig, epoch: u64) -> Vec<MicroBatch> {
+    accumulation_order(&SamplerSpec::from_train(cfg).shards(epoch), cfg.batch_size)
+}
+
+/// The samples behind each optimizer step, as sorted multisets, following the training
+/// loop: the counter restarts each epoch and a partial window carries into the next one.
+fn step_samples(cfg: &TrainConfig, order: impl Fn(u64) -> Vec<MicroBatch>) -> Vec<Vec<i64>> {
+    let mut steps = Vec::new();
+    let mut window: Vec<i64> = Vec::new();
+    for epoch in 0..cfg.epochs as u64 {
+        for (i, mb) in order(epoch).iter().enumerate() {
+            window.extend(&mb.indices);
+            if (i + 1) % cfg.acc_steps == 0 {
+                window.sort_unstable();
+                steps.push(std::mem::take(&mut window));
+            }
+        }
+    }
+    steps
+}
+
+/// The accumulation run's micro-batches for an epoch, with `bug` planted if it is a
+/// sampler bug of that side.
+pub fn accumulation_with(bug: Bug, cfg: &TrainConfig, epoch: u64) -> Vec<MicroBatch> {
+    let spec = SamplerSpec::from_train(cfg);
+    match bug {
+        Bug::ContiguousSplit => {
+            let strided = spec.shards(epoch);
+            // Same padded index list, cut into W contiguous blocks instead of rank::W.
+            let mut flat = vec![0; strided.len() * strided[0].len()];
+            for (r, shard) in strided.iter().enumerate() {
+                for (i, &x) in shard.iter().enumerate() {
+                    flat[i * strided.len() + r] = x;
+                }
+            }
+            let blocks: Vec<Vec<i64>> = flat.chunks(strided[0].len()).map(<[i64]>::to_vec).collect();
+            accumulation_order(&blocks, cfg.batch_size)
+        }
+        // With drop_last there is no padding to ignore.
+        Bug::NoPadding if !spec.drop_last => interleave(&unpadded_shards(&spec, epoch), cfg.batch_size),
+        _ => accumulation_order(&spec.shards(epoch), cfg.batch_size),
+    }
+}
+
+fn unpadded_shards(spec: &SamplerSpec, epoch: u64) -> Vec<Vec<i64>> {
+    let padded = spec.shards(epoch);
+    let total = spec.data_size;
+    // The padded list is the permutation followed by repeats, and rank r holds its positions
+    // r, r + W, ...: keep only positions below N.
+    padded
+        .iter()
+        .enumerate()
+        .map(|(r, shard)| {
+            shard.iter().enumerate().filter(|(i, _)| i * spec.world + r < total).map(|(_, &x)| x).collect()
+        })
+        .collect()
+}
+
+/// Like `accumulation_order`, for shards of unequal length.
+fn interleave(shards: &[Vec<i64>], batch_size: usize) -> Vec<MicroBatch> {
+    let per_rank: Vec<Vec<Vec<i64>>> = shards.iter().map(|s| rank_batches(s, batch_size)).collect();
+    let nb = per_rank.iter().map(Vec::len).max().unwrap_or(0);
+    let mut order = Vec::new();
+    for local_batch in 0..nb {
+        for (rank, batches) in per_rank.iter().enumerate() {
+            if let Some(b) = batches.get(local_batch) {
+                order.push(MicroBatch { rank, local_batch, indices: b.clone() });
+            }
+        }
+    }
+    order
+}

@@ -44,7 +44,7 @@ pub fn table(o: &Outcome) -> String {
             o.runs.left, o.runs.left_steps, o.runs.right, o.runs.right_steps
         );
     }
-    let _ = writeln!(s, "\nfinal weights");
+    let _ = writeln!(s, "\nfinal weights (differences measured at each weight's largest magnitude during training)");
     for (name, acc) in &o.accumulation.finals {
         let _ = writeln!(s, "  {name}");
         let _ = writeln!(s, "    accumulation  {}", values(acc));

@@ -17,6 +17,10 @@ pub struct Trace {
     /// `steps[s]`: the gradients optimizer step `s` (counted from 0) applied.
     pub steps: Vec<Params>,
     pub finals: Params,
+    /// Largest magnitude each weight took during training (initial and after every step).
+    /// SGD rounds a weight at that scale, so final weights are compared there. Empty for
+    /// PyTorch's golden traces, which do not record it.
+    pub peaks: Params,
 }
 
 impl Trace {
@@ -26,6 +30,7 @@ impl Trace {
             named.extend(grads.iter().map(|(n, t)| (format!("grads.{s}.{n}"), t)));
         }
         named.extend(self.finals.iter().map(|(n, t)| (format!("final.{n}"), t)));
+        named.extend(self.peaks.iter().map(|(n, t)| (format!("peak.{n}"), t)));
         Tensor::write_safetensors(&named, path)
             .map_err(|e| Error::bad_file(path, format!("cannot write trace: {e}"), "check the directory is writable"))
     }
@@ -40,12 +45,15 @@ impl Trace {
             .map_err(|e| Error::bad_file(path, format!("not a readable safetensors file ({e})"), fix))?;
         let mut steps: BTreeMap<usize, Params> = BTreeMap::new();
         let mut finals = Params::new();
+        let mut peaks = Params::new();
         for (name, t) in tensors {
             if t.kind() != Kind::Float {
                 return Err(Error::bad_file(path, format!("tensor {name} is {:?}, expected float32", t.kind()), fix));
             }
             if let Some(p) = name.strip_prefix("final.") {
                 finals.push((p.to_string(), t));
+            } else if let Some(p) = name.strip_prefix("peak.") {
+                peaks.push((p.to_string(), t));
             } else if let Some((step, p)) = name.strip_prefix("grads.").and_then(|r| r.split_once('.')) {
                 let step: usize = step
                     .parse()
@@ -58,7 +66,7 @@ impl Trace {
         if finals.is_empty() {
             return Err(Error::bad_file(path, "no final.<param> tensors", fix));
         }
-        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals };
+        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, peaks };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -67,6 +75,7 @@ impl Trace {
             trace.steps.push(grads);
         }
         trace.finals.sort_by(|a, b| a.0.cmp(&b.0));
+        trace.peaks.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(trace)
     }
 }

@@ -6,6 +6,8 @@ mod util;
 
 #[path = "it/cli.rs"]
 mod cli;
+#[path = "it/explore.rs"]
+mod explore;
 #[path = "it/golden_cases.rs"]
 mod golden_cases;
 #[path = "it/properties.rs"]

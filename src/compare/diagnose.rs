@@ -81,12 +81,15 @@ fn flat(p: &Params) -> Vec<f64> {
         .collect()
 }
 
-/// y = r * x for one r (not 1) over every element that is not tiny.
+/// y = r * x for one r over every element that is not tiny, with r = n or 1/n for a whole
+/// n >= 2: the fingerprint of dividing by K, W or K/W in the wrong place. (Any two numbers
+/// have "a ratio"; a whole one from different samples would be a coincidence.)
 fn constant_ratio(x: &[f64], y: &[f64]) -> Option<f64> {
     let ratios: Vec<f64> = x.iter().zip(y).filter(|(a, _)| a.abs() > 1e-12).map(|(a, b)| b / a).collect();
     let first = *ratios.first()?;
     let same = ratios.iter().all(|r| (r - first).abs() <= 1e-4 * first.abs());
-    (same && (first - 1.0).abs() > 1e-4).then_some(first)
+    let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= 1e-4 * v;
+    (same && (whole(first) || whole(1.0 / first))).then_some(first)
 }
 
 fn close(x: &[f64], y: &[f64]) -> bool {

@@ -64,8 +64,10 @@ pub struct Comparison {
 }
 
 pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -> Comparison {
-    let steps: Vec<GroupDiff> = a.steps.iter().zip(&b.steps).map(|(x, y)| compare_group(x, y, tol)).collect();
-    let finals = compare_group(&a.finals, &b.finals, tol);
+    let steps: Vec<GroupDiff> = a.steps.iter().zip(&b.steps).map(|(x, y)| compare_group(x, y, tol, &[])).collect();
+    // Final weights are measured at each weight's largest magnitude during training:
+    // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
+    let finals = compare_group(&a.finals, &b.finals, tol, &peaks(a, b));
     let mut verdict = steps.iter().map(|s| s.verdict).chain([finals.verdict]).max().unwrap_or(Verdict::Exact);
     if a.steps.len() != b.steps.len() {
         verdict = Verdict::Diverged;
@@ -82,11 +84,25 @@ pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -
     }
 }
 
-fn compare_group(a: &Params, b: &Params, tol: &Tolerance) -> GroupDiff {
+/// Element-wise largest of the two traces' recorded peaks (either may be empty).
+fn peaks(a: &Trace, b: &Trace) -> Params {
+    let mut out: Params = a.peaks.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+    for (name, t) in &b.peaks {
+        match out.iter_mut().find(|(n, _)| n == name) {
+            Some((_, mine)) if mine.size() == t.size() => *mine = mine.maximum(t),
+            Some(_) => {}
+            None => out.push((name.clone(), t.shallow_clone())),
+        }
+    }
+    out
+}
+
+fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: &[(String, Tensor)]) -> GroupDiff {
     let mut tensors = Vec::new();
     for (name, x) in a {
+        let scale = scales.iter().find(|(n, t)| n == name && t.size() == x.size()).map(|(_, t)| t);
         match b.iter().find(|(n, _)| n == name) {
-            Some((_, y)) => tensors.push(compare_tensor(name, x, y, tol)),
+            Some((_, y)) => tensors.push(compare_tensor(name, x, y, tol, scale)),
             None => tensors.push(missing(name, "missing on the right")),
         }
     }
@@ -114,12 +130,14 @@ fn missing(name: &str, problem: &str) -> TensorDiff {
     }
 }
 
-fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance) -> TensorDiff {
+/// With `scale`, relative and ulp differences are taken at max(|x|, |y|, scale) per element.
+fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Option<&Tensor>) -> TensorDiff {
     if x.size() != y.size() {
         return missing(name, &format!("shape {:?} vs {:?}", x.size(), y.size()));
     }
-    let xs = Vec::<f32>::try_from(&x.flatten(0, -1)).unwrap_or_default();
-    let ys = Vec::<f32>::try_from(&y.flatten(0, -1)).unwrap_or_default();
+    let values = |t: &Tensor| Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default();
+    let (xs, ys) = (values(x), values(y));
+    let ss = scale.map(values);
     let mut d = TensorDiff {
         name: name.into(),
         max_abs: 0.0,
@@ -128,7 +146,7 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance) -> Tensor
         verdict: Verdict::Exact,
         problem: None,
     };
-    for (&p, &q) in xs.iter().zip(&ys) {
+    for (i, (&p, &q)) in xs.iter().zip(&ys).enumerate() {
         if !(p.is_finite() && q.is_finite()) {
             if p.to_bits() != q.to_bits() || p.is_nan() {
                 d.problem.get_or_insert_with(|| format!("non-finite values ({p} vs {q})"));
@@ -140,16 +158,31 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance) -> Tensor
             continue;
         }
         let abs = (p as f64 - q as f64).abs();
-        let rel = abs / (p.abs().max(q.abs()) as f64);
+        let (rel, ulps, close) = match ss.as_ref().and_then(|s| s.get(i)) {
+            None => (
+                abs / (p.abs().max(q.abs()) as f64),
+                ulps_between(p, q),
+                approx::relative_eq!(p, q, epsilon = tol.atol, max_relative = tol.rtol)
+                    || approx::ulps_eq!(p, q, epsilon = tol.atol, max_ulps = tol.max_ulps),
+            ),
+            Some(&s) => {
+                let at = p.abs().max(q.abs()).max(s.abs());
+                let (rel, ulps) = (abs / at as f64, (abs / ulp(at) as f64).ceil() as u64);
+                (rel, ulps, abs <= tol.atol as f64 || rel <= tol.rtol as f64 || ulps <= tol.max_ulps as u64)
+            }
+        };
         d.max_abs = d.max_abs.max(abs);
         d.max_rel = d.max_rel.max(rel);
-        d.max_ulps = d.max_ulps.max(ulps_between(p, q));
-        let close = approx::relative_eq!(p, q, epsilon = tol.atol, max_relative = tol.rtol)
-            || approx::ulps_eq!(p, q, epsilon = tol.atol, max_ulps = tol.max_ulps);
-        let v = if close { Verdict::WithinTolerance } else { Verdict::Diverged };
-        d.verdict = d.verdict.max(v);
+        d.max_ulps = d.max_ulps.max(ulps);
+        d.verdict = d.verdict.max(if close { Verdict::WithinTolerance } else { Verdict::Diverged });
     }
     d
+}
+
+/// The spacing of float32 values at |x|.
+fn ulp(x: f32) -> f32 {
+    let x = x.abs();
+    f32::from_bits(x.to_bits() + 1) - x
 }
 
 /// Distance in representable float32 values; +0 and -0 count as the same.
@@ -180,7 +213,7 @@ mod tests {
 
     fn trace(grad: &[f32]) -> Trace {
         let t = Tensor::from_slice(grad);
-        Trace { steps: vec![vec![("w".into(), t.copy())]], finals: vec![("w".into(), t)] }
+        Trace { steps: vec![vec![("w".into(), t.copy())]], finals: vec![("w".into(), t)], peaks: Vec::new() }
     }
 
     #[test]
@@ -196,6 +229,18 @@ mod tests {
         let tol = Tolerance::default();
         assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).verdict, Verdict::WithinTolerance);
         assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[x]), &tol).verdict, Verdict::Exact);
+    }
+
+    #[test]
+    fn final_weights_are_measured_at_their_peak_magnitude() {
+        // A weight that fell from 1.0 to ~0.09: 1 ulp of 1.0 is ~16 ulps of 0.09.
+        let x = 0.0899f32;
+        let y = x + ulp(1.0);
+        let with_peak = |t: Trace| Trace { peaks: vec![("w".into(), Tensor::from_slice(&[1.0f32]))], ..t };
+        let tol = Tolerance { max_ulps: 2, rtol: 0.0, atol: 0.0 };
+        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).finals.verdict, Verdict::Diverged);
+        let c = compare("a", &with_peak(trace(&[x])), "b", &trace(&[y]), &tol);
+        assert_eq!((c.finals.verdict, c.finals.max_ulps), (Verdict::WithinTolerance, 1));
     }
 
     #[test]

@@ -41,6 +41,8 @@ fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Re
     let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
     let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum)?;
     let mut trace = Trace::default();
+    let abs = |p: &Tensor| p.detach().abs();
+    let mut peaks: Vec<Tensor> = params.iter().map(|(_, p)| abs(p)).collect();
     opt.zero_grad()?;
     for epoch in 0..cfg.epochs as u64 {
         for (i, idx) in (s.micro_batches)(epoch).iter().enumerate() {
@@ -52,6 +54,9 @@ fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Re
                 (s.sync)(params)?;
                 trace.steps.push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
                 opt.step()?;
+                for (peak, (_, p)) in peaks.iter_mut().zip(params) {
+                    *peak = peak.maximum(&abs(p));
+                }
                 if s.zero_grad {
                     opt.zero_grad()?;
                 }
@@ -59,5 +64,6 @@ fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Re
         }
     }
     trace.finals = snapshot(params.iter().map(|(n, p)| (n, p.shallow_clone())));
+    trace.peaks = params.iter().map(|(n, _)| n.clone()).zip(peaks).collect();
     Ok(trace)
 }

@@ -60,7 +60,8 @@ fn save_trace_writes_the_pytorch_layout_and_refuses_to_overwrite_without_force()
         let tensors = tch::Tensor::read_safetensors(dir.join(format!("{run}.safetensors"))).unwrap();
         let mut names: Vec<String> = tensors.into_iter().map(|(n, _)| n).collect();
         names.sort();
-        assert_eq!(names, ["final.linear.weight", "grads.0.linear.weight", "grads.1.linear.weight"]);
+        let want = ["final.linear.weight", "grads.0.linear.weight", "grads.1.linear.weight", "peak.linear.weight"];
+        assert_eq!(names, want);
     }
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();

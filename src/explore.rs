@@ -245,15 +245,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             keep = Some((tree, outcome));
         }
         if opts.progress {
-            let label = bug.map_or("honest", Bug::name);
-            eprint!(
-                "\rexplore pass {} ({label}): {}/{} cases, {} not equivalent   ",
-                pass + 1,
-                i + 1,
-                opts.cases,
-                tally.not_equivalent
-            );
-            let _ = std::io::stderr().flush();
+            progress(pass, bug, i + 1, opts.cases, tally.not_equivalent);
         }
     }
     if let Some((mut tree, outcome)) = keep {
@@ -279,6 +271,20 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         }
     }
     Ok(tally)
+}
+
+/// A one-line bar on stderr, redrawn in place (only when the launcher saw a terminal).
+fn progress(pass: usize, bug: Option<Bug>, done: usize, total: usize, failed: usize) {
+    const WIDTH: usize = 30;
+    let filled = WIDTH * done / total.max(1);
+    let label = bug.map_or("honest runs", Bug::name);
+    eprint!(
+        "\r[{}{}] {done}/{total} pass {} ({label}), {failed} not equivalent   ",
+        "#".repeat(filled),
+        ".".repeat(WIDTH - filled),
+        pass + 1
+    );
+    let _ = std::io::stderr().flush();
 }
 
 /// proptest's shrink loop: simplify while the property still shows, else complicate.
@@ -351,6 +357,7 @@ impl ExploreReport {
             let _ = writeln!(s, "  not equivalent   {:>6}{}", t.not_equivalent, reasons(t));
         }
         let bugs: Vec<&Tally> = self.tallies.iter().filter(|t| t.bug.is_some()).collect();
+        let mut notes = Vec::new();
         if !bugs.is_empty() {
             let _ = writeln!(
                 s,
@@ -359,6 +366,7 @@ impl ExploreReport {
             );
             for t in &bugs {
                 let b = t.bug.expect("bug tally");
+                notes.push(format!("    {:<17} {}", b.name(), b.harmless_when()));
                 let _ = writeln!(
                     s,
                     "  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {}",
@@ -372,6 +380,7 @@ impl ExploreReport {
                     reasons(t)
                 );
             }
+            let _ = writeln!(s, "\n  configs a bug cannot change (counted out of \"changes math\"):\n{}", notes.join("\n"));
         }
         let examples: Vec<&Tally> = self.tallies.iter().filter(|t| t.example.is_some()).collect();
         if !examples.is_empty() {

@@ -44,6 +44,18 @@ impl Bug {
         Bug::ALL.into_iter().find(|b| b.name() == s)
     }
 
+    /// The configurations this bug cannot change, in words.
+    pub fn harmless_when(self) -> &'static str {
+        match self {
+            Bug::NoLossScale => "K = 1",
+            Bug::DoubleScale => "W = 1",
+            Bug::ContiguousSplit => "each step sees the same samples either way (W = 1, or one step per epoch)",
+            Bug::NoSetEpoch => "no shuffle, one epoch, or one step covering each epoch",
+            Bug::NoPadding => "N divisible by W, or drop_last",
+            Bug::StaleZeroGrad => "a single optimizer step",
+        }
+    }
+
     /// Which run carries the bug.
     pub fn side(self) -> &'static str {
         match self {

@@ -1,8 +1,20 @@
 //! Bakes libtorch's directory into the binary's rpath so `ddp-verify` and the test
-//! binaries run without LD_LIBRARY_PATH. torch-sys exports the path as DEP_TCH_LIBTORCH_LIB.
+//! binaries run without LD_LIBRARY_PATH (torch-sys exports it as DEP_TCH_LIBTORCH_LIB), and
+//! records libtorch's version, which goldens are checked against.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     }
+    // The PyPI wheel's torch/version.py says e.g. `__version__ = '2.13.0+cu130'`.
+    let version = std::env::var("LIBTORCH")
+        .ok()
+        .and_then(|dir| std::fs::read_to_string(std::path::Path::new(&dir).join("version.py")).ok())
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("__version__"))?;
+            Some(line.split('\'').nth(1)?.to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=DDP_VERIFY_LIBTORCH_VERSION={version}");
 }

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use ddp_verify::explore::ExploreOptions;
 use ddp_verify::inject::Bug;
+use ddp_verify::report::{Format, ReportTarget};
 use ddp_verify::{Config, Error, Tolerance, TrainConfig};
 
 const EXIT_CODES: &str =
@@ -88,6 +89,15 @@ pub struct RunArgs {
     /// Also check both runs against PyTorch's traces in DIR (e.g. golden/article).
     #[arg(long, value_name = "DIR")]
     pub golden: Option<PathBuf>,
+    /// Report format: table, json, markdown or junit; repeat for several.
+    #[arg(long, value_name = "FORMAT", value_parser = parse_format)]
+    pub report: Vec<Format>,
+    /// File for the report at the same position (`-` = stdout); repeat in --report's order.
+    #[arg(long, value_name = "PATH")]
+    pub report_file: Vec<PathBuf>,
+    /// Record (or replace) the golden in --golden DIR from this run; refused when CI is set.
+    #[arg(long, requires = "golden")]
+    pub bless: bool,
     /// Let --save-trace replace existing files.
     #[arg(long)]
     pub force: bool,
@@ -137,6 +147,10 @@ pub struct ExploreArgs {
     pub regressions: PathBuf,
 }
 
+fn parse_format(s: &str) -> Result<Format, String> {
+    Format::parse(s).ok_or_else(|| format!("unknown report format '{s}'; known: {}", Format::NAMES.join(", ")))
+}
+
 fn parse_bug(s: &str) -> Result<Bug, String> {
     Bug::parse(s).ok_or_else(|| {
         let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
@@ -176,8 +190,21 @@ impl SplitShape {
 }
 
 impl RunArgs {
-    pub fn config(&self) -> Config {
-        Config {
+    pub fn config(&self) -> Result<Config, Error> {
+        if self.report_file.len() > self.report.len().max(1) {
+            return Err(Error::bad_flag(
+                "--report-file",
+                format!("{} files for {} --report formats", self.report_file.len(), self.report.len()),
+                "give one --report FORMAT for each --report-file, in the same order",
+            ));
+        }
+        let formats = if self.report.is_empty() { vec![Format::Table] } else { self.report.clone() };
+        let reports = formats
+            .iter()
+            .enumerate()
+            .map(|(i, &format)| ReportTarget { format, path: self.report_file.get(i).cloned() })
+            .collect();
+        Ok(Config {
             train: TrainConfig {
                 inject: self.inject,
                 ..self.shape.train(self.features, self.epochs, self.lr, self.momentum)
@@ -186,7 +213,9 @@ impl RunArgs {
             save_trace: self.save_trace.clone(),
             golden: self.golden.clone(),
             force: self.force,
-        }
+            bless: self.bless,
+            reports,
+        })
     }
 }
 

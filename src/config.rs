@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::inject::Bug;
+use crate::report::ReportTarget;
 
 /// What to train and how to split it. Mirrors the seed article's flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +56,10 @@ pub struct Config {
     pub golden: Option<PathBuf>,
     /// Allows `--save-trace` to replace files that already exist.
     pub force: bool,
+    /// Record (or replace) the golden at `golden` from this run instead of checking it.
+    pub bless: bool,
+    /// Where each report goes; empty means the table on stdout.
+    pub reports: Vec<ReportTarget>,
 }
 
 impl TrainConfig {

@@ -380,7 +380,8 @@ impl ExploreReport {
                     reasons(t)
                 );
             }
-            let _ = writeln!(s, "\n  configs a bug cannot change (counted out of \"changes math\"):\n{}", notes.join("\n"));
+            let _ =
+                writeln!(s, "\n  configs a bug cannot change (counted out of \"changes math\"):\n{}", notes.join("\n"));
         }
         let examples: Vec<&Tally> = self.tallies.iter().filter(|t| t.example.is_some()).collect();
         if !examples.is_empty() {

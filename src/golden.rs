@@ -1,18 +1,43 @@
-//! Reference traces made by real PyTorch (`fixtures/`): `DIR/config.json` says what made
-//! them; `DIR/accumulation.safetensors` and `DIR/ddp.safetensors` hold the traces.
+//! Golden traces: `DIR/config.json` (a header saying what made them) beside
+//! `DIR/accumulation.safetensors` and `DIR/ddp.safetensors`. The project's own goldens come
+//! from real PyTorch (`fixtures/`); users record theirs with `--bless`.
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::trace::Trace;
 
-#[derive(Debug, Clone, Deserialize)]
+/// The libtorch this binary links, read from the wheel at build time.
+pub const LIBTORCH_VERSION: &str = env!("DDP_VERIFY_LIBTORCH_VERSION");
+pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GoldenMeta {
     pub train: TrainConfig,
+    /// The PyTorch or libtorch version whose arithmetic made the numbers.
     pub torch_version: String,
+    #[serde(default = "float32")]
+    pub dtype: String,
+    #[serde(default = "cpu")]
+    pub device: String,
+    /// Set on goldens blessed by ddp-verify itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_version: Option<String>,
+    #[serde(default)]
+    pub made_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+}
+
+fn float32() -> String {
+    "float32".into()
+}
+
+fn cpu() -> String {
+    "cpu".into()
 }
 
 pub struct Golden {
@@ -22,24 +47,26 @@ pub struct Golden {
     pub ddp: Trace,
 }
 
-const REGENERATE: &str = "regenerate goldens with fixtures/make_golden.sh";
+const FILES: [&str; 3] = ["config.json", "accumulation.safetensors", "ddp.safetensors"];
 
 impl Golden {
-    /// Loads a golden and refuses one made for another configuration, naming the first flag
-    /// that differs, so a golden is never silently compared against the wrong run.
+    /// Loads a golden and refuses one made for another configuration, dtype, device or
+    /// libtorch, naming what differs, so a golden is never silently compared against the
+    /// wrong run.
     pub fn load(dir: &Path, train: &TrainConfig) -> Result<Golden> {
         if !dir.is_dir() {
             return Err(Error::bad_flag(
                 "--golden",
                 format!("{} is not a directory", dir.display()),
-                "pass a golden directory such as golden/article",
+                format!("pass a golden such as golden/article, or record one with --golden {} --bless", dir.display()),
             ));
         }
-        let meta_path = dir.join("config.json");
+        let meta_path = dir.join(FILES[0]);
+        let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
         let text = std::fs::read_to_string(&meta_path)
-            .map_err(|e| Error::bad_file(&meta_path, format!("cannot read ({e})"), REGENERATE))?;
+            .map_err(|e| Error::bad_file(&meta_path, format!("cannot read ({e})"), fix))?;
         let meta: GoldenMeta = serde_json::from_str(&text)
-            .map_err(|e| Error::bad_file(&meta_path, format!("not a golden config ({e})"), REGENERATE))?;
+            .map_err(|e| Error::bad_file(&meta_path, format!("not a golden header ({e})"), fix))?;
         if let Some((flag, golden, ours)) = first_difference(&meta.train, train) {
             return Err(Error::bad_file(
                 dir,
@@ -47,18 +74,99 @@ impl Golden {
                 format!("pass the flags in {} or choose the golden for this config", meta_path.display()),
             ));
         }
-        let accumulation = Trace::load(&dir.join("accumulation.safetensors"))?;
-        let ddp = Trace::load(&dir.join("ddp.safetensors"))?;
+        check_compatible(dir, &meta)?;
+        let accumulation = Trace::load(&dir.join(FILES[1]))?;
+        let ddp = Trace::load(&dir.join(FILES[2]))?;
         Ok(Golden { dir: dir.into(), meta, accumulation, ddp })
     }
+}
+
+fn check_compatible(dir: &Path, meta: &GoldenMeta) -> Result<()> {
+    let refuse = |what: String| {
+        Err(Error::bad_file(dir, what, "re-record the golden with this build (--bless), or use the build that made it"))
+    };
+    if meta.dtype != "float32" || meta.device != "cpu" {
+        return refuse(format!("golden is {} on {}, this build checks float32 on cpu", meta.dtype, meta.device));
+    }
+    let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    if LIBTORCH_VERSION != "unknown" && major_minor(&meta.torch_version) != major_minor(LIBTORCH_VERSION) {
+        return refuse(format!(
+            "golden was made with torch {} but this build links libtorch {LIBTORCH_VERSION}",
+            meta.torch_version
+        ));
+    }
+    if let Some(v) = &meta.tool_version {
+        if v.split('.').next() != TOOL_VERSION.split('.').next() {
+            return refuse(format!("golden was blessed by ddp-verify {v}, this is {TOOL_VERSION}"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes (or replaces) a golden from this run's traces, atomically: everything goes to a
+/// temporary directory beside DIR, which then takes DIR's place by rename.
+pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace) -> Result<()> {
+    let meta = GoldenMeta {
+        train: TrainConfig { inject: None, ..train.clone() },
+        torch_version: LIBTORCH_VERSION.into(),
+        dtype: float32(),
+        device: cpu(),
+        tool_version: Some(TOOL_VERSION.into()),
+        made_by: "ddp-verify --bless".into(),
+        date: Some(utc_now()),
+    };
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "golden".into());
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+    let tmp = parent.join(format!(".{name}.bless-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("creating {}", tmp.display()), e))?;
+    let json = serde_json::to_string_pretty(&meta).expect("header serialises") + "\n";
+    let written = std::fs::write(tmp.join(FILES[0]), json)
+        .map_err(|e| Error::io("writing the golden header", e))
+        .and_then(|()| accumulation.save(&tmp.join(FILES[1])))
+        .and_then(|()| ddp.save(&tmp.join(FILES[2])));
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    if dir.exists() {
+        std::fs::rename(dir, &old)
+            .map_err(|e| Error::io(format!("moving the old golden {} aside", dir.display()), e))?;
+    }
+    std::fs::rename(&tmp, dir).map_err(|e| Error::io(format!("moving the new golden into {}", dir.display()), e))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// True when the `CI` variable says this is a CI run, as insta reads it.
+pub fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 
 /// The first field that differs, as (flag, golden value, our value).
 fn first_difference(golden: &TrainConfig, ours: &TrainConfig) -> Option<(String, String, String)> {
     let g = serde_json::to_value(golden).ok()?;
-    let o = serde_json::to_value(ours).ok()?;
+    let o = serde_json::to_value(TrainConfig { inject: None, ..ours.clone() }).ok()?;
     let (g, o) = (g.as_object()?, o.as_object()?);
     g.iter().find(|(k, v)| o.get(*k) != Some(v)).map(|(k, v)| {
         (format!("--{}", k.replace('_', "-")), v.to_string(), o.get(k).map_or("?".into(), |x| x.to_string()))
     })
+}
+
+/// Now as `YYYY-MM-DDTHH:MM:SSZ` (days-to-civil, Howard Hinnant's algorithm).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }

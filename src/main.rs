@@ -13,7 +13,22 @@ use ddp_verify::sampler::SplitPlan;
 use ddp_verify::{explore, report, verify, Result};
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line, like every other bad input: clap's first line names the flag.
+            let text = e.render().to_string();
+            let paragraph: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+            let first = paragraph.join(" ");
+            let first = first.trim_start_matches("error: ");
+            eprintln!("ddp-verify: {first} (see ddp-verify --help)");
+            return ExitCode::from(2);
+        }
+    };
     match run(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -63,7 +78,7 @@ fn run(args: cli::Cli) -> Result<u8> {
             Ok(0)
         }
         None => {
-            let cfg = args.run.config();
+            let cfg = args.run.config()?;
             let outcome = if launch::inside_mpi_world() {
                 match verify::verify_in_world(&cfg)? {
                     Some(o) => o,
@@ -72,7 +87,7 @@ fn run(args: cli::Cli) -> Result<u8> {
             } else {
                 verify::verify(&cfg)?
             };
-            print!("{}", report::table(&outcome));
+            report::write_all(&outcome, &cfg.reports)?;
             Ok(if outcome.verdict() == Verdict::Diverged { 1 } else { 0 })
         }
     }

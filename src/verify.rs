@@ -6,7 +6,7 @@ use crate::collective::Collective;
 use crate::compare::{compare, diagnose, Comparison, Diagnosis, Verdict};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::golden::Golden;
+use crate::golden::{self, Golden};
 use crate::runs::{self, launch};
 use crate::trace::Trace;
 
@@ -70,6 +70,23 @@ fn prepare(cfg: &Config) -> Result<Option<Golden>> {
     if let Some(dir) = &cfg.save_trace {
         check_writable(dir, cfg.force)?;
     }
+    crate::report::check_targets(&cfg.reports, cfg.force)?;
+    if cfg.bless {
+        if cfg.golden.is_none() {
+            return Err(Error::bad_flag("--bless", "needs --golden DIR to know where to write", "add --golden DIR"));
+        }
+        if golden::on_ci() {
+            return Err(Error::bad_flag(
+                "--bless",
+                "refusing to write goldens on CI (the CI variable is set)",
+                "bless locally, review the files, and commit them",
+            ));
+        }
+        if cfg.train.inject.is_some() {
+            return Err(Error::bad_flag("--bless", "refusing to bless a run with an injected bug", "drop --inject"));
+        }
+        return Ok(None);
+    }
     cfg.golden.as_deref().map(|d| Golden::load(d, &cfg.train)).transpose()
 }
 
@@ -88,6 +105,22 @@ fn check_writable(dir: &Path, force: bool) -> Result<()> {
 }
 
 fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Result<Outcome> {
+    let outcome = assemble(cfg, accumulation, ddp, golden);
+    if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
+        // Only an equivalent pair of runs is worth recording as the reference.
+        if outcome.verdict() != Verdict::Diverged {
+            golden::bless(dir, &cfg.train, &outcome.accumulation, &outcome.ddp)?;
+        }
+    }
+    if let Some(dir) = &cfg.save_trace {
+        save(dir, &outcome)?;
+    }
+    Ok(outcome)
+}
+
+/// Compares two finished runs (and the golden); pure, so reports can be tested on
+/// committed traces.
+pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Outcome {
     let tol = &cfg.tolerance;
     let runs = compare("accumulation", &accumulation, "ddp", &ddp, tol);
     let diagnosis = diagnose(&accumulation, &ddp, &runs, crate::sampler::steps_per_epoch(&cfg.train));
@@ -101,11 +134,7 @@ fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>)
         ),
         None => (Vec::new(), None),
     };
-    let outcome = Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch, diagnosis };
-    if let Some(dir) = &cfg.save_trace {
-        save(dir, &outcome)?;
-    }
-    Ok(outcome)
+    Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch, diagnosis }
 }
 
 fn save(dir: &PathBuf, o: &Outcome) -> Result<()> {

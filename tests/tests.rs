@@ -12,6 +12,8 @@ mod explore;
 mod golden_cases;
 #[path = "it/properties.rs"]
 mod properties;
+#[path = "it/reports.rs"]
+mod reports;
 #[path = "it/sampler.rs"]
 mod sampler;
 #[path = "it/sgd.rs"]

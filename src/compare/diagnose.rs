@@ -7,6 +7,9 @@ use serde::Serialize;
 use super::{Comparison, Verdict};
 use crate::trace::{Params, Trace};
 
+/// Differences this small are rounding, whatever tolerance the user chose.
+const ROUNDING_ULPS: u64 = 64;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Diagnosis {
     /// Short and stable, for counting by reason.
@@ -29,6 +32,16 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
         });
     }
     let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    let ulps = c.steps[s].max_ulps;
+    if ulps <= ROUNDING_ULPS {
+        return Some(Diagnosis {
+            reason: "rounding",
+            detail: format!(
+                "step {s} differs by only {ulps} ulp: floating-point rounding (e.g. the order W partial gradients are summed in); the tolerance ({} ulp) is tighter than the arithmetic allows",
+                c.tolerance.max_ulps
+            ),
+        });
+    }
     let (x, y) = (flat(&a.steps[s]), flat(&b.steps[s]));
     // Stale first: it only starts after step 0, and for a model whose gradient does not
     // depend on the weights it can also look like a constant ratio.

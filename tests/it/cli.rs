@@ -139,3 +139,71 @@ fn a_missing_mpirun_is_a_launcher_failure_with_exit_3() {
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("mpirun is not on PATH") && err.contains("openmpi-bin"), "{err}");
 }
+
+fn run_env(args: &[&str], ci: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ddp-verify"));
+    cmd.args(args).env_remove("CI");
+    if let Some(v) = ci {
+        cmd.env("CI", v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn bless_records_a_golden_that_later_runs_check_and_ci_never_writes_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = tmp.path().join("goldens/mine");
+    let gs = g.to_str().unwrap();
+    let flags = ["--data-size", "12", "--batch-size", "2", "--golden", gs];
+
+    let refused = run_env(&[&flags[..], &["--bless"]].concat(), Some("true"));
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("CI"), "{}", stderr(&refused));
+    assert!(!g.exists(), "CI wrote a golden");
+
+    let missing = run_env(&flags, None);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr(&missing).contains("--bless"), "the error should say how to record one: {}", stderr(&missing));
+
+    let blessed = run_env(&[&flags[..], &["--bless"]].concat(), None);
+    assert_eq!(blessed.status.code(), Some(0), "{}", stderr(&blessed));
+    let header: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g.join("config.json")).unwrap()).unwrap();
+    assert_eq!(header["made_by"], "ddp-verify --bless");
+    for key in ["tool_version", "torch_version", "dtype", "device", "date"] {
+        assert!(header[key].is_string(), "header lacks {key}: {header}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(g.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers, ["mine"], "temporary directories left behind");
+
+    let checked = run_env(&flags, Some("true"));
+    assert_eq!(checked.status.code(), Some(0), "{}", stderr(&checked));
+    assert!(stdout(&checked).contains("ddp          vs golden ddp"), "{}", stdout(&checked));
+
+    // A golden from another libtorch is refused, not compared.
+    let header_text = std::fs::read_to_string(g.join("config.json")).unwrap();
+    let old = header_text.replace(header["torch_version"].as_str().unwrap(), "2.12.0");
+    std::fs::write(g.join("config.json"), old).unwrap();
+    let other = run_env(&flags, None);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(stderr(&other).contains("torch 2.12.0") && stderr(&other).contains("--bless"), "{}", stderr(&other));
+}
+
+#[test]
+fn report_files_are_written_once_and_never_overwritten_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junit = tmp.path().join("ddp.xml");
+    let md = tmp.path().join("ddp.md");
+    let (j, m) = (junit.to_str().unwrap(), md.to_str().unwrap());
+    let args =
+        ["--report", "junit", "--report-file", j, "--report", "markdown", "--report-file", m, "--report", "table"];
+    let out = ddp_verify(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("\nEQUIVALENT"), "the table goes to stdout");
+    roxmltree::Document::parse(&std::fs::read_to_string(&junit).unwrap()).unwrap();
+    assert!(std::fs::read_to_string(&md).unwrap().starts_with("### ddp-verify: ✅ EQUIVALENT"));
+    assert_refused(&args, "--force");
+    let forced = ddp_verify(&[&args[..], &["--force"]].concat());
+    assert_eq!(forced.status.code(), Some(0));
+    assert_refused(&["--report", "yaml"], "yaml");
+}

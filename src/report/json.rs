@@ -1,0 +1,38 @@
+//! JSON for machines. Schema (versioned by `schema_version`) documented in the README.
+
+use serde_json::{json, Value};
+
+use super::Exporter;
+use crate::compare::Verdict;
+use crate::trace::Params;
+use crate::verify::Outcome;
+
+/// Bumped whenever a field changes meaning or disappears.
+pub const JSON_SCHEMA_VERSION: u32 = 1;
+
+pub struct Json;
+
+impl Exporter for Json {
+    fn render(&self, o: &Outcome) -> String {
+        serde_json::to_string_pretty(&json(o)).expect("report serialises") + "\n"
+    }
+}
+
+fn finals_json(p: &Params) -> Value {
+    p.iter().map(|(n, t)| (n.clone(), json!(Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default()))).collect()
+}
+
+pub fn json(o: &Outcome) -> Value {
+    json!({
+        "schema_version": JSON_SCHEMA_VERSION,
+        "tool_version": env!("CARGO_PKG_VERSION"),
+        "libtorch_version": crate::golden::LIBTORCH_VERSION,
+        "config": o.config.train,
+        "tolerance": o.config.tolerance,
+        "verdict": if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" },
+        "runs": o.runs,
+        "diagnosis": o.diagnosis,
+        "golden": o.golden,
+        "final_weights": { "accumulation": finals_json(&o.accumulation.finals), "ddp": finals_json(&o.ddp.finals) },
+    })
+}

@@ -1,0 +1,84 @@
+//! JUnit XML, so CI systems show one test case per optimizer step (and the final weights)
+//! for each comparison.
+
+use std::fmt::Write;
+
+use super::{num, ulps, Exporter};
+use crate::compare::{Comparison, GroupDiff, Verdict};
+use crate::verify::Outcome;
+
+pub struct Junit;
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
+}
+
+fn case(s: &mut String, suite: &str, name: &str, g: &GroupDiff, o: &Outcome) {
+    let _ = write!(s, "    <testcase classname=\"ddp-verify.{}\" name=\"{}\"", escape(suite), escape(name));
+    if g.verdict != Verdict::Diverged {
+        let _ = writeln!(s, "/>");
+        return;
+    }
+    let tol = &o.config.tolerance;
+    let worst: Vec<String> = g
+        .tensors
+        .iter()
+        .filter(|t| t.verdict == Verdict::Diverged)
+        .map(|t| {
+            t.problem.clone().map_or_else(
+                || format!("{}: max |Δ| {}, rel {}, {} ulp", t.name, num(t.max_abs), num(t.max_rel), ulps(t.max_ulps)),
+                |p| format!("{}: {p}", t.name),
+            )
+        })
+        .collect();
+    let message = format!("{name} diverged (allowed {} ulp or rel {:e} or abs {:e})", tol.max_ulps, tol.rtol, tol.atol);
+    let _ = writeln!(
+        s,
+        ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
+        escape(&message),
+        escape(&worst.join("\n"))
+    );
+}
+
+/// (tests, failures): a case per step, one for the final weights, one if step counts differ.
+fn counts(c: &Comparison) -> (usize, usize) {
+    let mismatch = usize::from(c.left_steps != c.right_steps);
+    let failed = c.steps.iter().chain([&c.finals]).filter(|g| g.verdict == Verdict::Diverged).count();
+    (c.steps.len() + 1 + mismatch, failed + mismatch)
+}
+
+fn suite(s: &mut String, c: &Comparison, o: &Outcome) {
+    let name = format!("{} vs {}", c.left, c.right);
+    let count_mismatch = c.left_steps != c.right_steps;
+    let (tests, failures) = counts(c);
+    let _ = writeln!(s, "  <testsuite name=\"{}\" tests=\"{tests}\" failures=\"{failures}\">", escape(&name));
+    let key = name.replace(' ', "-");
+    for (i, g) in c.steps.iter().enumerate() {
+        case(s, &key, &format!("step {i}"), g, o);
+    }
+    case(s, &key, "final weights", &c.finals, o);
+    if count_mismatch {
+        let msg = format!("{} made {} optimizer steps, {} made {}", c.left, c.left_steps, c.right, c.right_steps);
+        let _ = writeln!(
+            s,
+            "    <testcase classname=\"ddp-verify.{}\" name=\"step count\">\n      <failure message=\"{}\"/>\n    </testcase>",
+            escape(&key),
+            escape(&msg)
+        );
+    }
+    let _ = writeln!(s, "  </testsuite>");
+}
+
+impl Exporter for Junit {
+    fn render(&self, o: &Outcome) -> String {
+        let mut body = String::new();
+        let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
+        for c in &all {
+            suite(&mut body, c, o);
+        }
+        let (tests, failures) = all.iter().map(|c| counts(c)).fold((0, 0), |(t, f), (a, b)| (t + a, f + b));
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"ddp-verify\" tests=\"{tests}\" failures=\"{failures}\">\n{body}</testsuites>\n"
+        )
+    }
+}

@@ -1,0 +1,167 @@
+//! What the user reads, one format per file behind one small trait (hyperfine's export
+//! layout): a table for people, JSON for machines, Markdown for a pull-request comment,
+//! JUnit XML for CI systems. `-` or no file means stdout.
+
+mod json;
+mod junit;
+mod markdown;
+mod table;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compare::{Comparison, GroupDiff, Verdict};
+use crate::error::{Error, Result};
+use crate::verify::Outcome;
+
+pub use json::{json, JSON_SCHEMA_VERSION};
+
+pub trait Exporter {
+    fn render(&self, o: &Outcome) -> String;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Table,
+    Json,
+    Markdown,
+    Junit,
+}
+
+impl Format {
+    pub const NAMES: [&'static str; 4] = ["table", "json", "markdown", "junit"];
+
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "table" => Some(Format::Table),
+            "json" => Some(Format::Json),
+            "markdown" | "md" => Some(Format::Markdown),
+            "junit" => Some(Format::Junit),
+            _ => None,
+        }
+    }
+
+    pub fn exporter(self) -> Box<dyn Exporter> {
+        match self {
+            Format::Table => Box::new(table::Table),
+            Format::Json => Box::new(json::Json),
+            Format::Markdown => Box::new(markdown::Markdown),
+            Format::Junit => Box::new(junit::Junit),
+        }
+    }
+}
+
+/// One `--report FORMAT [--report-file PATH]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportTarget {
+    pub format: Format,
+    /// None (or `-`) is stdout.
+    pub path: Option<PathBuf>,
+}
+
+impl ReportTarget {
+    fn file(&self) -> Option<&PathBuf> {
+        self.path.as_ref().filter(|p| p.as_os_str() != "-")
+    }
+}
+
+/// Refuses, before anything runs, report files that exist (without --force) or cannot be
+/// created.
+pub fn check_targets(targets: &[ReportTarget], force: bool) -> Result<()> {
+    for path in targets.iter().filter_map(ReportTarget::file) {
+        if path.exists() && !force {
+            return Err(Error::bad_file(
+                path,
+                "--report-file would overwrite this file",
+                "choose another path or pass --force",
+            ));
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+            return Err(Error::bad_file(dir, "--report-file: no such directory", "create it first"));
+        }
+    }
+    Ok(())
+}
+
+pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
+    for t in targets {
+        let text = t.format.exporter().render(o);
+        match t.file() {
+            Some(path) => {
+                std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))?
+            }
+            None => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(text.as_bytes());
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn row(g: &GroupDiff) -> String {
+    format!("{:>10}  {:>10}  {:>8}  {}", num(g.max_abs), num(g.max_rel), ulps(g.max_ulps), g.verdict.label())
+}
+
+pub(crate) fn summary(c: &Comparison) -> String {
+    let worst = c.steps.iter().chain([&c.finals]).map(|g| g.max_ulps).max().unwrap_or(0);
+    let steps = if c.left_steps == c.right_steps {
+        format!("{} steps + final weights", c.left_steps)
+    } else {
+        format!("{} vs {} steps", c.left_steps, c.right_steps)
+    };
+    format!("{steps}, max {} ulp: {}", ulps(worst), c.verdict.label())
+}
+
+pub(crate) fn verdict_line(o: &Outcome) -> String {
+    let tol = &o.config.tolerance;
+    let bound = format!("{} ulp or rel {:e} or abs {:e}", tol.max_ulps, tol.rtol, tol.atol);
+    let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
+    let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
+    if o.verdict() != Verdict::Diverged {
+        return format!("EQUIVALENT: every gradient and final weight within {bound} (worst seen: {} ulp)", ulps(worst));
+    }
+    let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
+    let (what, g) = match first.steps.iter().position(|g| g.verdict == Verdict::Diverged) {
+        Some(i) => (format!("step {i}"), &first.steps[i]),
+        None if first.finals.verdict == Verdict::Diverged => ("final weights".to_string(), &first.finals),
+        None => {
+            return format!(
+                "NOT EQUIVALENT: {} made {} optimizer steps but {} made {}",
+                first.left, first.left_steps, first.right, first.right_steps
+            )
+        }
+    };
+    let t = g.tensors.iter().find(|t| t.verdict == Verdict::Diverged).expect("a diverged tensor");
+    let detail = t.problem.clone().unwrap_or_else(|| {
+        format!("max |Δ| {}, rel {}, {} ulp; allowed {bound}", num(t.max_abs), num(t.max_rel), ulps(t.max_ulps))
+    });
+    format!("NOT EQUIVALENT: {} vs {} first differ at {what}, {}: {detail}", first.left, first.right, t.name)
+}
+
+pub(crate) fn num(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+pub(crate) fn ulps(u: u64) -> String {
+    if u == u64::MAX {
+        "-".into()
+    } else {
+        u.to_string()
+    }
+}
+
+/// Up to 8 values at 4 decimals, as PyTorch prints the article's weights.
+pub(crate) fn values(t: &tch::Tensor) -> String {
+    let v = Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default();
+    let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
+    let more = if v.len() > 8 { format!(", ... ({} values)", v.len()) } else { String::new() };
+    format!("[{}{more}]", shown.join(", "))
+}

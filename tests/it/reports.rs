@@ -1,0 +1,84 @@
+//! Every report format, snapshot-tested on committed PyTorch traces (no processes, so the
+//! numbers are fixed), and the JUnit file read back by an XML parser.
+
+use std::path::PathBuf;
+
+use ddp_verify::golden::{Golden, GoldenMeta};
+use ddp_verify::report::Format;
+use ddp_verify::trace::Trace;
+use ddp_verify::verify::{assemble, Outcome};
+use ddp_verify::{Config, Tolerance};
+
+/// PyTorch's accumulation and DDP traces of a golden case, compared with each other and the
+/// golden itself (paths relative to the package root, where cargo runs tests).
+fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
+    let dir = PathBuf::from(format!("golden/{case}"));
+    let meta: GoldenMeta = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let golden = Golden::load(&dir, &meta.train).unwrap();
+    let acc = Trace::load(&dir.join("accumulation.safetensors")).unwrap();
+    let ddp = Trace::load(&dir.join("ddp.safetensors")).unwrap();
+    let cfg = Config {
+        train: meta.train,
+        tolerance,
+        save_trace: None,
+        golden: Some(dir),
+        force: false,
+        bless: false,
+        reports: Vec::new(),
+    };
+    assemble(&cfg, acc, ddp, Some(golden))
+}
+
+/// W=3 traces (gloo and the single process sum in different orders) under a zero tolerance:
+/// a real, reproducible NOT EQUIVALENT.
+fn diverged() -> Outcome {
+    outcome("w3", Tolerance { max_ulps: 0, rtol: 0.0, atol: 0.0 })
+}
+
+fn render(f: Format, o: &Outcome) -> String {
+    f.exporter().render(o)
+}
+
+#[test]
+fn table_report() {
+    insta::assert_snapshot!("table_equivalent", render(Format::Table, &outcome("article", Tolerance::default())));
+    insta::assert_snapshot!("table_diverged", render(Format::Table, &diverged()));
+}
+
+#[test]
+fn json_report() {
+    insta::assert_snapshot!("json_equivalent", render(Format::Json, &outcome("article", Tolerance::default())));
+    let v: serde_json::Value = serde_json::from_str(&render(Format::Json, &diverged())).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["verdict"], "not-equivalent");
+    assert_eq!(v["diagnosis"]["reason"], "rounding");
+}
+
+#[test]
+fn markdown_report() {
+    insta::assert_snapshot!("markdown_equivalent", render(Format::Markdown, &outcome("article", Tolerance::default())));
+    insta::assert_snapshot!("markdown_diverged", render(Format::Markdown, &diverged()));
+}
+
+#[test]
+fn junit_report() {
+    insta::assert_snapshot!("junit_diverged", render(Format::Junit, &diverged()));
+}
+
+#[test]
+fn junit_parses_as_xml_with_one_case_per_step_and_the_final_weights() {
+    for (o, failing) in [(outcome("shuffle-3-epochs", Tolerance::default()), false), (diverged(), true)] {
+        let xml = render(Format::Junit, &o);
+        let doc = roxmltree::Document::parse(&xml).expect("well-formed XML");
+        let suites: Vec<_> = doc.descendants().filter(|n| n.has_tag_name("testsuite")).collect();
+        assert_eq!(suites.len(), 3, "runs + two golden comparisons");
+        for s in &suites {
+            let cases = s.children().filter(|n| n.has_tag_name("testcase")).count();
+            assert_eq!(cases, o.runs.steps.len() + 1);
+            assert_eq!(s.attribute("tests"), Some(cases.to_string().as_str()));
+        }
+        let failures = doc.descendants().filter(|n| n.has_tag_name("failure")).count();
+        assert_eq!(failures > 0, failing, "{xml}");
+        assert_eq!(doc.root_element().attribute("failures"), Some(failures.to_string().as_str()));
+    }
+}

@@ -98,6 +98,9 @@ pub struct RunArgs {
     /// Record (or replace) the golden in --golden DIR from this run; refused when CI is set.
     #[arg(long, requires = "golden")]
     pub bless: bool,
+    /// Seconds the DDP ranks may take before all are stopped (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub timeout: f64,
     /// Let --save-trace replace existing files.
     #[arg(long)]
     pub force: bool,
@@ -215,6 +218,7 @@ impl RunArgs {
             force: self.force,
             bless: self.bless,
             reports,
+            timeout_s: self.timeout,
         })
     }
 }

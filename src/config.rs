@@ -60,6 +60,8 @@ pub struct Config {
     pub bless: bool,
     /// Where each report goes; empty means the table on stdout.
     pub reports: Vec<ReportTarget>,
+    /// The DDP ranks must finish within this many seconds, or all are stopped (exit 3).
+    pub timeout_s: f64,
 }
 
 impl TrainConfig {
@@ -186,6 +188,13 @@ impl Tolerance {
 
 impl Config {
     pub fn validate(&self) -> Result<()> {
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(Error::bad_flag(
+                "--timeout",
+                format!("{} is not a positive number of seconds", self.timeout_s),
+                "pass e.g. --timeout 600",
+            ));
+        }
         self.train.validate()?;
         self.tolerance.validate()
     }

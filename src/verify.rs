@@ -35,7 +35,8 @@ const TRACE_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "
 pub fn verify(cfg: &Config) -> Result<Outcome> {
     let golden = prepare(cfg)?;
     let workdir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
-    let pending = launch::spawn_ddp(&cfg.train, workdir.path())?;
+    let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
+    let pending = launch::spawn_ddp(&cfg.train, workdir.path(), timeout)?;
     let accumulation = runs::accumulation(&cfg.train);
     let ddp = pending.wait()?;
     finish(cfg, accumulation?, ddp, golden)

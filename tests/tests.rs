@@ -8,10 +8,14 @@ mod util;
 mod cli;
 #[path = "it/explore.rs"]
 mod explore;
+#[path = "it/faults.rs"]
+mod faults;
 #[path = "it/golden_cases.rs"]
 mod golden_cases;
 #[path = "it/properties.rs"]
 mod properties;
+#[path = "it/readers.rs"]
+mod readers;
 #[path = "it/reports.rs"]
 mod reports;
 #[path = "it/sampler.rs"]

@@ -31,6 +31,15 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
             ),
         });
     }
+    let first_bad = c.steps.iter().chain([&c.finals]).flat_map(|g| &g.tensors).find_map(|t| t.problem.as_ref());
+    if let Some(p) = first_bad.filter(|p| p.starts_with("non-finite")) {
+        return Some(Diagnosis {
+            reason: "non-finite",
+            detail: format!(
+                "{p}: training blew up (learning rate too high, or bad data); nothing can be proven from NaN or Inf"
+            ),
+        });
+    }
     let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
     let ulps = c.steps[s].max_ulps;
     if ulps <= ROUNDING_ULPS {

@@ -147,11 +147,10 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Op
         problem: None,
     };
     for (i, (&p, &q)) in xs.iter().zip(&ys).enumerate() {
+        // A blown-up run proves nothing, even when both blew up alike.
         if !(p.is_finite() && q.is_finite()) {
-            if p.to_bits() != q.to_bits() || p.is_nan() {
-                d.problem.get_or_insert_with(|| format!("non-finite values ({p} vs {q})"));
-                d.verdict = Verdict::Diverged;
-            }
+            d.problem.get_or_insert_with(|| format!("non-finite value at element {i} ({p} vs {q})"));
+            d.verdict = Verdict::Diverged;
             continue;
         }
         if p.to_bits() == q.to_bits() || p == q {
@@ -244,8 +243,11 @@ mod tests {
     }
 
     #[test]
-    fn nan_diverges() {
-        let c = compare("a", &trace(&[f32::NAN]), "b", &trace(&[f32::NAN]), &Tolerance::default());
-        assert_eq!(c.verdict, Verdict::Diverged);
+    fn nan_or_inf_diverges_even_when_both_runs_agree() {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let c = compare("a", &trace(&[1.0, bad]), "b", &trace(&[1.0, bad]), &Tolerance::default());
+            assert_eq!(c.verdict, Verdict::Diverged);
+            assert!(c.steps[0].tensors[0].problem.as_deref().unwrap().contains("element 1"));
+        }
     }
 }

@@ -25,6 +25,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
         force: false,
         bless: false,
         reports: Vec::new(),
+        timeout_s: 600.0,
     };
     assemble(&cfg, acc, ddp, Some(golden))
 }

@@ -1,0 +1,94 @@
+//! Faults with real processes: a rank killed with SIGKILL, a rank that hangs, Ctrl-C, and
+//! a run that blows up to Inf. Every rank must be gone afterwards.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::util::{ddp_verify, stdout};
+
+/// Starts ddp-verify with rank 1 stalled (a test hook) and every rank's pid recorded.
+fn start_stalled(pids: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+        .args(extra)
+        .env("DDP_VERIFY_TEST_PID_DIR", pids)
+        .env("DDP_VERIFY_TEST_STALL", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn rank_pids(dir: &Path) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pids: Vec<i32> = (0..2)
+            .filter_map(|r| std::fs::read_to_string(dir.join(format!("rank{r}.pid"))).ok()?.parse().ok())
+            .collect();
+        if pids.len() == 2 {
+            return pids;
+        }
+        assert!(Instant::now() < deadline, "ranks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for exit with a guard, returning (exit code, stderr, seconds taken).
+fn finish(child: Child, started: Instant) -> (Option<i32>, String, f64) {
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), started.elapsed().as_secs_f64())
+}
+
+fn assert_all_gone(pids: &[i32]) {
+    std::thread::sleep(Duration::from_millis(200));
+    for pid in pids {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+        assert!(!alive, "rank process {pid} was left behind");
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_run_stops_every_rank_and_exits_3_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = start_stalled(dir.path(), &["--timeout", "120"]);
+    let pids = rank_pids(dir.path());
+    let started = Instant::now();
+    unsafe { libc::kill(pids[1], libc::SIGKILL) };
+    let (code, err, secs) = finish(child, started);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("rank 1") && err.contains("signal 9"), "{err}");
+    assert!(secs < 30.0, "took {secs} s");
+    assert_all_gone(&pids);
+}
+
+#[test]
+fn a_hung_rank_is_stopped_at_the_timeout_with_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let child = start_stalled(dir.path(), &["--timeout", "3"]);
+    let pids = rank_pids(dir.path());
+    let (code, err, secs) = finish(child, started);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("--timeout 3"), "{err}");
+    assert!(secs < 20.0, "took {secs} s");
+    assert_all_gone(&pids);
+}
+
+#[test]
+fn ctrl_c_stops_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = start_stalled(dir.path(), &["--timeout", "120"]);
+    let pids = rank_pids(dir.path());
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let (code, err, _) = finish(child, Instant::now());
+    assert_eq!(code, Some(130), "{err}");
+    assert_all_gone(&pids);
+}
+
+#[test]
+fn inf_in_the_weights_is_not_equivalent_even_when_both_runs_agree() {
+    let out = ddp_verify(&["--lr", "1e38"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("first differ at final weights, linear.weight: non-finite"), "{text}");
+}

@@ -95,6 +95,9 @@ pub struct RunArgs {
     /// File for the report at the same position (`-` = stdout); repeat in --report's order.
     #[arg(long, value_name = "PATH")]
     pub report_file: Vec<PathBuf>,
+    /// Draw each comparison's per-step divergence (log scale, tolerance line) as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// Record (or replace) the golden in --golden DIR from this run; refused when CI is set.
     #[arg(long, requires = "golden")]
     pub bless: bool,
@@ -219,6 +222,7 @@ impl RunArgs {
             bless: self.bless,
             reports,
             timeout_s: self.timeout,
+            plot: self.plot.clone(),
         })
     }
 }

@@ -62,6 +62,8 @@ pub struct Config {
     pub reports: Vec<ReportTarget>,
     /// The DDP ranks must finish within this many seconds, or all are stopped (exit 3).
     pub timeout_s: f64,
+    /// `--plot FILE.svg`: per-step divergence on a log scale.
+    pub plot: Option<PathBuf>,
 }
 
 impl TrainConfig {

@@ -71,7 +71,7 @@ fn prepare(cfg: &Config) -> Result<Option<Golden>> {
     if let Some(dir) = &cfg.save_trace {
         check_writable(dir, cfg.force)?;
     }
-    crate::report::check_targets(&cfg.reports, cfg.force)?;
+    crate::report::check_targets(&cfg.reports, cfg.plot.as_ref(), cfg.force)?;
     if cfg.bless {
         if cfg.golden.is_none() {
             return Err(Error::bad_flag("--bless", "needs --golden DIR to know where to write", "add --golden DIR"));

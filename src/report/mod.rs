@@ -5,6 +5,7 @@
 mod json;
 mod junit;
 mod markdown;
+pub mod plot;
 mod table;
 
 use std::io::Write as _;
@@ -70,23 +71,27 @@ impl ReportTarget {
 
 /// Refuses, before anything runs, report files that exist (without --force) or cannot be
 /// created.
-pub fn check_targets(targets: &[ReportTarget], force: bool) -> Result<()> {
-    for path in targets.iter().filter_map(ReportTarget::file) {
+pub fn check_targets(targets: &[ReportTarget], plot: Option<&PathBuf>, force: bool) -> Result<()> {
+    for path in targets.iter().filter_map(ReportTarget::file).chain(plot) {
         if path.exists() && !force {
             return Err(Error::bad_file(
                 path,
-                "--report-file would overwrite this file",
+                "--report-file/--plot would overwrite this file",
                 "choose another path or pass --force",
             ));
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
-            return Err(Error::bad_file(dir, "--report-file: no such directory", "create it first"));
+            return Err(Error::bad_file(dir, "--report-file/--plot: no such directory", "create it first"));
         }
     }
     Ok(())
 }
 
+/// Writes the reports, and the plot when asked for.
 pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
+    if let Some(path) = &o.config.plot {
+        std::fs::write(path, plot::svg(o)).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    }
     for t in targets {
         let text = t.format.exporter().render(o);
         match t.file() {
@@ -122,7 +127,11 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
     if o.verdict() != Verdict::Diverged {
-        return format!("EQUIVALENT: every gradient and final weight within {bound} (worst seen: {} ulp)", ulps(worst));
+        return format!(
+            "EQUIVALENT: every gradient and final weight within {bound} (worst: {} ulp of {} allowed)",
+            ulps(worst),
+            tol.max_ulps
+        );
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
     let (what, g) = match first.steps.iter().position(|g| g.verdict == Verdict::Diverged) {

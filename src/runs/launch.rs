@@ -204,11 +204,31 @@ impl Drop for PendingDdp {
 
 impl PendingDdp {
     pub fn wait(mut self) -> Result<Trace> {
+        use std::io::{IsTerminal, Write};
+        let started = Instant::now();
+        let show = std::io::stderr().is_terminal();
+        let mut shown = false;
         let status = loop {
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
+                if shown {
+                    eprint!("\r{:60}\r", "");
+                }
                 break status;
             }
+            // A status line on a terminal once the wait passes a second.
+            let waited = started.elapsed().as_secs_f64();
+            if show && waited > 1.0 {
+                eprint!(
+                    "\rddp-verify: waiting for the DDP ranks... {waited:.1} s (--timeout {:.0} s)",
+                    self.timeout.as_secs_f64()
+                );
+                let _ = std::io::stderr().flush();
+                shown = true;
+            }
             if Instant::now() >= self.deadline {
+                if shown {
+                    eprintln!();
+                }
                 stop_group(self.group, &mut self.child);
                 return Err(Error::Launcher {
                     problem: format!(

@@ -5,14 +5,13 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+pub use super::supervise::PendingDdp;
 use crate::collective::Mpi;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::trace::Trace;
 
 /// The hidden subcommand a launched rank runs.
 pub const RANK_SUBCOMMAND: &str = "__rank";
@@ -83,16 +82,6 @@ fn fault_hooks(rank: usize) {
     }
 }
 
-/// W rank processes under way; [`PendingDdp::wait`] collects rank 0's trace.
-pub struct PendingDdp {
-    child: Child,
-    out: PathBuf,
-    group: i32,
-    deadline: Instant,
-    timeout: Duration,
-    watcher: Option<std::thread::JoinHandle<Option<RankDeath>>>,
-}
-
 /// Starts `mpirun -np W ddp-verify __rank ...` and returns at once, so the accumulation run
 /// can proceed meanwhile. The ranks must finish within `timeout`.
 pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path, timeout: Duration) -> Result<PendingDdp> {
@@ -100,7 +89,7 @@ pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path, timeout: Duration) -> Result
     let out = workdir.join("ddp.safetensors");
     let json = serde_json::to_string(cfg).expect("config serialises");
     std::fs::write(&config, json).map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
-    let mut child = mpirun_self(cfg.gpus)?
+    let child = mpirun_self(cfg.gpus)?
         .arg(RANK_SUBCOMMAND)
         .arg("--config")
         .arg(&config)
@@ -114,12 +103,7 @@ pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path, timeout: Duration) -> Result
             problem: format!("cannot start mpirun ({e})"),
             fix: "check the Open MPI install".into(),
         })?;
-    let group = child.id() as i32;
-    CHILD_GROUP.store(group, Ordering::SeqCst);
-    install_interrupt_handler();
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let watcher = std::thread::spawn(move || watch_stderr(stderr));
-    Ok(PendingDdp { child, out, group, deadline: Instant::now() + timeout, timeout, watcher: Some(watcher) })
+    Ok(PendingDdp::supervise(child, out, timeout))
 }
 
 /// Where rank 0 leaves its exit code for [`relaunch`].
@@ -189,178 +173,6 @@ fn mpirun_self(np: usize) -> Result<Command> {
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdin(Stdio::null());
     Ok(cmd)
-}
-
-/// If the caller gives up (its own run failed), the ranks are stopped, not left behind.
-impl Drop for PendingDdp {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            stop_group(self.group, &mut self.child);
-        }
-        signal_group(self.group, libc::SIGKILL);
-        CHILD_GROUP.store(0, Ordering::SeqCst);
-    }
-}
-
-impl PendingDdp {
-    pub fn wait(mut self) -> Result<Trace> {
-        use std::io::{IsTerminal, Write};
-        let started = Instant::now();
-        let show = std::io::stderr().is_terminal();
-        let mut shown = false;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
-                if shown {
-                    eprint!("\r{:60}\r", "");
-                }
-                break status;
-            }
-            // A status line on a terminal once the wait passes a second.
-            let waited = started.elapsed().as_secs_f64();
-            if show && waited > 1.0 {
-                eprint!(
-                    "\rddp-verify: waiting for the DDP ranks... {waited:.1} s (--timeout {:.0} s)",
-                    self.timeout.as_secs_f64()
-                );
-                let _ = std::io::stderr().flush();
-                shown = true;
-            }
-            if Instant::now() >= self.deadline {
-                if shown {
-                    eprintln!();
-                }
-                stop_group(self.group, &mut self.child);
-                return Err(Error::Launcher {
-                    problem: format!(
-                        "the DDP ranks did not finish within --timeout {} s (a rank hung?); every rank was stopped",
-                        self.timeout.as_secs_f64()
-                    ),
-                    fix: "raise --timeout if the run is only slow".into(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // mpirun is gone; sweep anything it left in its group.
-        signal_group(self.group, libc::SIGKILL);
-        let death = self.watcher.take().and_then(|w| w.join().ok()).flatten();
-        if !status.success() {
-            return Err(match death {
-                Some(d) => Error::Rank { rank: d.rank, problem: format!("{}; every rank was stopped", d.how) },
-                None => Error::Launcher {
-                    problem: format!("the DDP ranks failed (mpirun {status}); every rank was stopped"),
-                    fix: "see the rank's message above".into(),
-                },
-            });
-        }
-        Trace::load(&self.out)
-    }
-}
-
-/// What Open MPI said about a rank that died.
-struct RankDeath {
-    rank: usize,
-    how: String,
-}
-
-/// Forwards the ranks' own messages and keeps Open MPI's banners out of the user's way,
-/// reading from them which rank died and how.
-fn watch_stderr(stderr: std::process::ChildStderr) -> Option<RankDeath> {
-    use std::io::BufRead;
-    let mut death = None;
-    let mut in_banner = false;
-    for line in std::io::BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
-        if line.starts_with("-----") {
-            in_banner = !in_banner;
-            continue;
-        }
-        if let Some(d) = parse_death(&line) {
-            death.get_or_insert(d);
-        } else if !in_banner && !line.trim().is_empty() {
-            eprintln!("{line}");
-        }
-    }
-    death
-}
-
-/// "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
-fn parse_death(line: &str) -> Option<RankDeath> {
-    let rest = line.split("process rank ").nth(1)?;
-    let rank = rest.split_whitespace().next()?.parse().ok()?;
-    let how =
-        rest.split(" exited ").nth(1).map_or("died".to_string(), |h| format!("exited {}", h.trim_end_matches('.')));
-    Some(RankDeath { rank, how })
-}
-
-/// The process group of the mpirun under way, for the interrupt handler.
-static CHILD_GROUP: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_interrupt(sig: libc::c_int) {
-    let group = CHILD_GROUP.load(Ordering::SeqCst);
-    // Only async-signal-safe calls here (kill, waitpid, nanosleep, _exit): TERM mpirun, whose
-    // teardown stops the ranks, and give it up to 5 s to finish before exiting ourselves.
-    unsafe {
-        if group > 0 {
-            libc::kill(-group, libc::SIGTERM);
-            let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
-            for _ in 0..250 {
-                if libc::waitpid(group, std::ptr::null_mut(), libc::WNOHANG) != 0 {
-                    break;
-                }
-                libc::nanosleep(&pause, std::ptr::null_mut());
-            }
-        }
-        libc::_exit(128 + sig);
-    }
-}
-
-/// Ctrl-C (or a TERM) stops mpirun's whole group before we exit.
-fn install_interrupt_handler() {
-    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-}
-
-fn signal_group(group: i32, sig: libc::c_int) {
-    if group > 0 {
-        unsafe { libc::kill(-group, sig) };
-    }
-}
-
-/// TERM first so mpirun can tear its job down, KILL whatever is left after a grace period.
-/// Open MPI puts each rank in a process group of its own, so the ranks (mpirun's children)
-/// are listed first and killed one by one if mpirun did not stop them.
-fn stop_group(group: i32, child: &mut Child) {
-    let ranks = children_of(child.id() as i32);
-    signal_group(group, libc::SIGTERM);
-    let grace = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < grace {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    signal_group(group, libc::SIGKILL);
-    for pid in ranks {
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
-    let _ = child.wait();
-}
-
-/// Processes whose parent is `pid`, from /proc.
-fn children_of(pid: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| {
-            // /proc/P/stat is "P (comm) S PPID ...": the comm may hold spaces, so read after ')'.
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|st| st.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<i32>().ok())
-                == Some(pid)
-        })
-        .collect()
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {

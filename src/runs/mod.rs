@@ -6,6 +6,7 @@ mod accumulation;
 mod ddp;
 pub mod launch;
 pub mod pool;
+mod supervise;
 
 pub use accumulation::accumulation;
 pub use ddp::ddp_rank;

@@ -17,12 +17,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
-if ! .venv/bin/python -c 'import torch, safetensors; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
+if ! .venv/bin/python -W ignore -c 'import torch, safetensors; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
   echo "setup: installing torch==2.13.0 into .venv (pip, about 1-2 minutes)"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r fixtures/requirements.txt
 fi
 
-torch_dir=$(.venv/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+torch_dir=$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 ln -sfn "$torch_dir" .libtorch
 echo "setup: libtorch at $torch_dir"

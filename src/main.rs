@@ -54,6 +54,13 @@ fn run(args: cli::Cli) -> Result<u8> {
             }
             let rank = launch::init_rank()?;
             let pool = RankPool::new(rank.world());
+            if opts.max_gpus > pool.size() {
+                return Err(ddp_verify::Error::bad_flag(
+                    "--max-gpus",
+                    format!("{} ranks are needed but mpirun started {}", opts.max_gpus, pool.size()),
+                    format!("pass --max-gpus {} or start mpirun -np {}", pool.size(), opts.max_gpus),
+                ));
+            }
             if !pool.is_leader() {
                 pool.follow()?;
                 return Ok(0);

@@ -72,6 +72,8 @@ pub struct Tally {
     pub bug: Option<Bug>,
     pub cases: usize,
     pub replayed: usize,
+    /// Regressions that need more ranks than --max-gpus started.
+    pub skipped_regressions: usize,
     pub not_equivalent: usize,
     pub reasons: BTreeMap<&'static str, usize>,
     pub changes_math: usize,
@@ -214,7 +216,10 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
     };
 
     if bug.is_none() {
-        for cfg in read_regressions(opts.regressions.as_ref()) {
+        let (fit, too_big): (Vec<_>, Vec<_>) =
+            read_regressions(opts.regressions.as_ref()).into_iter().partition(|c| c.gpus <= opts.max_gpus);
+        tally.skipped_regressions = too_big.len();
+        for cfg in fit {
             let case = runner.evaluate(&cfg)?;
             tally.replayed += 1;
             if record(&mut tally, &cfg, &case) == Outcome::Failure && tally.example.is_none() {

@@ -98,11 +98,14 @@ impl ExploreReport {
 }
 
 fn replayed(t: &Tally) -> String {
+    let mut s = String::new();
     if t.replayed > 0 {
-        format!(" ({} replayed from the regressions file first)", t.replayed)
-    } else {
-        String::new()
+        s += &format!(" ({} replayed from the regressions file first)", t.replayed);
     }
+    if t.skipped_regressions > 0 {
+        s += &format!(" ({} regressions skipped: they need more ranks than --max-gpus)", t.skipped_regressions);
+    }
+    s
 }
 
 fn reasons(t: &Tally) -> String {

@@ -69,3 +69,27 @@ fn an_unknown_bug_is_refused_naming_the_known_ones() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("no-loss-scale"), "{}", stderr(&out));
 }
+
+#[test]
+fn regressions_needing_more_ranks_than_started_are_skipped_and_said_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reg = tmp.path().join("regressions.txt");
+    let w1 = r#"{"data_size":6,"features":2,"seed":1,"epochs":1,"batch_size":2,"acc_steps":1,"gpus":1,"lr":0.01,"momentum":0.9,"shuffle":false,"drop_last":false}"#;
+    let w3 = r#"{"data_size":12,"features":3,"seed":1,"epochs":1,"batch_size":2,"acc_steps":3,"gpus":3,"lr":0.01,"momentum":0.9,"shuffle":false,"drop_last":false}"#;
+    std::fs::write(&reg, format!("# header\n{w1}\n{w3}\n")).unwrap();
+    let out = ddp_verify(&[
+        "explore",
+        "--cases",
+        "5",
+        "--max-gpus",
+        "1",
+        "--seed",
+        "1",
+        "--regressions",
+        reg.to_str().unwrap(),
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(text.contains("(1 replayed from the regressions file first)"), "{text}");
+    assert!(text.contains("(1 regressions skipped"), "{text}");
+}

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::models::Model;
 use crate::trace::Trace;
 
 /// The libtorch this binary links, read from the wheel at build time.
@@ -77,6 +78,9 @@ impl Golden {
         check_compatible(dir, &meta)?;
         let accumulation = Trace::load(&dir.join(FILES[1]))?;
         let ddp = Trace::load(&dir.join(FILES[2]))?;
+        for (file, trace) in [(FILES[1], &accumulation), (FILES[2], &ddp)] {
+            check_layout(&dir.join(file), trace, train)?;
+        }
         Ok(Golden { dir: dir.into(), meta, accumulation, ddp })
     }
 }
@@ -98,6 +102,29 @@ fn check_compatible(dir: &Path, meta: &GoldenMeta) -> Result<()> {
     if let Some(v) = &meta.tool_version {
         if v.split('.').next() != TOOL_VERSION.split('.').next() {
             return refuse(format!("golden was blessed by ddp-verify {v}, this is {TOOL_VERSION}"));
+        }
+    }
+    Ok(())
+}
+
+/// A golden must hold this model's parameters, with their shapes, for every optimizer step
+/// the config makes: anything else is a broken file, refused before any run.
+fn check_layout(path: &Path, trace: &Trace, train: &TrainConfig) -> Result<()> {
+    let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
+    let model = crate::models::Linear::new(train.features);
+    let want: Vec<(&str, Vec<i64>)> = model.parameters().iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+    let steps = crate::sampler::optimizer_steps(train);
+    if trace.steps.len() != steps {
+        return Err(Error::bad_file(
+            path,
+            format!("holds {} optimizer steps, the config makes {steps}", trace.steps.len()),
+            fix,
+        ));
+    }
+    for (what, params) in trace.steps.iter().map(|p| ("gradient", p)).chain([("final weight", &trace.finals)]) {
+        let got: Vec<(&str, Vec<i64>)> = params.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+        if got != want {
+            return Err(Error::bad_file(path, format!("{what} tensors are {got:?}, the model has {want:?}"), fix));
         }
     }
     Ok(())

@@ -44,6 +44,24 @@ fn missing_mismatched_or_corrupt_goldens_exit_2_before_anything_runs() {
     let truncated = std::fs::read(repo("golden/article/accumulation.safetensors")).unwrap();
     std::fs::write(bad.join("accumulation.safetensors"), &truncated[..truncated.len() / 2]).unwrap();
     assert_refused(&["--golden", bad.to_str().unwrap(), "--save-trace", t], "accumulation.safetensors");
+    // Wrong shape, then wrong name, in an otherwise valid golden.
+    std::fs::copy(repo("golden/article/accumulation.safetensors"), bad.join("accumulation.safetensors")).unwrap();
+    let ddp = tch::Tensor::read_safetensors(repo("golden/article/ddp.safetensors")).unwrap();
+    let reshaped: Vec<(String, tch::Tensor)> = ddp
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                if n == "final.linear.weight" { tch::Tensor::zeros([1, 7], tch::kind::FLOAT_CPU) } else { t.copy() },
+            )
+        })
+        .collect();
+    tch::Tensor::write_safetensors(&reshaped, bad.join("ddp.safetensors")).unwrap();
+    assert_refused(&["--golden", bad.to_str().unwrap(), "--save-trace", t], "the model has");
+    let renamed: Vec<(String, tch::Tensor)> =
+        ddp.iter().map(|(n, t)| (n.replace("linear.", "fc."), t.copy())).collect();
+    tch::Tensor::write_safetensors(&renamed, bad.join("ddp.safetensors")).unwrap();
+    assert_refused(&["--golden", bad.to_str().unwrap(), "--save-trace", t], "fc.weight");
     std::fs::write(bad.join("config.json"), "{not json").unwrap();
     assert_refused(&["--golden", bad.to_str().unwrap(), "--save-trace", t], "config.json");
     assert!(!trace_dir.exists(), "a refused run wrote its trace");

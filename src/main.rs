@@ -8,7 +8,6 @@ use clap::Parser;
 
 use ddp_verify::compare::Verdict;
 use ddp_verify::runs::launch;
-use ddp_verify::runs::pool::RankPool;
 use ddp_verify::sampler::SplitPlan;
 use ddp_verify::{explore, report, verify, Result};
 
@@ -46,33 +45,7 @@ fn main() -> ExitCode {
 fn run(args: cli::Cli) -> Result<u8> {
     match args.command {
         Some(cli::Command::Rank { config, out }) => launch::rank_main(&config, &out).map(|()| 0),
-        Some(cli::Command::Explore(explore)) => {
-            let opts = explore.options()?;
-            if !launch::inside_mpi_world() {
-                // Start max-gpus ranks once; this same command runs again as each of them.
-                return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1));
-            }
-            let rank = launch::init_rank()?;
-            let pool = RankPool::new(rank.world());
-            if opts.max_gpus > pool.size() {
-                return Err(ddp_verify::Error::bad_flag(
-                    "--max-gpus",
-                    format!("{} ranks are needed but mpirun started {}", opts.max_gpus, pool.size()),
-                    format!("pass --max-gpus {} or start mpirun -np {}", pool.size(), opts.max_gpus),
-                ));
-            }
-            if !pool.is_leader() {
-                pool.follow()?;
-                return Ok(0);
-            }
-            let report = explore::explore(&opts, &pool);
-            pool.stop();
-            let report = report?;
-            print!("{}", report.to_text());
-            let code = if report.passed() { 0 } else { 1 };
-            // Under our own launcher every rank exits 0 and the code travels by file.
-            Ok(if launch::leave_exit_code(code) { 0 } else { code })
-        }
+        Some(cli::Command::Explore(explore)) => explore::command(&explore.options()?),
         Some(cli::Command::Split(split)) => {
             let train = split.train();
             train.validate_split()?;

@@ -17,7 +17,7 @@ use crate::compare::{compare, diagnose, Diagnosis, Verdict};
 use crate::config::{Tolerance, TrainConfig};
 use crate::error::{Error, Result};
 use crate::inject::Bug;
-use crate::runs::{accumulation, pool::RankPool};
+use crate::runs::{accumulation, launch, pool::RankPool};
 
 pub struct ExploreOptions {
     pub cases: usize,
@@ -166,6 +166,35 @@ fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Outcome {
             (false, false) => Outcome::Fine,
         },
     }
+}
+
+/// `ddp-verify explore`: outside an MPI world, starts `max_gpus` ranks once by running this
+/// same command again under mpirun; inside one, rank 0 explores and prints while the other
+/// ranks serve its jobs. Returns the exit code.
+pub fn command(opts: &ExploreOptions) -> Result<u8> {
+    if !launch::inside_mpi_world() {
+        return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1));
+    }
+    let rank = launch::init_rank()?;
+    let pool = RankPool::new(rank.world());
+    if opts.max_gpus > pool.size() {
+        return Err(Error::bad_flag(
+            "--max-gpus",
+            format!("{} ranks are needed but mpirun started {}", opts.max_gpus, pool.size()),
+            format!("pass --max-gpus {} or start mpirun -np {}", pool.size(), opts.max_gpus),
+        ));
+    }
+    if !pool.is_leader() {
+        pool.follow()?;
+        return Ok(0);
+    }
+    let report = explore(opts, &pool);
+    pool.stop();
+    let report = report?;
+    print!("{}", report.to_text());
+    let code = if report.passed() { 0 } else { 1 };
+    // Under our own launcher every rank exits 0 and the code travels by file.
+    Ok(if launch::leave_exit_code(code) { 0 } else { code })
 }
 
 /// Rank 0's side of explore; the other ranks run `pool.follow()`.

@@ -68,6 +68,7 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
 /// Everything that can refuse the run does so before any training starts.
 fn prepare(cfg: &Config) -> Result<Option<Golden>> {
     cfg.validate()?;
+    crate::data::check_fits(&cfg.train)?;
     if let Some(dir) = &cfg.save_trace {
         check_writable(dir, cfg.force)?;
     }

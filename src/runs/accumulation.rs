@@ -11,7 +11,7 @@ use super::{train, Schedule};
 /// One process, K micro-batches per step, each loss divided by K; micro-batches come from
 /// the sampler that mimics the W ranks' split.
 pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
-    let data = data::linear_data(cfg.seed, cfg.data_size, cfg.features);
+    let data = data::linear_data(cfg.seed, cfg.data_size, cfg.features)?;
     let model = Linear::new(cfg.features);
     let spec = SamplerSpec::from_train(cfg);
     let micro_batches = |epoch: u64| -> Vec<Vec<i64>> {

@@ -23,7 +23,7 @@ pub fn ddp_rank(cfg: &TrainConfig, comm: &dyn Collective) -> Result<Trace> {
             format!("launch with mpirun -np {} or pass --gpus {world}", cfg.gpus),
         ));
     }
-    let data = data::linear_data(cfg.seed, cfg.data_size, cfg.features);
+    let data = data::linear_data(cfg.seed, cfg.data_size, cfg.features)?;
     let model = Linear::new(cfg.features);
     // DDP's constructor broadcasts rank 0's parameters.
     for (_, p) in model.parameters() {

@@ -26,6 +26,7 @@ fn bad_flags_exit_2_with_one_line_naming_the_flag_and_the_fix() {
     );
     assert_refused(&["--lr", "inf"], "--lr");
     assert_refused(&["split", "--acc-steps", "3", "--gpus", "2"], "--acc-steps");
+    assert_refused(&["--data-size", "100000000", "--features", "100000"], "GiB");
 }
 
 #[test]
@@ -224,4 +225,21 @@ fn report_files_are_written_once_and_never_overwritten_without_force() {
     let forced = ddp_verify(&[&args[..], &["--force"]].concat());
     assert_eq!(forced.status.code(), Some(0));
     assert_refused(&["--report", "yaml"], "yaml");
+}
+
+#[test]
+fn two_identical_runs_write_bit_identical_traces() {
+    let tmp = tempfile::tempdir().unwrap();
+    let flags =
+        ["--data-size", "24", "--batch-size", "2", "--acc-steps", "6", "--gpus", "3", "--shuffle", "--epochs", "2"];
+    for run in ["a", "b"] {
+        let dir = tmp.path().join(run);
+        let out = ddp_verify(&[&flags[..], &["--save-trace", dir.to_str().unwrap()]].concat());
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    for file in ["accumulation.safetensors", "ddp.safetensors"] {
+        let a = std::fs::read(tmp.path().join("a").join(file)).unwrap();
+        let b = std::fs::read(tmp.path().join("b").join(file)).unwrap();
+        assert!(a == b, "{file} differs between two identical runs");
+    }
 }

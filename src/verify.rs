@@ -16,8 +16,9 @@ pub struct Outcome {
     pub ddp: Trace,
     /// Accumulation vs DDP: the claim under test.
     pub runs: Comparison,
-    /// Each run against PyTorch's trace of the same run, when `--golden` is given.
+    /// Each run against the golden's trace of the same run, when `--golden` is given.
     pub golden: Vec<Comparison>,
+    /// Which golden, and what made it.
     pub golden_torch: Option<String>,
     /// Likely cause of an accumulation/DDP mismatch, in plain words.
     pub diagnosis: Option<Diagnosis>,
@@ -132,7 +133,12 @@ pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Go
                 compare("accumulation", &accumulation, "golden accumulation", &g.accumulation, tol),
                 compare("ddp", &ddp, "golden ddp", &g.ddp, tol),
             ],
-            Some(format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version)),
+            Some(match &g.meta.tool_version {
+                Some(tool) => {
+                    format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version)
+                }
+                None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),
+            }),
         ),
         None => (Vec::new(), None),
     };
@@ -143,7 +149,7 @@ fn save(dir: &PathBuf, o: &Outcome) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     o.accumulation.save(&dir.join(TRACE_FILES[0]))?;
     o.ddp.save(&dir.join(TRACE_FILES[1]))?;
-    let json = serde_json::to_string_pretty(&crate::report::json(o)).expect("report serialises");
+    let json = crate::report::Format::Json.exporter().render(o);
     let path = dir.join(TRACE_FILES[2]);
-    std::fs::write(&path, json + "\n").map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    std::fs::write(&path, json).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }

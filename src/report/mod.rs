@@ -17,7 +17,7 @@ use crate::compare::{Comparison, GroupDiff, Verdict};
 use crate::error::{Error, Result};
 use crate::verify::Outcome;
 
-pub use json::{json, JSON_SCHEMA_VERSION};
+pub use json::JSON_SCHEMA_VERSION;
 
 pub trait Exporter {
     fn render(&self, o: &Outcome) -> String;

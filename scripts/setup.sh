@@ -17,7 +17,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
-if ! .venv/bin/python -W ignore -c 'import torch, safetensors; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
+if ! .venv/bin/python -W ignore -c 'import torch, torchvision, safetensors; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
   echo "setup: installing torch==2.13.0 into .venv (pip, about 1-2 minutes)"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r fixtures/requirements.txt

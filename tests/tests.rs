@@ -18,6 +18,8 @@ mod properties;
 mod readers;
 #[path = "it/reports.rs"]
 mod reports;
+#[path = "it/resnet.rs"]
+mod resnet;
 #[path = "it/sampler.rs"]
 mod sampler;
 #[path = "it/sgd.rs"]

@@ -2,8 +2,10 @@
 //! those names are how our traces meet the ones PyTorch writes.
 
 mod linear;
+mod resnet;
 
 pub use linear::Linear;
+pub use resnet::{ResNet, ResNetSpec};
 
 use tch::Tensor;
 

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
-use crate::sampler::{accumulation_order, rank_batches, MicroBatch, SamplerSpec};
+use crate::sampler::{accumulation_order, MicroBatch, SamplerSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -118,7 +118,7 @@ pub fn accumulation_with(bug: Bug, cfg: &TrainConfig, epoch: u64) -> Vec<MicroBa
             accumulation_order(&blocks, cfg.batch_size)
         }
         // With drop_last there is no padding to ignore.
-        Bug::NoPadding if !spec.drop_last => interleave(&unpadded_shards(&spec, epoch), cfg.batch_size),
+        Bug::NoPadding if !spec.drop_last => accumulation_order(&unpadded_shards(&spec, epoch), cfg.batch_size),
         _ => accumulation_order(&spec.shards(epoch), cfg.batch_size),
     }
 }
@@ -135,19 +135,4 @@ fn unpadded_shards(spec: &SamplerSpec, epoch: u64) -> Vec<Vec<i64>> {
             shard.iter().enumerate().filter(|(i, _)| i * spec.world + r < total).map(|(_, &x)| x).collect()
         })
         .collect()
-}
-
-/// Like `accumulation_order`, for shards of unequal length.
-fn interleave(shards: &[Vec<i64>], batch_size: usize) -> Vec<MicroBatch> {
-    let per_rank: Vec<Vec<Vec<i64>>> = shards.iter().map(|s| rank_batches(s, batch_size)).collect();
-    let nb = per_rank.iter().map(Vec::len).max().unwrap_or(0);
-    let mut order = Vec::new();
-    for local_batch in 0..nb {
-        for (rank, batches) in per_rank.iter().enumerate() {
-            if let Some(b) = batches.get(local_batch) {
-                order.push(MicroBatch { rank, local_batch, indices: b.clone() });
-            }
-        }
-    }
-    order
 }

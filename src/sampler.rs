@@ -81,14 +81,17 @@ pub fn rank_batches(shard: &[i64], batch_size: usize) -> Vec<Vec<i64>> {
 /// The mimicking sampler's order for one epoch: local batch 0 of every rank, then local
 /// batch 1, ... so that every window of K = W x K/W micro-batches holds exactly the ranks'
 /// K/W batches of that window. Yielded as whole batches (a batch sampler), because a rank's
-/// short last batch must stay a micro-batch of its own.
+/// short last batch must stay a micro-batch of its own. Shards of unequal length (only a
+/// planted bug makes them) simply run out early.
 pub fn accumulation_order(shards: &[Vec<i64>], batch_size: usize) -> Vec<MicroBatch> {
     let per_rank: Vec<Vec<Vec<i64>>> = shards.iter().map(|s| rank_batches(s, batch_size)).collect();
-    let nb = per_rank.first().map_or(0, Vec::len);
+    let nb = per_rank.iter().map(Vec::len).max().unwrap_or(0);
     let mut order = Vec::with_capacity(nb * shards.len());
     for local_batch in 0..nb {
         for (rank, batches) in per_rank.iter().enumerate() {
-            order.push(MicroBatch { rank, local_batch, indices: batches[local_batch].clone() });
+            if let Some(b) = batches.get(local_batch) {
+                order.push(MicroBatch { rank, local_batch, indices: b.clone() });
+            }
         }
     }
     order

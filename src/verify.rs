@@ -46,11 +46,10 @@ pub fn verify(cfg: &Config) -> Result<Outcome> {
 /// Under a user's `mpirun`: every process is a DDP rank; rank 0 also runs accumulation and
 /// returns the outcome, the others return None.
 pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
-    cfg.validate()?;
     let rank = launch::init_rank()?;
     let is_root = rank.comm.rank() == 0;
-    // Rank 0 alone reads the golden; it tells the others whether to go on, so a refusal
-    // there never leaves them waiting in a collective.
+    // Rank 0 alone validates and reads the golden; it tells the others whether to go on,
+    // so a refusal there never leaves them waiting in a collective.
     let golden = if is_root { prepare(cfg) } else { Ok(None) };
     let mut go = [if golden.is_ok() { 1.0f32 } else { 0.0 }];
     rank.comm.broadcast(&mut go, 0)?;

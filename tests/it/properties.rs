@@ -34,14 +34,6 @@ prop_compose! {
     }
 }
 
-fn config() -> ProptestConfig {
-    let mut c = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = 64;
-    }
-    c
-}
-
 fn sorted(batches: &[Vec<i64>]) -> Vec<Vec<i64>> {
     let mut v = batches.to_vec();
     v.sort();
@@ -49,7 +41,7 @@ fn sorted(batches: &[Vec<i64>]) -> Vec<Vec<i64>> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(crate::util::proptest_config(64))]
 
     #[test]
     fn each_accumulation_window_holds_exactly_the_ranks_batches_of_that_step(case in split_case()) {

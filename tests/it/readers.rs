@@ -41,16 +41,8 @@ fn apply(mut b: Vec<u8>, d: &Damage) -> Vec<u8> {
     b
 }
 
-fn config() -> ProptestConfig {
-    let mut c = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = 200;
-    }
-    c
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(crate::util::proptest_config(200))]
 
     #[test]
     fn a_corrupted_trace_file_is_refused_cleanly_never_a_panic(d in damage()) {

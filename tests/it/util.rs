@@ -38,3 +38,12 @@ pub fn golden_flags(case: &str) -> Vec<String> {
 pub fn json_file(path: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
 }
+
+/// proptest's config with `default_cases`, unless PROPTEST_CASES says otherwise.
+pub fn proptest_config(default_cases: u32) -> proptest::test_runner::Config {
+    let mut c = proptest::test_runner::Config::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        c.cases = default_cases;
+    }
+    c
+}

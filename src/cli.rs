@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use ddp_verify::explore::ExploreOptions;
 use ddp_verify::inject::Bug;
 use ddp_verify::report::{Format, ReportTarget};
+use ddp_verify::config::{Dtype, ModelKind};
 use ddp_verify::{Config, Error, Tolerance, TrainConfig};
 
 const EXIT_CODES: &str =
@@ -82,6 +83,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
     #[command(flatten)]
+    pub net: NetArgs,
+    #[command(flatten)]
     pub tolerance: ToleranceArgs,
     /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
     #[arg(long, value_name = "DIR")]
@@ -112,23 +115,70 @@ pub struct RunArgs {
     pub inject: Option<Bug>,
 }
 
+/// The model and how it is trained, beyond the sampling shape.
+#[derive(Args)]
+pub struct NetArgs {
+    /// linear (the seed article's), resnet18 (torchvision's) or resnet-tiny (widths 8-16-32-64, one block per stage).
+    #[arg(long, value_name = "MODEL", default_value = "linear", value_parser = parse_model)]
+    pub model: ModelKind,
+    /// S: ResNet inputs are S x S images (torch.rand(N, 3, S, S)).
+    #[arg(long, default_value_t = 32)]
+    pub image_size: usize,
+    /// C: ResNet classes (labels torch.randint(0, C, (N,))).
+    #[arg(long, default_value_t = 10)]
+    pub classes: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Stop both runs after this many optimizer steps.
+    #[arg(long, value_name = "M")]
+    pub max_steps: Option<usize>,
+    /// float32 or float64, for data, model and both runs (data and init are made in float32, then cast).
+    #[arg(long, default_value = "float32", value_parser = parse_dtype)]
+    pub dtype: Dtype,
+    /// Restart DDP from the accumulation run's weights and buffers before every step [default for ResNets].
+    #[arg(long, conflicts_with = "free_running")]
+    pub lockstep: bool,
+    /// Let both runs train on their own [default for the linear model]; deep nets drift in float32.
+    #[arg(long)]
+    pub free_running: bool,
+    /// Initial ResNet state: a PyTorch state_dict saved with safetensors (BatchNorm buffers included).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub init: Option<PathBuf>,
+    /// Count a BatchNorm buffer mismatch between the runs as NOT EQUIVALENT.
+    #[arg(long)]
+    pub strict_buffers: bool,
+}
+
 #[derive(Args)]
 pub struct ToleranceArgs {
-    /// Largest distance in float32 ulps that counts as equal.
-    #[arg(long, default_value_t = Tolerance::default().max_ulps)]
-    pub max_ulps: u32,
-    /// Largest relative difference that counts as equal.
-    #[arg(long, default_value_t = Tolerance::default().rtol)]
-    pub rtol: f32,
-    /// Absolute difference that counts as equal; only matters for values near zero.
-    #[arg(long, default_value_t = Tolerance::default().atol)]
-    pub atol: f32,
+    /// Largest distance in ulps (of the run's dtype) that counts as equal [default: 16].
+    #[arg(long)]
+    pub max_ulps: Option<u32>,
+    /// Largest relative difference that counts as equal [default: 1e-6 for float32; float64: 2e-15 in lockstep, 1e-9 free-running].
+    #[arg(long)]
+    pub rtol: Option<f64>,
+    /// Absolute difference that counts as equal; only matters for values near zero [default: 1e-7; float64: 2e-16, 1e-12].
+    #[arg(long)]
+    pub atol: Option<f64>,
 }
 
 impl ToleranceArgs {
-    fn tolerance(&self) -> Tolerance {
-        Tolerance { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol }
+    fn tolerance(&self, dtype: Dtype, lockstep: bool) -> Tolerance {
+        let d = Tolerance::for_run(dtype, lockstep);
+        Tolerance {
+            max_ulps: self.max_ulps.unwrap_or(d.max_ulps),
+            rtol: self.rtol.unwrap_or(d.rtol),
+            atol: self.atol.unwrap_or(d.atol),
+        }
     }
+}
+
+fn parse_model(s: &str) -> Result<ModelKind, String> {
+    ModelKind::parse(s).ok_or_else(|| format!("unknown model '{s}'; known: {}", ModelKind::NAMES.join(", ")))
+}
+
+fn parse_dtype(s: &str) -> Result<Dtype, String> {
+    Dtype::parse(s).ok_or_else(|| format!("unknown dtype '{s}'; known: float32, float64"))
 }
 
 #[derive(Args)]
@@ -190,7 +240,7 @@ impl SplitShape {
             momentum,
             shuffle: self.shuffle,
             drop_last: self.drop_last,
-            inject: None,
+            ..TrainConfig::article()
         }
     }
 }
@@ -210,12 +260,23 @@ impl RunArgs {
             .enumerate()
             .map(|(i, &format)| ReportTarget { format, path: self.report_file.get(i).cloned() })
             .collect();
+        let n = &self.net;
+        let train = TrainConfig {
+            inject: self.inject,
+            model: n.model,
+            image_size: n.image_size,
+            classes: n.classes,
+            weight_decay: n.weight_decay,
+            max_steps: n.max_steps,
+            dtype: n.dtype,
+            // Deep BatchNorm nets are chaotic in float32: lockstep unless asked otherwise.
+            lockstep: n.lockstep || (n.model.is_resnet() && !n.free_running),
+            init: n.init.clone(),
+            ..self.shape.train(self.features, self.epochs, self.lr, self.momentum)
+        };
         Ok(Config {
-            train: TrainConfig {
-                inject: self.inject,
-                ..self.shape.train(self.features, self.epochs, self.lr, self.momentum)
-            },
-            tolerance: self.tolerance.tolerance(),
+            tolerance: self.tolerance.tolerance(train.dtype, train.lockstep),
+            train,
             save_trace: self.save_trace.clone(),
             golden: self.golden.clone(),
             force: self.force,
@@ -223,6 +284,7 @@ impl RunArgs {
             reports,
             timeout_s: self.timeout,
             plot: self.plot.clone(),
+            strict_buffers: self.net.strict_buffers,
         })
     }
 }
@@ -243,7 +305,7 @@ impl ExploreArgs {
                 vec![Some(parse_bug(name).map_err(|e| Error::bad_flag("--inject", e, "pass one of those, or all"))?)]
             }
         };
-        let tolerance = self.tolerance.tolerance();
+        let tolerance = self.tolerance.tolerance(Dtype::Float32, false);
         tolerance.validate()?;
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)

@@ -16,8 +16,12 @@ pub trait Collective {
     fn world_size(&self) -> usize;
     /// Element-wise sum over all ranks, result on every rank.
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()>;
+    /// Element-wise sum over all ranks, in float64 (`--dtype float64`).
+    fn all_reduce_sum_f64(&self, data: &mut [f64]) -> Result<()>;
     /// Copies `root`'s data to every rank.
     fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()>;
+    /// Copies `root`'s bytes to every rank: buffers of any dtype (int64 counters included).
+    fn broadcast_bytes(&self, data: &mut [u8], root: usize) -> Result<()>;
 }
 
 /// A world of one process: what `--gpus 1` needs, and a stand-in for unit tests.
@@ -33,7 +37,13 @@ impl Collective for Solo {
     fn all_reduce_sum(&self, _data: &mut [f32]) -> Result<()> {
         Ok(())
     }
+    fn all_reduce_sum_f64(&self, _data: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
     fn broadcast(&self, _data: &mut [f32], _root: usize) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast_bytes(&self, _data: &mut [u8], _root: usize) -> Result<()> {
         Ok(())
     }
 }
@@ -74,10 +84,44 @@ impl Collective for Mpi {
         self.timed(|c| c.all_reduce_into(&send[..], data, SystemOperation::sum()));
         Ok(())
     }
+    fn all_reduce_sum_f64(&self, data: &mut [f64]) -> Result<()> {
+        let send = data.to_vec();
+        self.timed(|c| c.all_reduce_into(&send[..], data, SystemOperation::sum()));
+        Ok(())
+    }
     fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()> {
         self.timed(|c| c.process_at_rank(root as i32).broadcast_into(data));
         Ok(())
     }
+    fn broadcast_bytes(&self, data: &mut [u8], root: usize) -> Result<()> {
+        self.timed(|c| c.process_at_rank(root as i32).broadcast_into(data));
+        Ok(())
+    }
+}
+
+/// All-reduces (sums) a float32 or float64 CPU tensor in place.
+pub fn all_reduce_tensor(comm: &dyn Collective, t: &mut Tensor) -> Result<()> {
+    if t.kind() == Kind::Double {
+        let mut values = Vec::<f64>::try_from(&t.flatten(0, -1))?;
+        comm.all_reduce_sum_f64(&mut values)?;
+        tch::no_grad(|| t.copy_(&Tensor::from_slice(&values).view_as(t)));
+        return Ok(());
+    }
+    with_values(t, |v| comm.all_reduce_sum(v))
+}
+
+/// Copies `root`'s tensor into every rank's tensor of the same shape and dtype.
+pub fn broadcast_tensor(comm: &dyn Collective, t: &Tensor, root: usize) -> Result<()> {
+    if comm.world_size() == 1 {
+        return Ok(());
+    }
+    let numel = t.numel();
+    let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+    t.f_copy_data_u8(&mut bytes, numel)?;
+    comm.broadcast_bytes(&mut bytes, root)?;
+    let got = Tensor::f_from_data_size(&bytes, &t.size(), t.kind())?;
+    tch::no_grad(|| t.shallow_clone().copy_(&got));
+    Ok(())
 }
 
 /// Applies `op` to a float32 CPU tensor's values in place.

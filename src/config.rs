@@ -29,6 +29,106 @@ pub struct TrainConfig {
     /// A known mistake planted in one run (`--inject`), to show the gate fires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inject: Option<Bug>,
+    /// Fields below default to the linear model's values and are left out of JSON then, so
+    /// linear goldens and reports read as before.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub model: ModelKind,
+    /// S: images are S x S (`torch.rand(N, 3, S, S)`).
+    #[serde(default = "default_image_size", skip_serializing_if = "is_default_image_size")]
+    pub image_size: usize,
+    /// C: classes (`torch.randint(0, C, (N,))`).
+    #[serde(default = "default_classes", skip_serializing_if = "is_default_classes")]
+    pub classes: usize,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub weight_decay: f64,
+    /// Both runs stop after this many optimizer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dtype: Dtype,
+    /// Before every optimizer step the DDP run restarts from the accumulation run's weights
+    /// and buffers, so each step's difference measures that step's arithmetic alone.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub lockstep: bool,
+    /// Initial state (a PyTorch `state_dict` in safetensors) instead of our seeded init.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<PathBuf>,
+}
+
+/// Which network both runs train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// The seed article's `nn.Linear(D, 1, bias=False)`.
+    #[default]
+    Linear,
+    Resnet18,
+    ResnetTiny,
+}
+
+impl ModelKind {
+    pub const NAMES: [&'static str; 3] = ["linear", "resnet18", "resnet-tiny"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Linear => "linear",
+            ModelKind::Resnet18 => "resnet18",
+            ModelKind::ResnetTiny => "resnet-tiny",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny].into_iter().find(|m| m.name() == s)
+    }
+
+    pub fn is_resnet(self) -> bool {
+        self != ModelKind::Linear
+    }
+}
+
+/// The precision both runs compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    Float32,
+    Float64,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Float32 => "float32",
+            Dtype::Float64 => "float64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Dtype::Float32, Dtype::Float64].into_iter().find(|d| d.name() == s)
+    }
+
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Dtype::Float32 => tch::Kind::Float,
+            Dtype::Float64 => tch::Kind::Double,
+        }
+    }
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+fn default_image_size() -> usize {
+    32
+}
+fn is_default_image_size(v: &usize) -> bool {
+    *v == default_image_size()
+}
+fn default_classes() -> usize {
+    10
+}
+fn is_default_classes(v: &usize) -> bool {
+    *v == default_classes()
 }
 
 /// When two float32 values count as the same. An element passes if any bound holds;
@@ -36,14 +136,32 @@ pub struct TrainConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Tolerance {
     pub max_ulps: u32,
-    pub rtol: f32,
-    pub atol: f32,
+    pub rtol: f64,
+    pub atol: f64,
 }
 
 impl Default for Tolerance {
     /// Float32: a sum of W partial gradients in another order moves a few ulps at most.
     fn default() -> Self {
-        Tolerance { max_ulps: 16, rtol: 1e-6, atol: 1e-7 }
+        Tolerance::for_run(Dtype::Float32, true)
+    }
+}
+
+impl Tolerance {
+    /// Ulps count in the run's own precision.
+    /// - float32: a reordered sum of partial gradients moves a few ulps.
+    /// - float64 in lockstep: float32's bounds scaled by the ratio of the epsilons (2^-29).
+    /// - float64 free-running: deep BatchNorm nets amplify rounding about a thousand-fold
+    ///   per step in float64 (measured on resnet-tiny: 1e-12, 1e-10, 1e-7 relative at steps
+    ///   1-3), so the bound is rel 1e-9, three steps of headroom, still a thousand times
+    ///   finer than float32's rounding; a real bug (a scale, a stale or missing sample)
+    ///   moves gradients by 1e-3 or more at its first step.
+    pub fn for_run(dtype: Dtype, lockstep: bool) -> Self {
+        match (dtype, lockstep) {
+            (Dtype::Float32, _) => Tolerance { max_ulps: 16, rtol: 1e-6, atol: 1e-7 },
+            (Dtype::Float64, true) => Tolerance { max_ulps: 16, rtol: 2e-15, atol: 2e-16 },
+            (Dtype::Float64, false) => Tolerance { max_ulps: 16, rtol: 1e-9, atol: 1e-12 },
+        }
     }
 }
 
@@ -64,6 +182,10 @@ pub struct Config {
     pub timeout_s: f64,
     /// `--plot FILE.svg`: per-step divergence on a log scale.
     pub plot: Option<PathBuf>,
+    /// Count a BatchNorm buffer mismatch between the runs as NOT EQUIVALENT (by default it
+    /// is reported as expected: DDP tracks rank 0's micro-batches, accumulation all K).
+    #[serde(default)]
+    pub strict_buffers: bool,
 }
 
 impl TrainConfig {
@@ -82,6 +204,14 @@ impl TrainConfig {
             shuffle: false,
             drop_last: false,
             inject: None,
+            model: ModelKind::Linear,
+            image_size: default_image_size(),
+            classes: default_classes(),
+            weight_decay: 0.0,
+            max_steps: None,
+            dtype: Dtype::Float32,
+            lockstep: false,
+            init: None,
         }
     }
 
@@ -95,6 +225,29 @@ impl TrainConfig {
             if on {
                 s.push_str(flag);
             }
+        }
+        if self.model.is_resnet() {
+            s.push_str(&format!(
+                " --model {} --image-size {} --classes {}",
+                self.model.name(),
+                self.image_size,
+                self.classes
+            ));
+        }
+        if self.weight_decay != 0.0 {
+            s.push_str(&format!(" --weight-decay {}", self.weight_decay));
+        }
+        if let Some(m) = self.max_steps {
+            s.push_str(&format!(" --max-steps {m}"));
+        }
+        if self.dtype != Dtype::Float32 {
+            s.push_str(&format!(" --dtype {}", self.dtype.name()));
+        }
+        if self.lockstep != self.model.is_resnet() {
+            s.push_str(if self.lockstep { " --lockstep" } else { " --free-running" });
+        }
+        if let Some(init) = &self.init {
+            s.push_str(&format!(" --init {}", init.display()));
         }
         if let Some(bug) = self.inject {
             s.push_str(" --inject ");
@@ -111,6 +264,16 @@ impl TrainConfig {
     /// Checks everything that can be checked before any process starts.
     pub fn validate(&self) -> Result<()> {
         self.validate_split()?;
+        self.validate_resnet()?;
+        if self.max_steps == Some(0) {
+            return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
+        }
+        if let Some(path) = self.init.as_deref().filter(|p| !p.is_file()) {
+            return Err(Error::bad_file(path, "--init file does not exist", "pass a state_dict saved with safetensors"));
+        }
+        if self.init.is_some() && !self.model.is_resnet() {
+            return Err(Error::bad_flag("--init", "only the ResNets take an initial state", "drop --init or pass --model"));
+        }
         let steps = crate::sampler::optimizer_steps(self);
         if steps == 0 {
             return Err(Error::bad_flag(
@@ -122,6 +285,46 @@ impl TrainConfig {
                     self.local_acc_steps()
                 ),
                 "lower --acc-steps or --batch-size, or raise --data-size or --epochs",
+            ));
+        }
+        Ok(())
+    }
+
+    /// What only a ResNet needs: images and classes, and no micro-batch that would put a
+    /// single value per channel through train-mode BatchNorm (PyTorch raises "Expected more
+    /// than 1 value per channel when training").
+    fn validate_resnet(&self) -> Result<()> {
+        if !self.model.is_resnet() {
+            return Ok(());
+        }
+        if self.image_size == 0 {
+            return Err(Error::bad_flag("--image-size", "must be at least 1", "pass e.g. --image-size 32"));
+        }
+        if self.classes < 2 {
+            return Err(Error::bad_flag("--classes", "must be at least 2", "pass e.g. --classes 10"));
+        }
+        let side = crate::models::smallest_feature_map(self.image_size);
+        let shard = crate::sampler::SamplerSpec::from_train(self).num_samples();
+        let smallest = match shard % self.batch_size {
+            0 => self.batch_size.min(shard),
+            r => r,
+        };
+        if smallest * side * side == 1 {
+            let why = if smallest == self.batch_size {
+                format!("each micro-batch holds {smallest} sample")
+            } else {
+                format!(
+                    "each rank's shard of {shard} samples ends in a micro-batch of 1 (--data-size {} over --gpus {} in batches of {})",
+                    self.data_size, self.gpus, self.batch_size
+                )
+            };
+            return Err(Error::bad_flag(
+                "--batch-size",
+                format!(
+                    "{why} and at --image-size {} the last stage is 1x1, so train-mode BatchNorm would see one value per channel",
+                    self.image_size
+                ),
+                "use micro-batches of 2 or more (change --batch-size or --data-size, or --drop-last), or a larger --image-size",
             ));
         }
         Ok(())
@@ -160,7 +363,7 @@ impl TrainConfig {
                 format!("use --data-size {} or more, or fewer --gpus", self.gpus),
             ));
         }
-        for (flag, v) in [("--lr", self.lr), ("--momentum", self.momentum)] {
+        for (flag, v) in [("--lr", self.lr), ("--momentum", self.momentum), ("--weight-decay", self.weight_decay)] {
             if !v.is_finite() || v < 0.0 {
                 return Err(Error::bad_flag(
                     flag,

@@ -1,11 +1,13 @@
-//! Training data exactly as PyTorch makes it: `torch.manual_seed(seed); torch.rand(N, D)`.
-//! tch drives the same libtorch CPU generator, so the numbers are bit-identical.
+//! Training data exactly as PyTorch makes it, under `torch.manual_seed(seed)`:
+//! `torch.rand(N, D)` for the linear model; `torch.rand(N, 3, S, S)` then
+//! `torch.randint(0, C, (N,))` for the ResNets. tch drives the same libtorch CPU generator,
+//! so the numbers are bit-identical; float64 runs cast the same float32 draws (`x.double()`).
 
 use std::sync::Mutex;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::config::TrainConfig;
+use crate::config::{Dtype, TrainConfig};
 use crate::error::{Error, Result};
 
 /// libtorch's default CPU generator is global and tch cannot make private ones, so every
@@ -24,10 +26,50 @@ pub fn linear_data(seed: u64, data_size: usize, features: usize) -> Result<Tenso
     Ok(seeded(seed, || Tensor::f_rand([data_size as i64, features as i64], (Kind::Float, Device::Cpu)))?)
 }
 
+/// Inputs, and class labels for the models that take them.
+pub struct Data {
+    pub x: Tensor,
+    pub y: Option<Tensor>,
+}
+
+/// One micro-batch's rows.
+pub struct Batch {
+    pub x: Tensor,
+    pub y: Option<Tensor>,
+}
+
+impl Data {
+    /// The data set `cfg` describes, in its dtype.
+    pub fn new(cfg: &TrainConfig) -> Result<Data> {
+        let (n, opts) = (cfg.data_size as i64, (Kind::Float, Device::Cpu));
+        let (x, y) = if cfg.model.is_resnet() {
+            let s = cfg.image_size as i64;
+            let (x, y) = seeded(cfg.seed, || -> Result<_> {
+                let x = Tensor::f_rand([n, 3, s, s], opts)?;
+                let y = Tensor::f_randint(cfg.classes as i64, [n], (Kind::Int64, Device::Cpu))?;
+                Ok((x, y))
+            })?;
+            (x, Some(y))
+        } else {
+            (linear_data(cfg.seed, cfg.data_size, cfg.features)?, None)
+        };
+        let x = if cfg.dtype == Dtype::Float32 { x } else { x.to_kind(cfg.dtype.kind()) };
+        Ok(Data { x, y })
+    }
+
+    /// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.
+    pub fn batch(&self, indices: &[i64]) -> Batch {
+        let idx = Tensor::from_slice(indices);
+        Batch { x: self.x.index_select(0, &idx), y: self.y.as_ref().map(|y| y.index_select(0, &idx)) }
+    }
+}
+
 /// Every process (the launcher and each rank) holds the whole data set: refuse, before
 /// anything starts, a size this machine cannot hold rather than fail inside libtorch.
 pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
-    let bytes = (cfg.data_size as f64) * (cfg.features as f64) * 4.0;
+    let row = if cfg.model.is_resnet() { 3.0 * (cfg.image_size as f64).powi(2) } else { cfg.features as f64 };
+    let width = if cfg.dtype == Dtype::Float64 { 12.0 } else { 4.0 };
+    let bytes = (cfg.data_size as f64) * row * width;
     let processes = (cfg.gpus + 1) as f64;
     let available = available_bytes().unwrap_or(f64::INFINITY);
     if bytes * processes > 0.8 * available {
@@ -35,14 +77,14 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
         return Err(Error::bad_flag(
             "--data-size",
             format!(
-                "{} x --features {} is {:.1} GiB of data in each of {} processes, but only {:.1} GiB is available",
+                "{} samples of {} values is {:.1} GiB of data in each of {} processes, but only {:.1} GiB is available",
                 cfg.data_size,
-                cfg.features,
+                row,
                 gib(bytes),
                 cfg.gpus + 1,
                 gib(available)
             ),
-            "use a smaller --data-size or --features",
+            "use a smaller --data-size (or --features, --image-size)",
         ));
     }
     Ok(())
@@ -56,7 +98,3 @@ fn available_bytes() -> Option<f64> {
     Some(kib * 1024.0)
 }
 
-/// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.
-pub fn gather(data: &Tensor, indices: &[i64]) -> Tensor {
-    data.index_select(0, &Tensor::from_slice(indices))
-}

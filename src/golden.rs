@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::models::Model;
 use crate::trace::Trace;
 
 /// The libtorch this binary links, read from the wheel at build time.
@@ -31,6 +30,10 @@ pub struct GoldenMeta {
     pub made_by: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub date: Option<String>,
+    /// Each tensor holds only this many strided elements (`trace::sample`), which keeps
+    /// goldens of large models small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<usize>,
 }
 
 fn float32() -> String {
@@ -75,22 +78,27 @@ impl Golden {
                 format!("pass the flags in {} or choose the golden for this config", meta_path.display()),
             ));
         }
-        check_compatible(dir, &meta)?;
+        check_compatible(dir, &meta, train)?;
         let accumulation = Trace::load(&dir.join(FILES[1]))?;
         let ddp = Trace::load(&dir.join(FILES[2]))?;
         for (file, trace) in [(FILES[1], &accumulation), (FILES[2], &ddp)] {
-            check_layout(&dir.join(file), trace, train)?;
+            check_layout(&dir.join(file), trace, train, meta.sample)?;
         }
         Ok(Golden { dir: dir.into(), meta, accumulation, ddp })
     }
 }
 
-fn check_compatible(dir: &Path, meta: &GoldenMeta) -> Result<()> {
+fn check_compatible(dir: &Path, meta: &GoldenMeta, train: &TrainConfig) -> Result<()> {
     let refuse = |what: String| {
         Err(Error::bad_file(dir, what, "re-record the golden with this build (--bless), or use the build that made it"))
     };
-    if meta.dtype != "float32" || meta.device != "cpu" {
-        return refuse(format!("golden is {} on {}, this build checks float32 on cpu", meta.dtype, meta.device));
+    if meta.dtype != train.dtype.name() || meta.device != "cpu" {
+        return refuse(format!(
+            "golden is {} on {}, this run is {} on cpu",
+            meta.dtype,
+            meta.device,
+            train.dtype.name()
+        ));
     }
     let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
     if LIBTORCH_VERSION != "unknown" && major_minor(&meta.torch_version) != major_minor(LIBTORCH_VERSION) {
@@ -107,12 +115,17 @@ fn check_compatible(dir: &Path, meta: &GoldenMeta) -> Result<()> {
     Ok(())
 }
 
-/// A golden must hold this model's parameters, with their shapes, for every optimizer step
-/// the config makes: anything else is a broken file, refused before any run.
-fn check_layout(path: &Path, trace: &Trace, train: &TrainConfig) -> Result<()> {
+/// A golden must hold this model's parameters, with their shapes (or sample sizes), for
+/// every optimizer step the config makes: anything else is a broken file, refused before
+/// any run.
+fn check_layout(path: &Path, trace: &Trace, train: &TrainConfig, sample: Option<usize>) -> Result<()> {
     let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
-    let model = crate::models::Linear::new(train.features);
-    let want: Vec<(&str, Vec<i64>)> = model.parameters().iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+    let model = crate::models::build(train)?;
+    let shape = |t: &tch::Tensor| match sample {
+        Some(k) => vec![t.numel().min(k) as i64],
+        None => t.size(),
+    };
+    let want: Vec<(&str, Vec<i64>)> = model.parameters().iter().map(|(n, t)| (n.as_str(), shape(t))).collect();
     let steps = crate::sampler::optimizer_steps(train);
     if trace.steps.len() != steps {
         return Err(Error::bad_file(
@@ -124,7 +137,13 @@ fn check_layout(path: &Path, trace: &Trace, train: &TrainConfig) -> Result<()> {
     for (what, params) in trace.steps.iter().map(|p| ("gradient", p)).chain([("final weight", &trace.finals)]) {
         let got: Vec<(&str, Vec<i64>)> = params.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
         if got != want {
-            return Err(Error::bad_file(path, format!("{what} tensors are {got:?}, the model has {want:?}"), fix));
+            let problem = if got.len() > 4 || want.len() > 4 {
+                let diff = got.iter().zip(&want).find(|(g, w)| g != w);
+                format!("{what} tensors differ from the model's ({} vs {} tensors; first difference {diff:?})", got.len(), want.len())
+            } else {
+                format!("{what} tensors are {got:?}, the model has {want:?}")
+            };
+            return Err(Error::bad_file(path, problem, fix));
         }
     }
     Ok(())
@@ -136,11 +155,12 @@ pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace)
     let meta = GoldenMeta {
         train: TrainConfig { inject: None, ..train.clone() },
         torch_version: LIBTORCH_VERSION.into(),
-        dtype: float32(),
+        dtype: train.dtype.name().into(),
         device: cpu(),
         tool_version: Some(TOOL_VERSION.into()),
         made_by: "ddp-verify --bless".into(),
         date: Some(utc_now()),
+        sample: None,
     };
     let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "golden".into());
@@ -177,9 +197,14 @@ fn first_difference(golden: &TrainConfig, ours: &TrainConfig) -> Option<(String,
     let g = serde_json::to_value(golden).ok()?;
     let o = serde_json::to_value(TrainConfig { inject: None, ..ours.clone() }).ok()?;
     let (g, o) = (g.as_object()?, o.as_object()?);
-    g.iter().find(|(k, v)| o.get(*k) != Some(v)).map(|(k, v)| {
-        (format!("--{}", k.replace('_', "-")), v.to_string(), o.get(k).map_or("?".into(), |x| x.to_string()))
-    })
+    // `init` is a path, which differs between checkouts; the golden's layout check and the
+    // numbers themselves catch a wrong initial state. Fields at their default are left out
+    // of the JSON, so a key on one side only is a difference too.
+    let keys = g.keys().chain(o.keys().filter(|k| !g.contains_key(*k)));
+    let show = |v: Option<&serde_json::Value>| v.map_or("(default)".to_string(), |x| x.to_string());
+    keys.filter(|k| k.as_str() != "init")
+        .find(|k| g.get(*k) != o.get(*k))
+        .map(|k| (format!("--{}", k.replace('_', "-")), show(g.get(k)), show(o.get(k))))
 }
 
 /// Now as `YYYY-MM-DDTHH:MM:SSZ` (days-to-civil, Howard Hinnant's algorithm).

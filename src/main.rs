@@ -59,6 +59,12 @@ fn run(args: cli::Cli) -> Result<u8> {
         }
         None => {
             let cfg = args.run.config()?;
+            if cfg.train.lockstep && !launch::inside_mpi_world() {
+                // Lockstep needs both runs in one MPI world: refuse bad input here, then
+                // run this same command as W ranks.
+                verify::prepare(&cfg)?;
+                return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1));
+            }
             let outcome = if launch::inside_mpi_world() {
                 match verify::verify_in_world(&cfg)? {
                     Some(o) => o,
@@ -68,7 +74,9 @@ fn run(args: cli::Cli) -> Result<u8> {
                 verify::verify(&cfg)?
             };
             report::write_all(&outcome, &cfg.reports)?;
-            Ok(if outcome.verdict() == Verdict::Diverged { 1 } else { 0 })
+            let code = if outcome.verdict() == Verdict::Diverged { 1 } else { 0 };
+            // Under our own relaunch, rank 0 hands its code back through a file.
+            Ok(if launch::leave_exit_code(code) { 0 } else { code })
         }
     }
 }

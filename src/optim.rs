@@ -14,8 +14,9 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    pub fn new(params: &[Tensor], lr: f64, momentum: f64) -> Result<Self> {
-        let mut inner = COptimizer::sgd(lr, momentum, 0.0, 0.0, false)?;
+    /// `weight_decay` adds `wd * p` to each gradient before momentum, as PyTorch does.
+    pub fn new(params: &[Tensor], lr: f64, momentum: f64, weight_decay: f64) -> Result<Self> {
+        let mut inner = COptimizer::sgd(lr, momentum, 0.0, weight_decay, false)?;
         for p in params {
             inner.add_parameters(p, 0)?;
         }

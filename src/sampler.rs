@@ -113,7 +113,8 @@ pub fn steps_per_epoch(cfg: &TrainConfig) -> usize {
 
 /// Optimizer steps over the whole run.
 pub fn optimizer_steps(cfg: &TrainConfig) -> usize {
-    cfg.epochs * steps_per_epoch(cfg)
+    let all = cfg.epochs * steps_per_epoch(cfg);
+    cfg.max_steps.map_or(all, |m| all.min(m))
 }
 
 /// What `ddp-verify split` shows: each rank's shard and the single-device order.

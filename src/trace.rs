@@ -1,6 +1,7 @@
-//! What one run emits: the gradient each optimizer step used and the final weights.
-//! On disk: safetensors with float32 tensors `grads.<step>.<param>` and `final.<param>`,
-//! the same layout the PyTorch scripts in `fixtures/` write.
+//! What one run emits: the gradient each optimizer step used, the final weights and the
+//! final BatchNorm buffers. On disk: safetensors with tensors `grads.<step>.<param>`,
+//! `final.<param>` and `buffer.<name>` (float32 or float64; int64 counters), the same layout
+//! the PyTorch scripts in `fixtures/` write.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,6 +18,8 @@ pub struct Trace {
     /// `steps[s]`: the gradients optimizer step `s` (counted from 0) applied.
     pub steps: Vec<Params>,
     pub finals: Params,
+    /// BatchNorm running statistics and counters at the end (empty for the linear model).
+    pub buffers: Params,
     /// Largest magnitude each weight took during training (initial and after every step).
     /// SGD rounds a weight at that scale, so final weights are compared there. Empty for
     /// PyTorch's golden traces, which do not record it.
@@ -30,6 +33,7 @@ impl Trace {
             named.extend(grads.iter().map(|(n, t)| (format!("grads.{s}.{n}"), t)));
         }
         named.extend(self.finals.iter().map(|(n, t)| (format!("final.{n}"), t)));
+        named.extend(self.buffers.iter().map(|(n, t)| (format!("buffer.{n}"), t)));
         named.extend(self.peaks.iter().map(|(n, t)| (format!("peak.{n}"), t)));
         Tensor::write_safetensors(&named, path)
             .map_err(|e| Error::bad_file(path, format!("cannot write trace: {e}"), "check the directory is writable"))
@@ -46,9 +50,16 @@ impl Trace {
         let mut steps: BTreeMap<usize, Params> = BTreeMap::new();
         let mut finals = Params::new();
         let mut peaks = Params::new();
+        let mut buffers = Params::new();
+        let float = tensors.iter().find(|(n, _)| n.starts_with("final.")).map_or(Kind::Float, |(_, t)| t.kind());
         for (name, t) in tensors {
-            if t.kind() != Kind::Float {
-                return Err(Error::bad_file(path, format!("tensor {name} is {:?}, expected float32", t.kind()), fix));
+            if let Some(b) = name.strip_prefix("buffer.") {
+                buffers.push((b.to_string(), t));
+                continue;
+            }
+            if t.kind() != float || !matches!(float, Kind::Float | Kind::Double) {
+                let problem = format!("tensor {name} is {:?}, expected float32 or float64 like the rest", t.kind());
+                return Err(Error::bad_file(path, problem, fix));
             }
             if let Some(p) = name.strip_prefix("final.") {
                 finals.push((p.to_string(), t));
@@ -66,7 +77,7 @@ impl Trace {
         if finals.is_empty() {
             return Err(Error::bad_file(path, "no final.<param> tensors", fix));
         }
-        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, peaks };
+        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, buffers, peaks };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -76,11 +87,33 @@ impl Trace {
         }
         trace.finals.sort_by(|a, b| a.0.cmp(&b.0));
         trace.peaks.sort_by(|a, b| a.0.cmp(&b.0));
+        trace.buffers.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(trace)
+    }
+}
+
+impl Trace {
+    /// The same finals, buffers and peaks (shared, not copied), without the steps.
+    pub fn without_steps(&self) -> Trace {
+        let share = |p: &Params| p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        Trace { steps: Vec::new(), finals: share(&self.finals), buffers: share(&self.buffers), peaks: share(&self.peaks) }
     }
 }
 
 /// A detached copy of named tensors (parameters or their gradients).
 pub fn snapshot<'a>(named: impl IntoIterator<Item = (&'a String, Tensor)>) -> Params {
     named.into_iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect()
+}
+
+/// At most `k` elements of `t`, flattened, at evenly strided positions `i * numel / k`
+/// (the same positions `fixtures/resnet_reference.py` keeps). Tensors of `k` elements or
+/// fewer are kept whole, so sampling twice changes nothing.
+pub fn sample(t: &Tensor, k: usize) -> Tensor {
+    let flat = t.flatten(0, -1);
+    let n = flat.numel();
+    if n <= k {
+        return flat;
+    }
+    let idx: Vec<i64> = (0..k).map(|i| (i * n / k) as i64).collect();
+    flat.index_select(0, &Tensor::from_slice(&idx))
 }

@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::collective::Collective;
-use crate::compare::{compare, diagnose, Comparison, Diagnosis, Verdict};
+use crate::compare::{diagnose, Comparer, Comparison, Diagnosis, Verdict};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::golden::{self, Golden};
 use crate::runs::{self, launch};
-use crate::trace::Trace;
+use crate::trace::{Params, Trace};
 
 pub struct Outcome {
     pub config: Config,
@@ -38,6 +38,7 @@ pub fn verify(cfg: &Config) -> Result<Outcome> {
     let workdir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
     let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
     let pending = launch::spawn_ddp(&cfg.train, workdir.path(), timeout)?;
+    launch::pin_threads();
     let accumulation = runs::accumulation(&cfg.train);
     let ddp = pending.wait()?;
     finish(cfg, accumulation?, ddp, golden)
@@ -57,6 +58,9 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     if go[0] == 0.0 {
         return Err(Error::FollowerStopped);
     }
+    if cfg.train.lockstep {
+        return lockstep(cfg, &rank.comm, golden);
+    }
     let ddp = runs::ddp_rank(&cfg.train, &rank.comm)?;
     if !is_root {
         return Ok(None);
@@ -65,8 +69,66 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     finish(cfg, accumulation, ddp, golden).map(Some)
 }
 
+/// Above this many bytes of gradients over all steps, lockstep compares each step as it
+/// comes and keeps none (unless a trace is to be saved or blessed).
+const KEEP_STEPS_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
+
+/// Both runs in lockstep; every comparison streams step by step.
+fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Result<Option<Outcome>> {
+    let tol = &cfg.tolerance;
+    let mut runs_cmp = Comparer::new("accumulation", "ddp", tol, None);
+    let sample = golden.as_ref().and_then(|g| g.meta.sample);
+    let mut gold_cmps = golden.as_ref().map(|_| {
+        [
+            Comparer::new("accumulation", "golden accumulation", tol, sample),
+            Comparer::new("ddp", "golden ddp", tol, sample),
+        ]
+    });
+    let keep = cfg.save_trace.is_some() || cfg.bless || gradient_bytes(&cfg.train) <= KEEP_STEPS_BYTES;
+    let (mut kept_acc, mut kept_ddp) = (Vec::new(), Vec::new());
+    let none = Params::new();
+    let mut sink = |s: usize, a: Params, d: Params| -> Result<()> {
+        runs_cmp.step(&a, &d);
+        if let (Some([ga, gd]), Some(g)) = (gold_cmps.as_mut(), golden.as_ref()) {
+            ga.step(&a, g.accumulation.steps.get(s).unwrap_or(&none));
+            gd.step(&d, g.ddp.steps.get(s).unwrap_or(&none));
+        }
+        if keep {
+            kept_acc.push(a);
+            kept_ddp.push(d);
+        }
+        Ok(())
+    };
+    let Some((mut acc, mut ddp)) = runs::lockstep(&cfg.train, comm, &mut sink)? else {
+        return Ok(None);
+    };
+    let strict = cfg.strict_buffers;
+    let runs = runs_cmp.finish(&acc, &ddp, strict);
+    let golden_cmps = match (gold_cmps, &golden) {
+        (Some([ga, gd]), Some(g)) => {
+            vec![ga.finish(&acc, &g.accumulation.without_steps(), true), gd.finish(&ddp, &g.ddp.without_steps(), true)]
+        }
+        _ => Vec::new(),
+    };
+    acc.steps = kept_acc.into_iter().filter(|p| !p.is_empty()).collect();
+    ddp.steps = kept_ddp.into_iter().filter(|p| !p.is_empty()).collect();
+    let outcome = outcome(cfg, acc, ddp, runs, golden_cmps, golden.as_ref());
+    after(cfg, outcome).map(Some)
+}
+
+/// Bytes of gradients both runs make over all steps.
+fn gradient_bytes(train: &crate::config::TrainConfig) -> f64 {
+    let params = match train.model {
+        crate::config::ModelKind::Linear => train.features as f64,
+        crate::config::ModelKind::ResnetTiny => 80e3,
+        crate::config::ModelKind::Resnet18 => 11.2e6,
+    };
+    let width = if train.dtype == crate::config::Dtype::Float64 { 8.0 } else { 4.0 };
+    2.0 * params * width * crate::sampler::optimizer_steps(train) as f64
+}
+
 /// Everything that can refuse the run does so before any training starts.
-fn prepare(cfg: &Config) -> Result<Option<Golden>> {
+pub fn prepare(cfg: &Config) -> Result<Option<Golden>> {
     cfg.validate()?;
     crate::data::check_fits(&cfg.train)?;
     if let Some(dir) = &cfg.save_trace {
@@ -107,7 +169,11 @@ fn check_writable(dir: &Path, force: bool) -> Result<()> {
 }
 
 fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Result<Outcome> {
-    let outcome = assemble(cfg, accumulation, ddp, golden);
+    after(cfg, assemble(cfg, accumulation, ddp, golden))
+}
+
+/// Blesses and saves what a finished outcome asks for.
+fn after(cfg: &Config, outcome: Outcome) -> Result<Outcome> {
     if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
         // Only an equivalent pair of runs is worth recording as the reference.
         if outcome.verdict() != Verdict::Diverged {
@@ -124,23 +190,34 @@ fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>)
 /// committed traces.
 pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Outcome {
     let tol = &cfg.tolerance;
-    let runs = compare("accumulation", &accumulation, "ddp", &ddp, tol);
-    let diagnosis = diagnose(&accumulation, &ddp, &runs, crate::sampler::steps_per_epoch(&cfg.train));
-    let (golden, golden_torch) = match golden {
-        Some(g) => (
-            vec![
-                compare("accumulation", &accumulation, "golden accumulation", &g.accumulation, tol),
-                compare("ddp", &ddp, "golden ddp", &g.ddp, tol),
-            ],
-            Some(match &g.meta.tool_version {
-                Some(tool) => {
-                    format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version)
-                }
-                None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),
-            }),
-        ),
-        None => (Vec::new(), None),
+    let runs = Comparer::new("accumulation", "ddp", tol, None).finish(&accumulation, &ddp, cfg.strict_buffers);
+    let golden_cmps = match &golden {
+        Some(g) => vec![
+            Comparer::new("accumulation", "golden accumulation", tol, g.meta.sample).finish(
+                &accumulation,
+                &g.accumulation,
+                true,
+            ),
+            Comparer::new("ddp", "golden ddp", tol, g.meta.sample).finish(&ddp, &g.ddp, true),
+        ],
+        None => Vec::new(),
     };
+    outcome(cfg, accumulation, ddp, runs, golden_cmps, golden.as_ref())
+}
+
+fn outcome(
+    cfg: &Config,
+    accumulation: Trace,
+    ddp: Trace,
+    runs: Comparison,
+    golden: Vec<Comparison>,
+    g: Option<&Golden>,
+) -> Outcome {
+    let diagnosis = diagnose(&accumulation, &ddp, &runs, crate::sampler::steps_per_epoch(&cfg.train));
+    let golden_torch = g.map(|g| match &g.meta.tool_version {
+        Some(tool) => format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version),
+        None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),
+    });
     Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch, diagnosis }
 }
 

@@ -51,7 +51,14 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
             ),
         });
     }
-    let (x, y) = (flat(&a.steps[s]), flat(&b.steps[s]));
+    let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else {
+        // Streamed: the gradients were compared as they came and not kept.
+        return Some(Diagnosis {
+            reason: "different gradients",
+            detail: format!("step {s}'s gradients differ by more than rounding (rerun with --save-trace to inspect them)"),
+        });
+    };
+    let (x, y) = (flat(xs), flat(ys));
     // Stale first: it only starts after step 0, and for a model whose gradient does not
     // depend on the weights it can also look like a constant ratio.
     if s > 0 {

@@ -60,28 +60,105 @@ pub struct Comparison {
     pub right_steps: usize,
     pub steps: Vec<GroupDiff>,
     pub finals: GroupDiff,
+    /// BatchNorm running statistics and counters at the end; absent for the linear model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buffers: Option<GroupDiff>,
+    /// Whether `buffers` counts toward the verdict (`--strict-buffers`, or two traces of the
+    /// same kind of run, where buffers must agree like anything else).
+    pub buffers_counted: bool,
     pub verdict: Verdict,
 }
 
+/// Compares two runs step by step as their gradients arrive, so no step needs to be kept.
+pub struct Comparer {
+    left: String,
+    right: String,
+    tol: Tolerance,
+    /// Golden files may keep only a strided sample of each tensor: compare that sample.
+    sample: Option<usize>,
+    steps: Vec<GroupDiff>,
+    left_steps: usize,
+    right_steps: usize,
+}
+
+impl Comparer {
+    pub fn new(left: &str, right: &str, tol: &Tolerance, sample: Option<usize>) -> Self {
+        Comparer {
+            left: left.into(),
+            right: right.into(),
+            tol: *tol,
+            sample,
+            steps: Vec::new(),
+            left_steps: 0,
+            right_steps: 0,
+        }
+    }
+
+    /// One step's gradients; an empty side means that run made no such step.
+    pub fn step(&mut self, a: &Params, b: &Params) {
+        self.left_steps += usize::from(!a.is_empty());
+        self.right_steps += usize::from(!b.is_empty());
+        if !a.is_empty() && !b.is_empty() {
+            // A gradient is a sum of K micro-batch gradients, which the two runs add in
+            // different orders; where they cancel, the rounding left over is a few ulps of
+            // the terms, not of the small result. So gradients are measured at their
+            // tensor's largest magnitude, as final weights are at their peak.
+            let (a, b) = (self.sampled(a), self.sampled(b));
+            let scales: Params = a
+                .iter()
+                .filter_map(|(n, x)| {
+                    let y = &b.iter().find(|(m, _)| m == n)?.1;
+                    let top = x.abs().max().maximum(&y.abs().max()).to_kind(x.kind());
+                    Some((n.clone(), top.expand(x.size(), false)))
+                })
+                .collect();
+            self.steps.push(compare_group(&a, &b, &self.tol, &scales));
+        }
+    }
+
+    /// Final weights and buffers; `a` and `b` may hold steps, which are compared first.
+    pub fn finish(mut self, a: &Trace, b: &Trace, buffers_counted: bool) -> Comparison {
+        for i in 0..a.steps.len().max(b.steps.len()) {
+            let none = Params::new();
+            self.step(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none));
+        }
+        // Final weights are measured at each weight's largest magnitude during training:
+        // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
+        let scales = self.sampled(&peaks(a, b));
+        let finals = compare_group(&self.sampled(&a.finals), &self.sampled(&b.finals), &self.tol, &scales);
+        let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty())
+            .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, &[]));
+        let counted = buffers.iter().filter(|_| buffers_counted);
+        let mut verdict =
+            self.steps.iter().chain([&finals]).chain(counted).map(|s| s.verdict).max().unwrap_or(Verdict::Exact);
+        if self.left_steps != self.right_steps {
+            verdict = Verdict::Diverged;
+        }
+        Comparison {
+            left: self.left,
+            right: self.right,
+            tolerance: self.tol,
+            left_steps: self.left_steps,
+            right_steps: self.right_steps,
+            steps: self.steps,
+            finals,
+            buffers,
+            buffers_counted,
+            verdict,
+        }
+    }
+
+    fn sampled(&self, p: &Params) -> Params {
+        match self.sample {
+            Some(k) => p.iter().map(|(n, t)| (n.clone(), crate::trace::sample(t, k))).collect(),
+            None => p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+        }
+    }
+}
+
+/// Two whole traces; buffers count toward the verdict.
 pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -> Comparison {
-    let steps: Vec<GroupDiff> = a.steps.iter().zip(&b.steps).map(|(x, y)| compare_group(x, y, tol, &[])).collect();
-    // Final weights are measured at each weight's largest magnitude during training:
-    // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
-    let finals = compare_group(&a.finals, &b.finals, tol, &peaks(a, b));
-    let mut verdict = steps.iter().map(|s| s.verdict).chain([finals.verdict]).max().unwrap_or(Verdict::Exact);
-    if a.steps.len() != b.steps.len() {
-        verdict = Verdict::Diverged;
-    }
-    Comparison {
-        left: left.into(),
-        right: right.into(),
-        tolerance: *tol,
-        left_steps: a.steps.len(),
-        right_steps: b.steps.len(),
-        steps,
-        finals,
-        verdict,
-    }
+    Comparer::new(left, right, tol, None).finish(a, b, true)
 }
 
 /// Element-wise largest of the two traces' recorded peaks (either may be empty).
@@ -131,11 +208,19 @@ fn missing(name: &str, problem: &str) -> TensorDiff {
 }
 
 /// With `scale`, relative and ulp differences are taken at max(|x|, |y|, scale) per element.
+/// Ulps count in the tensors' own precision (float32 or float64); integer counters must
+/// match exactly, their "ulps" being the difference itself.
 fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Option<&Tensor>) -> TensorDiff {
     if x.size() != y.size() {
         return missing(name, &format!("shape {:?} vs {:?}", x.size(), y.size()));
     }
-    let values = |t: &Tensor| Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default();
+    let precision = match (x.kind(), y.kind()) {
+        (tch::Kind::Double, tch::Kind::Double) => Precision::F64,
+        (a, b) if [a, b].iter().any(|k| matches!(k, tch::Kind::Float | tch::Kind::Double)) => Precision::F32,
+        _ => Precision::Int,
+    };
+    let values =
+        |t: &Tensor| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default();
     let (xs, ys) = (values(x), values(y));
     let ss = scale.map(values);
     let mut d = TensorDiff {
@@ -153,29 +238,62 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Op
             d.verdict = Verdict::Diverged;
             continue;
         }
-        if p.to_bits() == q.to_bits() || p == q {
+        if p == q {
             continue;
         }
-        let abs = (p as f64 - q as f64).abs();
-        let (rel, ulps, close) = match ss.as_ref().and_then(|s| s.get(i)) {
-            None => (
-                abs / (p.abs().max(q.abs()) as f64),
-                ulps_between(p, q),
-                approx::relative_eq!(p, q, epsilon = tol.atol, max_relative = tol.rtol)
-                    || approx::ulps_eq!(p, q, epsilon = tol.atol, max_ulps = tol.max_ulps),
-            ),
-            Some(&s) => {
-                let at = p.abs().max(q.abs()).max(s.abs());
-                let (rel, ulps) = (abs / at as f64, (abs / ulp(at) as f64).ceil() as u64);
-                (rel, ulps, abs <= tol.atol as f64 || rel <= tol.rtol as f64 || ulps <= tol.max_ulps as u64)
-            }
+        let abs = (p - q).abs();
+        let at = p.abs().max(q.abs()).max(ss.as_ref().and_then(|s| s.get(i)).map_or(0.0, |s| s.abs()));
+        let rel = abs / at;
+        let ulps = match precision {
+            Precision::Int => abs as u64,
+            _ if ss.is_none() => precision.ulps_between(p, q),
+            _ => (abs / precision.ulp(at)).ceil() as u64,
         };
+        let close = precision != Precision::Int
+            && (abs <= tol.atol || rel <= tol.rtol || ulps <= u64::from(tol.max_ulps));
         d.max_abs = d.max_abs.max(abs);
         d.max_rel = d.max_rel.max(rel);
         d.max_ulps = d.max_ulps.max(ulps);
         d.verdict = d.verdict.max(if close { Verdict::WithinTolerance } else { Verdict::Diverged });
     }
     d
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Precision {
+    F32,
+    F64,
+    Int,
+}
+
+impl Precision {
+    /// The spacing of values at |x|.
+    fn ulp(self, x: f64) -> f64 {
+        match self {
+            Precision::F32 => ulp(x as f32) as f64,
+            _ => {
+                let x = x.abs();
+                f64::from_bits(x.to_bits() + 1) - x
+            }
+        }
+    }
+
+    fn ulps_between(self, a: f64, b: f64) -> u64 {
+        match self {
+            Precision::F32 => ulps_between(a as f32, b as f32),
+            _ => {
+                let key = |x: f64| {
+                    let mag = (x.to_bits() & 0x7fff_ffff_ffff_ffff) as i128;
+                    if x.is_sign_negative() {
+                        -mag
+                    } else {
+                        mag
+                    }
+                };
+                (key(a) - key(b)).unsigned_abs().min(u64::MAX as u128) as u64
+            }
+        }
+    }
 }
 
 /// The spacing of float32 values at |x|.
@@ -212,7 +330,7 @@ mod tests {
 
     fn trace(grad: &[f32]) -> Trace {
         let t = Tensor::from_slice(grad);
-        Trace { steps: vec![vec![("w".into(), t.copy())]], finals: vec![("w".into(), t)], peaks: Vec::new() }
+        Trace { steps: vec![vec![("w".into(), t.copy())]], finals: vec![("w".into(), t)], ..Default::default() }
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub fn strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
                 momentum,
                 shuffle,
                 drop_last,
-                inject: None,
+                ..TrainConfig::article()
             }
         })
         .prop_filter("a valid config with at least one optimizer step", |c| c.validate().is_ok())

@@ -1,6 +1,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::Model;
+use crate::data::Batch;
 
 /// The seed article's model: `nn.Linear(D, 1, bias=False)` with its weight set to 1.0,
 /// whose forward returns the sum of its outputs as the loss.
@@ -9,8 +10,8 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(features: usize) -> Self {
-        let weight = Tensor::ones([1, features as i64], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    pub fn new(features: usize, kind: Kind) -> Self {
+        let weight = Tensor::ones([1, features as i64], (kind, Device::Cpu)).set_requires_grad(true);
         Linear { params: vec![("linear.weight".to_string(), weight)] }
     }
 }
@@ -20,8 +21,8 @@ impl Model for Linear {
         &self.params
     }
 
-    fn loss(&self, x: &Tensor) -> Tensor {
+    fn loss(&self, batch: &Batch) -> Tensor {
         // F.linear then .sum(): the same ATen calls nn.Linear and the article make.
-        x.linear(&self.params[0].1, None::<Tensor>).sum(None)
+        batch.x.linear(&self.params[0].1, None::<Tensor>).sum(None)
     }
 }

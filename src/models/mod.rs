@@ -5,13 +5,37 @@ mod linear;
 mod resnet;
 
 pub use linear::Linear;
-pub use resnet::{ResNet, ResNetSpec};
+pub use resnet::{smallest_feature_map, ResNet, ResNetSpec};
 
 use tch::Tensor;
+
+use crate::config::{ModelKind, TrainConfig};
+use crate::data::Batch;
+use crate::error::Result;
 
 pub trait Model {
     /// Trainable parameters, sorted by name.
     fn parameters(&self) -> &[(String, Tensor)];
+    /// State that is not trained but changes in forward (BatchNorm's running statistics),
+    /// sorted by name.
+    fn buffers(&self) -> &[(String, Tensor)] {
+        &[]
+    }
     /// The micro-batch's loss before any accumulation scaling.
-    fn loss(&self, x: &Tensor) -> Tensor;
+    fn loss(&self, batch: &Batch) -> Tensor;
+}
+
+/// The model `cfg` names, in its dtype, from `--init` or our seeded initialisation.
+pub fn build(cfg: &TrainConfig) -> Result<Box<dyn Model>> {
+    let kind = cfg.dtype.kind();
+    let spec = match cfg.model {
+        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind))),
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
+    };
+    let model = ResNet::new(spec, cfg.seed);
+    if let Some(path) = &cfg.init {
+        model.load_state(path)?;
+    }
+    Ok(Box::new(model.to_kind(kind)))
 }

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use tch::{Device, Kind, Reduction, Tensor};
 
+use super::Model;
+use crate::data::Batch;
 use crate::error::{Error, Result};
 
 /// Widths and blocks per stage; the stem (7x7 conv, stride 2, 3x3 max-pool) is fixed.
@@ -93,17 +95,21 @@ impl ResNet {
         ResNet { spec, params, buffers, index }
     }
 
+    /// The same model in another floating dtype (`model.double()`); int64 buffers stay.
+    pub fn to_kind(self, kind: Kind) -> Self {
+        if kind == Kind::Float {
+            return self;
+        }
+        let cast = |t: Tensor| if t.is_floating_point() { t.detach().to_kind(kind) } else { t };
+        let params = self.params.into_iter().map(|(n, t)| (n, cast(t).set_requires_grad(true))).collect();
+        let buffers = self.buffers.into_iter().map(|(n, t)| (n, cast(t))).collect();
+        ResNet { params, buffers, ..self }
+    }
+
     pub fn spec(&self) -> ResNetSpec {
         self.spec
     }
 
-    pub fn parameters(&self) -> &[(String, Tensor)] {
-        &self.params
-    }
-
-    pub fn buffers(&self) -> &[(String, Tensor)] {
-        &self.buffers
-    }
 
     /// Loads a PyTorch `state_dict` saved with safetensors (buffers included). Every name,
     /// shape and dtype must match; anything else is refused before training.
@@ -134,7 +140,7 @@ impl ResNet {
 
     /// Train-mode cross-entropy (mean over the micro-batch), updating BatchNorm's running
     /// statistics and `num_batches_tracked` as `model.train()` does.
-    pub fn loss(&self, x: &Tensor, y: &Tensor) -> Tensor {
+    pub fn loss_of(&self, x: &Tensor, y: &Tensor) -> Tensor {
         self.forward(x).cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, 0.0)
     }
 
@@ -191,4 +197,25 @@ impl ResNet {
         let _ = tch::no_grad(|| g("num_batches_tracked").shallow_clone().g_add_scalar_(1));
         y
     }
+}
+
+impl Model for ResNet {
+    fn parameters(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+
+    fn buffers(&self) -> &[(String, Tensor)] {
+        &self.buffers
+    }
+
+    fn loss(&self, batch: &Batch) -> Tensor {
+        let y = batch.y.as_ref().expect("ResNet data has labels");
+        self.loss_of(&batch.x, y)
+    }
+}
+
+/// Side of the last stage's feature map for S x S inputs: the 7x7 stride-2 stem, the
+/// stride-2 max-pool and three stride-2 stages each map s to floor((s - 1) / 2) + 1.
+pub fn smallest_feature_map(image_size: usize) -> usize {
+    (0..5).fold(image_size, |s, _| (s.max(1) - 1) / 2 + 1)
 }

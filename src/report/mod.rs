@@ -174,3 +174,46 @@ pub(crate) fn values(t: &tch::Tensor) -> String {
     let more = if v.len() > 8 { format!(", ... ({} values)", v.len()) } else { String::new() };
     format!("[{}{more}]", shown.join(", "))
 }
+
+/// Which mode the runs used, and why.
+pub(crate) fn mode(o: &Outcome) -> String {
+    let t = &o.config.train;
+    if t.lockstep {
+        let why = if t.model.is_resnet() {
+            "the default for ResNets: a deep BatchNorm net amplifies float32 rounding about a million-fold per step, \
+             so free-running runs drift apart although they are equivalent (--free-running shows that drift)"
+        } else {
+            "asked for with --lockstep"
+        };
+        format!(
+            "lockstep: before every optimizer step DDP restarts from the accumulation run's weights and BatchNorm \
+             buffers, so each step's difference is that step's arithmetic alone ({why})"
+        )
+    } else if t.model.is_resnet() {
+        let note = if t.dtype == crate::config::Dtype::Float64 {
+            "float64 rounding is 2^29 times finer than float32's, so equivalent runs stay close"
+        } else {
+            "in float32 rounding differences grow step by step, so later steps may drift (use --lockstep or --dtype float64)"
+        };
+        format!("free-running: each run trains on its own ({note})")
+    } else {
+        "free-running".into()
+    }
+}
+
+/// Why BatchNorm buffers differ between the runs, with the counters as evidence.
+pub(crate) fn buffer_explanation(o: &Outcome) -> String {
+    let count = |p: &crate::trace::Params| {
+        p.iter().find(|(n, _)| n.ends_with("num_batches_tracked")).and_then(|(_, t)| i64::try_from(t).ok())
+    };
+    let (a, d) = (count(&o.accumulation.buffers), count(&o.ddp.buffers));
+    let counts = match (a, d) {
+        (Some(a), Some(d)) => format!(" (num_batches_tracked: accumulation {a}, DDP rank 0 {d})"),
+        _ => String::new(),
+    };
+    format!(
+        "expected: DDP (broadcast_buffers=True) copies rank 0's running statistics to every rank before each \
+         synchronised forward, so they follow rank 0's micro-batches only, while accumulation updates them on \
+         every micro-batch{counts}; gradients and weights do not depend on them in train mode"
+    )
+}

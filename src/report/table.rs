@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use super::{row, summary, values, verdict_line, Exporter};
-use crate::compare::Verdict;
+use super::{num, row, summary, ulps, values, verdict_line, Exporter};
+use crate::compare::{GroupDiff, TensorDiff, Verdict};
 use crate::verify::Outcome;
 
 pub struct Table;
@@ -13,31 +13,42 @@ impl Exporter for Table {
         let t = &o.config.train;
         let mut s = String::new();
         let onoff = |b: bool| if b { "on" } else { "off" };
-        let _ = writeln!(
-            s,
-            "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks (Open MPI), \
-             {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}{}",
-            t.data_size,
-            t.features,
-            t.batch_size,
-            t.acc_steps,
-            t.gpus,
-            t.epochs,
-            t.lr,
-            t.momentum,
-            onoff(t.shuffle),
-            onoff(t.drop_last),
-            t.seed,
-            t.inject.map_or(String::new(), |b| format!(
-                "\ninjected bug: {} (planted in the {} run)",
-                b.name(),
-                b.side()
-            ))
-        );
+        if t.model.is_resnet() {
+            resnet_header(&mut s, o);
+        } else {
+            let _ = writeln!(
+                s,
+                "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks (Open MPI), \
+                 {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}{}",
+                t.data_size,
+                t.features,
+                t.batch_size,
+                t.acc_steps,
+                t.gpus,
+                t.epochs,
+                t.lr,
+                t.momentum,
+                onoff(t.shuffle),
+                onoff(t.drop_last),
+                t.seed,
+                t.inject.map_or(String::new(), |b| format!(
+                    "\ninjected bug: {} (planted in the {} run)",
+                    b.name(),
+                    b.side()
+                ))
+            );
+            if t.lockstep {
+                let _ = writeln!(s, "mode: {}", super::mode(o));
+            }
+        }
+        let wide = t.model.is_resnet();
         let _ = writeln!(s, "\nper optimizer step: {} vs {} gradients", o.runs.left, o.runs.right);
-        let _ = writeln!(s, "  {:>4}  {:>10}  {:>10}  {:>8}  verdict", "step", "max |Δ|", "max rel", "max ulp");
+        let worst_col = if wide { "  worst tensor" } else { "" };
+        let _ =
+            writeln!(s, "  {:>4}  {:>10}  {:>10}  {:>8}  verdict{worst_col}", "step", "max |Δ|", "max rel", "max ulp");
         for (i, g) in o.runs.steps.iter().enumerate() {
-            let _ = writeln!(s, "  {:>4}  {}", i, row(g));
+            let worst = if wide { format!("  {}", worst_name(g)) } else { String::new() };
+            let _ = writeln!(s, "  {:>4}  {}{worst}", i, row(g));
         }
         if o.runs.left_steps != o.runs.right_steps {
             let _ = writeln!(
@@ -48,15 +59,32 @@ impl Exporter for Table {
         }
         let _ =
             writeln!(s, "\nfinal weights (differences measured at each weight's largest magnitude during training)");
-        for (name, acc) in &o.accumulation.finals {
-            let _ = writeln!(s, "  {name}");
-            let _ = writeln!(s, "    accumulation  {}", values(acc));
-            if let Some((_, d)) = o.ddp.finals.iter().find(|(n, _)| n == name) {
-                let _ = writeln!(s, "    ddp           {}", values(d));
+        if wide {
+            let _ = writeln!(s, "  {:<28}  {:>10}  {:>10}  {:>8}  verdict", "worst tensors", "max |Δ|", "max rel", "max ulp");
+            for d in worst_tensors(&o.runs.finals, 5) {
+                let _ = writeln!(s, "  {:<28}  {}", d.name, tensor_row(d));
             }
+        } else {
+            for (name, acc) in &o.accumulation.finals {
+                let _ = writeln!(s, "  {name}");
+                let _ = writeln!(s, "    accumulation  {}", values(acc));
+                if let Some((_, d)) = o.ddp.finals.iter().find(|(n, _)| n == name) {
+                    let _ = writeln!(s, "    ddp           {}", values(d));
+                }
+            }
+            let _ = writeln!(s, "  {:<4}  {:>10}  {:>10}  {:>8}  verdict", "", "max |Δ|", "max rel", "max ulp");
         }
-        let _ = writeln!(s, "  {:<4}  {:>10}  {:>10}  {:>8}  verdict", "", "max |Δ|", "max rel", "max ulp");
-        let _ = writeln!(s, "  {:<4}  {}", "all", row(&o.runs.finals));
+        let label = if wide { format!("all {} tensors", o.runs.finals.tensors.len()) } else { "all".into() };
+        let _ = writeln!(s, "  {:<w$}  {}", label, row(&o.runs.finals), w = if wide { 28 } else { 4 });
+        if let Some(b) = &o.runs.buffers {
+            let counted = if o.runs.buffers_counted { "counted (--strict-buffers)" } else { "reported, not counted" };
+            let _ = writeln!(s, "\nBatchNorm buffers at the end: {counted}");
+            let _ = writeln!(s, "  {:<28}  {:>10}  {:>10}  {:>8}  verdict", "worst buffers", "max |Δ|", "max rel", "max ulp");
+            for d in worst_tensors(b, 3) {
+                let _ = writeln!(s, "  {:<28}  {}", d.name, tensor_row(d));
+            }
+            let _ = writeln!(s, "  {}", super::buffer_explanation(o));
+        }
         if let Some(g) = &o.golden_torch {
             let _ = writeln!(s, "\ngolden {g}");
             for c in &o.golden {
@@ -79,4 +107,55 @@ impl Exporter for Table {
         }
         s
     }
+}
+
+fn resnet_header(s: &mut String, o: &Outcome) {
+    let t = &o.config.train;
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    let _ = writeln!(
+        s,
+        "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
+         K={} micro-batches per step vs W={} DDP ranks (Open MPI), {} epochs{}, lr {}, momentum {}, weight decay {}, \
+         shuffle {}, drop_last {}, seed {}, init {}",
+        t.model.name(),
+        o.accumulation.finals.len(),
+        t.dtype.name(),
+        t.data_size,
+        t.image_size,
+        t.image_size,
+        t.classes,
+        t.batch_size,
+        t.acc_steps,
+        t.gpus,
+        t.epochs,
+        t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+        t.lr,
+        t.momentum,
+        t.weight_decay,
+        onoff(t.shuffle),
+        onoff(t.drop_last),
+        t.seed,
+        t.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
+    );
+    if let Some(b) = t.inject {
+        let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side());
+    }
+    let _ = writeln!(s, "mode: {}", super::mode(o));
+}
+
+/// The tensor with the most ulps in a group.
+fn worst_name(g: &GroupDiff) -> &str {
+    g.tensors.iter().max_by_key(|t| (t.verdict, t.max_ulps)).map_or("-", |t| t.name.as_str())
+}
+
+/// The `n` tensors furthest apart, worst first (ties keep name order).
+fn worst_tensors(g: &GroupDiff, n: usize) -> Vec<&TensorDiff> {
+    let mut all: Vec<&TensorDiff> = g.tensors.iter().collect();
+    all.sort_by(|a, b| (b.verdict, b.max_ulps).cmp(&(a.verdict, a.max_ulps)));
+    all.truncate(n);
+    all
+}
+
+fn tensor_row(d: &TensorDiff) -> String {
+    format!("{:>10}  {:>10}  {:>8}  {}", num(d.max_abs), num(d.max_rel), ulps(d.max_ulps), d.verdict.label())
 }

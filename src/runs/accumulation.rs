@@ -1,18 +1,14 @@
 use crate::config::TrainConfig;
-use crate::data;
 use crate::error::Result;
 use crate::inject::{self, Bug};
-use crate::models::Linear;
 use crate::sampler::{accumulation_order, SamplerSpec};
 use crate::trace::Trace;
 
-use super::{train, Schedule};
+use super::{Plan, Run};
 
 /// One process, K micro-batches per step, each loss divided by K; micro-batches come from
 /// the sampler that mimics the W ranks' split.
-pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
-    let data = data::linear_data(cfg.seed, cfg.data_size, cfg.features)?;
-    let model = Linear::new(cfg.features);
+pub fn accumulation_run(cfg: &TrainConfig) -> Result<Run<'static>> {
     let spec = SamplerSpec::from_train(cfg);
     let micro_batches = |epoch: u64| -> Vec<Vec<i64>> {
         let order = match cfg.inject {
@@ -26,13 +22,10 @@ pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
         Some(Bug::DoubleScale) => cfg.acc_steps * cfg.gpus,
         _ => cfg.acc_steps,
     };
-    let mut no_sync = |_: &[(String, tch::Tensor)]| Ok(());
-    let schedule = Schedule {
-        micro_batches: &micro_batches,
-        window: cfg.acc_steps,
-        loss_divisor,
-        zero_grad: true,
-        sync: &mut no_sync,
-    };
-    train(cfg, &model, &data, schedule)
+    Run::new(cfg, Plan::new(cfg, micro_batches, cfg.acc_steps), loss_divisor, true, None)
+}
+
+/// The accumulation run's whole trace, free-running.
+pub fn accumulation(cfg: &TrainConfig) -> Result<Trace> {
+    accumulation_run(cfg)?.run_all()
 }

@@ -38,19 +38,24 @@ impl MpiRank {
     }
 }
 
-/// Initialises MPI and gives this rank its share of the cores: under mpirun, libtorch would
-/// otherwise run one thread per rank (MKL reads Open MPI's local size, and Open MPI binds
-/// each rank to one core when np <= 2).
+/// Initialises MPI and pins this rank to one intra-op thread (see [`pin_threads`]).
 pub fn init_rank() -> Result<MpiRank> {
     let universe = mpi::initialize().ok_or_else(|| Error::Launcher {
         problem: "MPI could not be initialised (or was initialised twice)".into(),
         fix: "start ddp-verify directly, or under mpirun".into(),
     })?;
-    let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tch::set_num_threads((cores / local.max(1)).max(1) as i32);
+    pin_threads();
     let comm = Mpi::new(universe.world());
     Ok(MpiRank { universe, comm })
+}
+
+/// One libtorch intra-op thread in every process that trains. CPU kernels are deterministic
+/// for a fixed thread count, but some split their reductions by thread (float64
+/// convolution's weight gradient does), so the count decides the bits: one thread gives
+/// the same bits on every machine, and the ones PyTorch's goldens were made with
+/// (OMP_NUM_THREADS=1). The W ranks (plus the launcher's run) share the cores anyway.
+pub fn pin_threads() {
+    tch::set_num_threads(1);
 }
 
 /// Entry point of a rank started by [`spawn_ddp`]: trains, and rank 0 writes the trace.

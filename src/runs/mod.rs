@@ -5,66 +5,169 @@
 mod accumulation;
 mod ddp;
 pub mod launch;
+mod lockstep;
 pub mod pool;
 mod supervise;
 
-pub use accumulation::accumulation;
-pub use ddp::ddp_rank;
+pub use accumulation::{accumulation, accumulation_run};
+pub use ddp::{ddp_rank, ddp_run};
+pub use lockstep::{lockstep, StepSink};
 
 use tch::Tensor;
 
+use crate::collective::{all_reduce_tensor, broadcast_tensor, Collective};
 use crate::config::TrainConfig;
-use crate::data;
+use crate::data::Data;
 use crate::error::Result;
-use crate::models::Model;
+use crate::models::{self, Model};
 use crate::optim::Sgd;
-use crate::trace::{snapshot, Trace};
+use crate::trace::{snapshot, Params, Trace};
 
-/// DDP's gradient all-reduce, or nothing.
-type Sync<'a> = &'a mut dyn FnMut(&[(String, Tensor)]) -> Result<()>;
+/// The micro-batches of every optimizer step, in order, and those run after the last step
+/// (forward and backward only: they still move BatchNorm's running statistics).
+pub struct Plan {
+    pub steps: Vec<Vec<Vec<i64>>>,
+    pub tail: Vec<Vec<i64>>,
+}
 
-/// How one run differs from the other; everything else is shared.
-struct Schedule<'a> {
-    /// The micro-batches this process runs in an epoch, in order.
-    micro_batches: &'a dyn Fn(u64) -> Vec<Vec<i64>>,
-    /// Micro-batches per optimizer step on this process (K, or K/W per rank).
-    window: usize,
+impl Plan {
+    /// `micro_batches(epoch)` in windows of `window`, the counter restarting each epoch;
+    /// stops right after `--max-steps` steps.
+    pub fn new(cfg: &TrainConfig, micro_batches: impl Fn(u64) -> Vec<Vec<i64>>, window: usize) -> Plan {
+        let (mut steps, mut open) = (Vec::new(), Vec::new());
+        'epochs: for epoch in 0..cfg.epochs as u64 {
+            for (i, mb) in micro_batches(epoch).into_iter().enumerate() {
+                open.push(mb);
+                if (i + 1) % window == 0 {
+                    steps.push(std::mem::take(&mut open));
+                    if Some(steps.len()) == cfg.max_steps {
+                        break 'epochs;
+                    }
+                }
+            }
+        }
+        Plan { steps, tail: open }
+    }
+}
+
+/// What makes a DDP rank differ from the single process.
+pub struct DdpSide<'a> {
+    pub comm: &'a dyn Collective,
+    /// `broadcast_buffers=True`: rank 0's buffers are copied to every rank before a forward
+    /// that follows a gradient-synchronised one (DDP's `require_forward_param_sync`).
+    pub broadcast_buffers: bool,
+}
+
+/// One run in one process: model, data, optimizer, and the steps it will take.
+pub struct Run<'a> {
+    model: Box<dyn Model>,
+    data: Data,
+    opt: Sgd,
+    plan: Plan,
     /// Each micro-batch's loss is divided by this (K, or K/W per rank).
     loss_divisor: usize,
     /// False only to plant the stale-gradient bug.
     zero_grad: bool,
-    /// Runs at each window's end before the step: DDP's gradient all-reduce.
-    sync: Sync<'a>,
+    ddp: Option<DdpSide<'a>>,
+    /// Largest |w| seen per weight: SGD rounds a weight at that scale.
+    peaks: Vec<Tensor>,
 }
 
-fn train(cfg: &TrainConfig, model: &dyn Model, data: &Tensor, s: Schedule) -> Result<Trace> {
-    let params = model.parameters();
-    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
-    let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum)?;
-    let mut trace = Trace::default();
-    let abs = |p: &Tensor| p.detach().abs();
-    let mut peaks: Vec<Tensor> = params.iter().map(|(_, p)| abs(p)).collect();
-    opt.zero_grad()?;
-    for epoch in 0..cfg.epochs as u64 {
-        for (i, idx) in (s.micro_batches)(epoch).iter().enumerate() {
-            let x = data::gather(data, idx);
-            // `loss / ACC_STEPS` with an integer divisor, as in the article.
-            let loss = model.loss(&x) / s.loss_divisor as f64;
-            loss.backward();
-            if (i + 1) % s.window == 0 {
-                (s.sync)(params)?;
-                trace.steps.push(snapshot(params.iter().map(|(n, p)| (n, p.grad()))));
-                opt.step()?;
-                for (peak, (_, p)) in peaks.iter_mut().zip(params) {
-                    *peak = peak.maximum(&abs(p));
-                }
-                if s.zero_grad {
-                    opt.zero_grad()?;
-                }
+impl<'a> Run<'a> {
+    fn new(cfg: &TrainConfig, plan: Plan, loss_divisor: usize, zero_grad: bool, ddp: Option<DdpSide<'a>>) -> Result<Self> {
+        let model = models::build(cfg)?;
+        let data = Data::new(cfg)?;
+        let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum, cfg.weight_decay)?;
+        opt.zero_grad()?;
+        let peaks = model.parameters().iter().map(|(_, p)| p.detach().abs()).collect();
+        let run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks };
+        if let Some(d) = &run.ddp {
+            // DDP's constructor broadcasts rank 0's parameters and buffers.
+            run.broadcast_state(d.comm)?;
+        }
+        Ok(run)
+    }
+
+    pub fn steps(&self) -> usize {
+        self.plan.steps.len()
+    }
+
+    /// Runs optimizer step `s`'s micro-batches and the step; returns the gradients it applied.
+    pub fn step(&mut self, s: usize) -> Result<Params> {
+        let group = std::mem::take(&mut self.plan.steps[s]);
+        self.forward_backward(&group)?;
+        let params = self.model.parameters();
+        if let Some(d) = &self.ddp {
+            // The DDP reducer's average: multiply by 1/W, then all-reduce SUM.
+            let scale = 1.0 / d.comm.world_size() as f64;
+            for (_, p) in params {
+                let mut g = p.grad();
+                let _ = g.g_mul_scalar_(scale);
+                all_reduce_tensor(d.comm, &mut g)?;
             }
         }
+        let grads = snapshot(params.iter().map(|(n, p)| (n, p.grad())));
+        self.opt.step()?;
+        for (peak, (_, p)) in self.peaks.iter_mut().zip(params) {
+            *peak = peak.maximum(&p.detach().abs());
+        }
+        if self.zero_grad {
+            self.opt.zero_grad()?;
+        }
+        Ok(grads)
     }
-    trace.finals = snapshot(params.iter().map(|(n, p)| (n, p.shallow_clone())));
-    trace.peaks = params.iter().map(|(n, _)| n.clone()).zip(peaks).collect();
-    Ok(trace)
+
+    /// Runs the micro-batches after the last step, then returns the final weights, buffers
+    /// and peaks (no steps: the caller has them).
+    pub fn finish(mut self) -> Result<Trace> {
+        let tail = std::mem::take(&mut self.plan.tail);
+        self.forward_backward(&tail)?;
+        let m = &self.model;
+        Ok(Trace {
+            steps: Vec::new(),
+            finals: snapshot(m.parameters().iter().map(|(n, p)| (n, p.shallow_clone()))),
+            buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
+            peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
+        })
+    }
+
+    /// Every step, then [`Run::finish`]: a free-running run's whole trace.
+    pub fn run_all(mut self) -> Result<Trace> {
+        let steps = (0..self.steps()).map(|s| self.step(s)).collect::<Result<Vec<_>>>()?;
+        Ok(Trace { steps, ..self.finish()? })
+    }
+
+    /// Lockstep: this run restarts from `other`'s weights and buffers.
+    pub fn copy_state_from(&self, other: &Run) {
+        let pairs = |m: &'_ dyn Model| m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>();
+        tch::no_grad(|| {
+            for (mut mine, theirs) in pairs(self.model.as_ref()).into_iter().zip(pairs(other.model.as_ref())) {
+                mine.copy_(&theirs);
+            }
+        });
+    }
+
+    /// Copies rank 0's parameters and buffers to every rank.
+    pub fn broadcast_state(&self, comm: &dyn Collective) -> Result<()> {
+        for (_, t) in self.model.parameters().iter().chain(self.model.buffers()) {
+            broadcast_tensor(comm, t, 0)?;
+        }
+        Ok(())
+    }
+
+    fn forward_backward(&mut self, group: &[Vec<i64>]) -> Result<()> {
+        for (j, idx) in group.iter().enumerate() {
+            if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
+                for (_, b) in self.model.buffers() {
+                    broadcast_tensor(d.comm, b, 0)?;
+                }
+            }
+            let batch = self.data.batch(idx);
+            // `loss / ACC_STEPS` with an integer divisor, as in the article.
+            let loss = self.model.loss(&batch) / self.loss_divisor as f64;
+            loss.f_backward()?;
+        }
+        Ok(())
+    }
 }

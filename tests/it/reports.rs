@@ -27,6 +27,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
         reports: Vec::new(),
         timeout_s: 600.0,
         plot: None,
+        strict_buffers: false,
     };
     assemble(&cfg, acc, ddp, Some(golden))
 }
@@ -45,6 +46,8 @@ fn render(f: Format, o: &Outcome) -> String {
 fn table_report() {
     insta::assert_snapshot!("table_equivalent", render(Format::Table, &outcome("article", Tolerance::default())));
     insta::assert_snapshot!("table_diverged", render(Format::Table, &diverged()));
+    // A ResNet: worst tensors named, the mode, and BatchNorm buffers in their own section.
+    insta::assert_snapshot!("table_resnet", render(Format::Table, &outcome("resnet-tiny-k4-w2-shuffle", Tolerance::default())));
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! forward/backward of resnet-tiny from torchvision's own initial state.
 
 use ddp_verify::compare::{compare, Verdict};
-use ddp_verify::models::{ResNet, ResNetSpec};
+use ddp_verify::models::{Model, ResNet, ResNetSpec};
 use ddp_verify::trace::Trace;
 use ddp_verify::Tolerance;
 use tch::{Kind, Tensor};
@@ -67,7 +67,7 @@ fn resnet_tiny_forward_and_backward_match_torchvision() {
     let batch = Tensor::read_safetensors(repo("golden/resnet/tiny/batch.safetensors")).unwrap();
     let expected = Tensor::read_safetensors(repo("golden/resnet/tiny/expected.safetensors")).unwrap();
     let get = |set: &[(String, Tensor)], n: &str| set.iter().find(|(k, _)| k == n).unwrap().1.shallow_clone();
-    let loss = model.loss(&get(&batch, "x"), &get(&batch, "y"));
+    let loss = model.loss_of(&get(&batch, "x"), &get(&batch, "y"));
     loss.backward();
 
     // The gradients as one step; the BatchNorm running statistics and the loss as finals.
@@ -80,12 +80,12 @@ fn resnet_tiny_forward_and_backward_match_torchvision() {
                 .map(|(n, b)| (n.clone(), b.shallow_clone()))
                 .chain([("loss".into(), loss.detach().reshape([1]))]),
         ),
-        peaks: Vec::new(),
+        ..Default::default()
     };
     let torch = Trace {
         steps: vec![strip(&expected, "grad.")],
         finals: floats(strip(&expected, "buffer.").into_iter().chain([("loss".into(), get(&expected, "loss"))])),
-        peaks: Vec::new(),
+        ..Default::default()
     };
     let c = compare("ours", &ours, "torchvision", &torch, &Tolerance::default());
     let worst = c.steps[0].max_ulps.max(c.finals.max_ulps);

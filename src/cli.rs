@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use ddp_verify::config::{Dtype, ModelKind};
 use ddp_verify::explore::ExploreOptions;
 use ddp_verify::inject::Bug;
 use ddp_verify::report::{Format, ReportTarget};
-use ddp_verify::config::{Dtype, ModelKind};
 use ddp_verify::{Config, Error, Tolerance, TrainConfig};
 
 const EXIT_CODES: &str =
@@ -147,6 +147,9 @@ pub struct NetArgs {
     /// Count a BatchNorm buffer mismatch between the runs as NOT EQUIVALENT.
     #[arg(long)]
     pub strict_buffers: bool,
+    /// SyncBatchNorm in the DDP run: GPU only (PyTorch has no CPU SyncBatchNorm to check against).
+    #[arg(long)]
+    pub sync_bn: bool,
 }
 
 #[derive(Args)]
@@ -261,6 +264,15 @@ impl RunArgs {
             .map(|(i, &format)| ReportTarget { format, path: self.report_file.get(i).cloned() })
             .collect();
         let n = &self.net;
+        if n.sync_bn {
+            return Err(Error::bad_flag(
+                "--sync-bn",
+                "SyncBatchNorm runs only on GPUs (PyTorch's SyncBatchNorm refuses CPU tensors, so there is nothing \
+                 to check it against here); it is never equivalent to accumulation anyway: it normalises over all W \
+                 ranks' micro-batches at once, accumulation over each micro-batch of --batch-size alone",
+                "drop --sync-bn (GPU support is issue 8)",
+            ));
+        }
         let train = TrainConfig {
             inject: self.inject,
             model: n.model,

@@ -266,13 +266,25 @@ impl TrainConfig {
         self.validate_split()?;
         self.validate_resnet()?;
         if self.max_steps == Some(0) {
-            return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
+            return Err(Error::bad_flag(
+                "--max-steps",
+                "must be at least 1",
+                "pass e.g. --max-steps 3, or leave it out",
+            ));
         }
         if let Some(path) = self.init.as_deref().filter(|p| !p.is_file()) {
-            return Err(Error::bad_file(path, "--init file does not exist", "pass a state_dict saved with safetensors"));
+            return Err(Error::bad_file(
+                path,
+                "--init file does not exist",
+                "pass a state_dict saved with safetensors",
+            ));
         }
         if self.init.is_some() && !self.model.is_resnet() {
-            return Err(Error::bad_flag("--init", "only the ResNets take an initial state", "drop --init or pass --model"));
+            return Err(Error::bad_flag(
+                "--init",
+                "only the ResNets take an initial state",
+                "drop --init or pass --model",
+            ));
         }
         let steps = crate::sampler::optimizer_steps(self);
         if steps == 0 {

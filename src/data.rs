@@ -97,4 +97,3 @@ fn available_bytes() -> Option<f64> {
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024.0)
 }
-

@@ -139,7 +139,11 @@ fn check_layout(path: &Path, trace: &Trace, train: &TrainConfig, sample: Option<
         if got != want {
             let problem = if got.len() > 4 || want.len() > 4 {
                 let diff = got.iter().zip(&want).find(|(g, w)| g != w);
-                format!("{what} tensors differ from the model's ({} vs {} tensors; first difference {diff:?})", got.len(), want.len())
+                format!(
+                    "{what} tensors differ from the model's ({} vs {} tensors; first difference {diff:?})",
+                    got.len(),
+                    want.len()
+                )
             } else {
                 format!("{what} tensors are {got:?}, the model has {want:?}")
             };

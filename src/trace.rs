@@ -96,7 +96,12 @@ impl Trace {
     /// The same finals, buffers and peaks (shared, not copied), without the steps.
     pub fn without_steps(&self) -> Trace {
         let share = |p: &Params| p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-        Trace { steps: Vec::new(), finals: share(&self.finals), buffers: share(&self.buffers), peaks: share(&self.peaks) }
+        Trace {
+            steps: Vec::new(),
+            finals: share(&self.finals),
+            buffers: share(&self.buffers),
+            peaks: share(&self.peaks),
+        }
     }
 }
 

@@ -20,6 +20,8 @@ mod readers;
 mod reports;
 #[path = "it/resnet.rs"]
 mod resnet;
+#[path = "it/resnet_runs.rs"]
+mod resnet_runs;
 #[path = "it/sampler.rs"]
 mod sampler;
 #[path = "it/sgd.rs"]

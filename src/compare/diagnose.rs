@@ -55,7 +55,9 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
         // Streamed: the gradients were compared as they came and not kept.
         return Some(Diagnosis {
             reason: "different gradients",
-            detail: format!("step {s}'s gradients differ by more than rounding (rerun with --save-trace to inspect them)"),
+            detail: format!(
+                "step {s}'s gradients differ by more than rounding (rerun with --save-trace to inspect them)"
+            ),
         });
     };
     let (x, y) = (flat(xs), flat(ys));

@@ -219,8 +219,7 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Op
         (a, b) if [a, b].iter().any(|k| matches!(k, tch::Kind::Float | tch::Kind::Double)) => Precision::F32,
         _ => Precision::Int,
     };
-    let values =
-        |t: &Tensor| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default();
+    let values = |t: &Tensor| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default();
     let (xs, ys) = (values(x), values(y));
     let ss = scale.map(values);
     let mut d = TensorDiff {
@@ -249,8 +248,8 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Op
             _ if ss.is_none() => precision.ulps_between(p, q),
             _ => (abs / precision.ulp(at)).ceil() as u64,
         };
-        let close = precision != Precision::Int
-            && (abs <= tol.atol || rel <= tol.rtol || ulps <= u64::from(tol.max_ulps));
+        let close =
+            precision != Precision::Int && (abs <= tol.atol || rel <= tol.rtol || ulps <= u64::from(tol.max_ulps));
         d.max_abs = d.max_abs.max(abs);
         d.max_rel = d.max_rel.max(rel);
         d.max_ulps = d.max_ulps.max(ulps);

@@ -110,7 +110,6 @@ impl ResNet {
         self.spec
     }
 
-
     /// Loads a PyTorch `state_dict` saved with safetensors (buffers included). Every name,
     /// shape and dtype must match; anything else is refused before training.
     pub fn load_state(&self, path: &Path) -> Result<()> {

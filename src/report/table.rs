@@ -60,9 +60,13 @@ impl Exporter for Table {
         let _ =
             writeln!(s, "\nfinal weights (differences measured at each weight's largest magnitude during training)");
         if wide {
-            let _ = writeln!(s, "  {:<28}  {:>10}  {:>10}  {:>8}  verdict", "worst tensors", "max |Δ|", "max rel", "max ulp");
+            let _ = writeln!(
+                s,
+                "  {:<34}  {:>10}  {:>10}  {:>8}  verdict",
+                "worst tensors", "max |Δ|", "max rel", "max ulp"
+            );
             for d in worst_tensors(&o.runs.finals, 5) {
-                let _ = writeln!(s, "  {:<28}  {}", d.name, tensor_row(d));
+                let _ = writeln!(s, "  {:<34}  {}", d.name, tensor_row(d));
             }
         } else {
             for (name, acc) in &o.accumulation.finals {
@@ -75,13 +79,21 @@ impl Exporter for Table {
             let _ = writeln!(s, "  {:<4}  {:>10}  {:>10}  {:>8}  verdict", "", "max |Δ|", "max rel", "max ulp");
         }
         let label = if wide { format!("all {} tensors", o.runs.finals.tensors.len()) } else { "all".into() };
-        let _ = writeln!(s, "  {:<w$}  {}", label, row(&o.runs.finals), w = if wide { 28 } else { 4 });
+        let _ = writeln!(s, "  {:<w$}  {}", label, row(&o.runs.finals), w = if wide { 34 } else { 4 });
         if let Some(b) = &o.runs.buffers {
             let counted = if o.runs.buffers_counted { "counted (--strict-buffers)" } else { "reported, not counted" };
             let _ = writeln!(s, "\nBatchNorm buffers at the end: {counted}");
-            let _ = writeln!(s, "  {:<28}  {:>10}  {:>10}  {:>8}  verdict", "worst buffers", "max |Δ|", "max rel", "max ulp");
+            let _ = writeln!(
+                s,
+                "  {:<34}  {:>10}  {:>10}  {:>8}  verdict",
+                "worst buffers", "max |Δ|", "max rel", "max ulp"
+            );
             for d in worst_tensors(b, 3) {
-                let _ = writeln!(s, "  {:<28}  {}", d.name, tensor_row(d));
+                let mut line = tensor_row(d);
+                if !o.runs.buffers_counted && d.verdict == Verdict::Diverged {
+                    line = line.replace("DIVERGED", "differs (expected)");
+                }
+                let _ = writeln!(s, "  {:<34}  {line}", d.name);
             }
             let _ = writeln!(s, "  {}", super::buffer_explanation(o));
         }
@@ -145,7 +157,8 @@ fn resnet_header(s: &mut String, o: &Outcome) {
 
 /// The tensor with the most ulps in a group.
 fn worst_name(g: &GroupDiff) -> &str {
-    g.tensors.iter().max_by_key(|t| (t.verdict, t.max_ulps)).map_or("-", |t| t.name.as_str())
+    let worst = g.tensors.iter().filter(|t| t.verdict != Verdict::Exact).max_by_key(|t| (t.verdict, t.max_ulps));
+    worst.map_or("-", |t| t.name.as_str())
 }
 
 /// The `n` tensors furthest apart, worst first (ties keep name order).

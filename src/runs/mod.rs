@@ -74,7 +74,13 @@ pub struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(cfg: &TrainConfig, plan: Plan, loss_divisor: usize, zero_grad: bool, ddp: Option<DdpSide<'a>>) -> Result<Self> {
+    fn new(
+        cfg: &TrainConfig,
+        plan: Plan,
+        loss_divisor: usize,
+        zero_grad: bool,
+        ddp: Option<DdpSide<'a>>,
+    ) -> Result<Self> {
         let model = models::build(cfg)?;
         let data = Data::new(cfg)?;
         let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
@@ -140,7 +146,9 @@ impl<'a> Run<'a> {
 
     /// Lockstep: this run restarts from `other`'s weights and buffers.
     pub fn copy_state_from(&self, other: &Run) {
-        let pairs = |m: &'_ dyn Model| m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>();
+        let pairs = |m: &'_ dyn Model| {
+            m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()
+        };
         tch::no_grad(|| {
             for (mut mine, theirs) in pairs(self.model.as_ref()).into_iter().zip(pairs(other.model.as_ref())) {
                 mine.copy_(&theirs);

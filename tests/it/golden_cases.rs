@@ -33,6 +33,10 @@ golden_case! {
     golden_k4_w2_no_sync_accumulation_is_equivalent_and_matches_pytorch => "k4-w2",
     golden_padding_when_n_is_not_divisible_by_w_is_equivalent_and_matches_pytorch => "uneven",
     golden_partial_window_carried_across_epochs_is_equivalent_and_matches_pytorch => "carry-drop-last",
+    golden_resnet_tiny_k2_w2_lockstep_matches_torchrun_bit_for_bit => "resnet-tiny-k2-w2",
+    golden_resnet_tiny_k4_w2_shuffle_lockstep_matches_torchrun_bit_for_bit => "resnet-tiny-k4-w2-shuffle",
+    golden_resnet18_three_steps_from_our_seeded_init_match_torchrun => "resnet18-w2",
+    golden_resnet_tiny_float64_free_running_stays_equivalent_and_matches_torchrun => "resnet-tiny-float64",
 }
 
 #[test]

@@ -47,7 +47,10 @@ fn table_report() {
     insta::assert_snapshot!("table_equivalent", render(Format::Table, &outcome("article", Tolerance::default())));
     insta::assert_snapshot!("table_diverged", render(Format::Table, &diverged()));
     // A ResNet: worst tensors named, the mode, and BatchNorm buffers in their own section.
-    insta::assert_snapshot!("table_resnet", render(Format::Table, &outcome("resnet-tiny-k4-w2-shuffle", Tolerance::default())));
+    insta::assert_snapshot!(
+        "table_resnet",
+        render(Format::Table, &outcome("resnet-tiny-k4-w2-shuffle", Tolerance::default()))
+    );
 }
 
 #[test]

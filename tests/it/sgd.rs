@@ -14,7 +14,8 @@ fn sgd_steps_are_bit_identical_to_torch_optim_sgd() {
         let i = c["case"].as_u64().unwrap();
         let param = get(format!("{i}.param")).copy().set_requires_grad(true);
         let mut opt =
-            Sgd::new(&[param.shallow_clone()], c["lr"].as_f64().unwrap(), c["momentum"].as_f64().unwrap(), 0.0).unwrap();
+            Sgd::new(&[param.shallow_clone()], c["lr"].as_f64().unwrap(), c["momentum"].as_f64().unwrap(), 0.0)
+                .unwrap();
         for s in 0..c["steps"].as_u64().unwrap() {
             let mut grad = param.grad();
             if !grad.defined() {

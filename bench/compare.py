@@ -5,7 +5,10 @@
 For each linear configuration it times the two reference scripts the way a user runs them
 (fixtures/linear_reference.py in one process, then under torchrun with gloo; their times
 added) and `ddp-verify` end to end, N times each, and prints min and median with the ratio
-reference / ours. Then `ddp-verify explore` throughput. Results also go to JSON.
+reference / ours. Then `ddp-verify explore` throughput. Then the ResNet golden cases:
+ddp-verify end to end against the pure compute of its two runs (examples/pure_compute.rs:
+forward, backward and step of every step, timed alone in one process), and resnet18's peak
+memory (RSS of all processes) as the number of steps doubles. Results also go to JSON.
 """
 import argparse
 import json
@@ -21,6 +24,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, ".venv/bin/python")
 TORCHRUN = os.path.join(ROOT, ".venv/bin/torchrun")
 TOOL = os.path.join(ROOT, "target/debug/ddp-verify")
+PURE = os.path.join(ROOT, "target/debug/examples/pure_compute")
+RESNET_CASES = ["resnet-tiny-k4-w2-shuffle", "resnet18-w2"]
+# resnet18 steps for the memory row (data for 8 steps; --max-steps picks 3 or 6).
+MEMORY = "--model resnet18 --data-size 32 --batch-size 4 --acc-steps 2 --gpus 2 --epochs 2"
 
 CONFIGS = {
     "article (N=8 D=8 B=4 K=2 W=2, 2 epochs)": "--data-size 8 --batch-size 4 --acc-steps 2 --gpus 2 --epochs 2",
@@ -55,6 +62,34 @@ def reference(flags, tmp):
     return a + d
 
 
+def golden_train(case):
+    with open(os.path.join(ROOT, "golden", case, "config.json")) as f:
+        return json.load(f)["train"]
+
+
+def flags_of(train):
+    flags = []
+    for k, v in train.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            flags.append(flag)
+        elif v is False:
+            flags += ["--free-running"] if k == "lockstep" else []
+        else:
+            flags += [flag, str(v)]
+    return flags
+
+
+def pure_compute(train):
+    _, out = timed([PURE, json.dumps(train)])
+    return json.loads(out)["total_s"]
+
+
+def peak_rss_mib(flags):
+    _, out = timed(["bench/peak_rss.sh", TOOL, *flags.split()])
+    return int(out.strip().splitlines()[-1])
+
+
 def summary(xs):
     return {"min": min(xs), "median": statistics.median(xs), "runs": xs}
 
@@ -84,7 +119,23 @@ def main():
               f"{ratio:>7.1f}x  {target}")
     print(f"{'explore, linear, up to 4 ranks (configs per minute)':<58} {'':>17} {per_min:>17.0f} {'':>8}  "
           f">= 1000: {'met' if per_min >= 1000 else 'NOT met'}")
-    print("ResNet overhead (<= 1.2x pure compute) and peak memory as steps double: pending issue 4 (no ResNet yet)")
+    resnet = {}
+    print(f"\n{'ResNet golden case':<58} {'pure compute':>17} {'ddp-verify':>17} {'overhead':>8}  target")
+    print(f"{'':<58} {'min / median s':>17} {'min / median s':>17}")
+    for case in RESNET_CASES:
+        train = golden_train(case)
+        pure = summary([pure_compute(train) for _ in range(a.runs)])
+        ours = summary([timed([TOOL, *flags_of(train)])[0] for _ in range(a.runs)])
+        ratio = ours["median"] / pure["median"]
+        resnet[case] = {"pure_compute_s": pure, "ddp_verify_s": ours, "overhead": ratio}
+        print(f"{case:<58} {pure['min']:>7.2f} / {pure['median']:<7.2f} {ours['min']:>7.2f} / {ours['median']:<7.2f} "
+              f"{ratio:>7.2f}x  <= 1.2x: {'met' if ratio <= 1.2 else 'NOT met'}")
+    mem = {m: max(peak_rss_mib(f"{MEMORY} --max-steps {m}") for _ in range(a.runs)) for m in (3, 6)}
+    growth = mem[6] / mem[3]
+    resnet["memory"] = {"flags": MEMORY, "peak_rss_mib": mem, "growth": growth}
+    print(f"{'resnet18 peak RSS, all processes, 3 -> 6 steps (MiB)':<58} {mem[3]:>17} {mem[6]:>17} "
+          f"{growth:>7.2f}x  <= 1.1x: {'met' if growth <= 1.1 else 'NOT met'}")
+    results["resnet"] = resnet
     if RETRIES:
         print(f"note: {len(RETRIES)} reference run(s) failed once and were retried: {RETRIES}")
     results["reference_retries"] = RETRIES

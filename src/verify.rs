@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::golden::{self, Golden};
 use crate::runs::{self, launch};
-use crate::trace::{Params, Trace};
+use crate::trace::{Params, Trace, TraceWriter};
 
 pub struct Outcome {
     pub config: Config,
@@ -84,7 +84,15 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
             Comparer::new("ddp", "golden ddp", tol, sample),
         ]
     });
-    let keep = cfg.save_trace.is_some() || cfg.bless || gradient_bytes(&cfg.train) <= KEEP_STEPS_BYTES;
+    let keep = cfg.bless || gradient_bytes(&cfg.train) <= KEEP_STEPS_BYTES;
+    // --save-trace streams each step to disk as it comes.
+    let mut writers = match &cfg.save_trace {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+            Some([TraceWriter::create(&dir.join(TRACE_FILES[0]))?, TraceWriter::create(&dir.join(TRACE_FILES[1]))?])
+        }
+        None => None,
+    };
     let (mut kept_acc, mut kept_ddp) = (Vec::new(), Vec::new());
     let none = Params::new();
     let mut sink = |s: usize, a: Params, d: Params| -> Result<()> {
@@ -92,6 +100,10 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
         if let (Some([ga, gd]), Some(g)) = (gold_cmps.as_mut(), golden.as_ref()) {
             ga.step(&a, g.accumulation.steps.get(s).unwrap_or(&none));
             gd.step(&d, g.ddp.steps.get(s).unwrap_or(&none));
+        }
+        if let Some([wa, wd]) = writers.as_mut() {
+            wa.step(s, &a)?;
+            wd.step(s, &d)?;
         }
         if keep {
             kept_acc.push(a);
@@ -110,10 +122,14 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
         }
         _ => Vec::new(),
     };
+    if let Some([wa, wd]) = writers {
+        wa.finish(&acc)?;
+        wd.finish(&ddp)?;
+    }
     acc.steps = kept_acc.into_iter().filter(|p| !p.is_empty()).collect();
     ddp.steps = kept_ddp.into_iter().filter(|p| !p.is_empty()).collect();
     let outcome = outcome(cfg, acc, ddp, runs, golden_cmps, golden.as_ref());
-    after(cfg, outcome).map(Some)
+    after(cfg, outcome, true).map(Some)
 }
 
 /// Bytes of gradients both runs make over all steps.
@@ -169,11 +185,12 @@ fn check_writable(dir: &Path, force: bool) -> Result<()> {
 }
 
 fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Result<Outcome> {
-    after(cfg, assemble(cfg, accumulation, ddp, golden))
+    after(cfg, assemble(cfg, accumulation, ddp, golden), false)
 }
 
-/// Blesses and saves what a finished outcome asks for.
-fn after(cfg: &Config, outcome: Outcome) -> Result<Outcome> {
+/// Blesses and saves what a finished outcome asks for (`streamed`: the traces of
+/// `--save-trace` are already written).
+fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
     if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
         // Only an equivalent pair of runs is worth recording as the reference.
         if outcome.verdict() != Verdict::Diverged {
@@ -181,7 +198,7 @@ fn after(cfg: &Config, outcome: Outcome) -> Result<Outcome> {
         }
     }
     if let Some(dir) = &cfg.save_trace {
-        save(dir, &outcome)?;
+        save(dir, &outcome, streamed)?;
     }
     Ok(outcome)
 }
@@ -221,10 +238,12 @@ fn outcome(
     Outcome { config: cfg.clone(), accumulation, ddp, runs, golden, golden_torch, diagnosis }
 }
 
-fn save(dir: &PathBuf, o: &Outcome) -> Result<()> {
+fn save(dir: &PathBuf, o: &Outcome, streamed: bool) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    o.accumulation.save(&dir.join(TRACE_FILES[0]))?;
-    o.ddp.save(&dir.join(TRACE_FILES[1]))?;
+    if !streamed {
+        o.accumulation.save(&dir.join(TRACE_FILES[0]))?;
+        o.ddp.save(&dir.join(TRACE_FILES[1]))?;
+    }
     let json = crate::report::Format::Json.exporter().render(o);
     let path = dir.join(TRACE_FILES[2]);
     std::fs::write(&path, json).map_err(|e| Error::io(format!("writing {}", path.display()), e))

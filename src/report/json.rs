@@ -23,7 +23,7 @@ fn finals_json(p: &Params) -> Value {
 }
 
 pub fn json(o: &Outcome) -> Value {
-    json!({
+    let mut v = json!({
         "schema_version": JSON_SCHEMA_VERSION,
         "tool_version": env!("CARGO_PKG_VERSION"),
         "libtorch_version": crate::golden::LIBTORCH_VERSION,
@@ -33,6 +33,12 @@ pub fn json(o: &Outcome) -> Value {
         "runs": o.runs,
         "diagnosis": o.diagnosis,
         "golden": o.golden,
-        "final_weights": { "accumulation": finals_json(&o.accumulation.finals), "ddp": finals_json(&o.ddp.finals) },
-    })
+    });
+    // Every value of a ResNet's weights would make the report as large as the model: the
+    // linear model's only. (Its traces hold them all, with --save-trace.)
+    if !o.config.train.model.is_resnet() {
+        v["final_weights"] =
+            json!({ "accumulation": finals_json(&o.accumulation.finals), "ddp": finals_json(&o.ddp.finals) });
+    }
+    v
 }

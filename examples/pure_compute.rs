@@ -1,0 +1,64 @@
+//! The pure compute of both runs of one configuration, timed in this one process: every
+//! optimizer step's forward, backward and step, of the accumulation run and of each DDP
+//! rank's share (collectives replaced by nothing), one libtorch thread as ddp-verify uses.
+//! Set-up (data, model, sampling plan) is left out. bench/compare.py divides ddp-verify's
+//! end-to-end time by this to get its overhead.
+//!
+//!   cargo run -q --example pure_compute -- '<TrainConfig as JSON>'
+
+use std::time::Instant;
+
+use ddp_verify::collective::Collective;
+use ddp_verify::runs::{accumulation_run, ddp_run, Run};
+use ddp_verify::{Result, TrainConfig};
+
+/// One rank of a world whose collectives do nothing: its share of the compute alone.
+struct Alone {
+    rank: usize,
+    world: usize,
+}
+
+impl Collective for Alone {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn all_reduce_sum(&self, _: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, _: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast(&self, _: &mut [f32], _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast_bytes(&self, _: &mut [u8], _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn steps(mut run: Run) -> Result<f64> {
+    let start = Instant::now();
+    for s in 0..run.steps() {
+        run.step(s)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn main() -> anyhow::Result<()> {
+    let json = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: pure_compute '<TrainConfig JSON>'"))?;
+    let cfg: TrainConfig = serde_json::from_str(&json)?;
+    cfg.validate()?;
+    tch::set_num_threads(1);
+    let accumulation = steps(accumulation_run(&cfg)?)?;
+    let mut ranks = Vec::new();
+    for rank in 0..cfg.gpus {
+        let alone = Alone { rank, world: cfg.gpus };
+        ranks.push(steps(ddp_run(&cfg, &alone)?)?);
+    }
+    let ddp: f64 = ranks.iter().sum();
+    println!("{}", serde_json::json!({ "accumulation_s": accumulation, "ddp_ranks_s": ranks, "total_s": accumulation + ddp }));
+    Ok(())
+}

@@ -59,6 +59,9 @@ fn main() -> anyhow::Result<()> {
         ranks.push(steps(ddp_run(&cfg, &alone)?)?);
     }
     let ddp: f64 = ranks.iter().sum();
-    println!("{}", serde_json::json!({ "accumulation_s": accumulation, "ddp_ranks_s": ranks, "total_s": accumulation + ddp }));
+    println!(
+        "{}",
+        serde_json::json!({ "accumulation_s": accumulation, "ddp_ranks_s": ranks, "total_s": accumulation + ddp })
+    );
     Ok(())
 }

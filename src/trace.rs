@@ -176,7 +176,8 @@ impl TraceWriter {
         let mut buf = vec![0u8; bytes];
         t.f_copy_data_u8(&mut buf, t.numel())?;
         self.data.write_all(&buf).map_err(|e| Error::io(format!("writing {}", self.part.display()), e))?;
-        let entry = serde_json::json!({"dtype": dtype, "shape": t.size(), "data_offsets": [self.offset, self.offset + bytes]});
+        let entry =
+            serde_json::json!({"dtype": dtype, "shape": t.size(), "data_offsets": [self.offset, self.offset + bytes]});
         self.header.insert(name.to_string(), entry);
         self.offset += bytes;
         Ok(())

@@ -123,6 +123,13 @@ fn constant_ratio(x: &[f64], y: &[f64]) -> Option<f64> {
     (same && (whole(first) || whole(1.0 / first))).then_some(first)
 }
 
+/// Equal up to rounding: relative to each element, or to the largest one where a deep net's
+/// gradients cancel to small values.
 fn close(x: &[f64], y: &[f64]) -> bool {
-    x.len() == y.len() && x.iter().zip(y).all(|(a, b)| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1e-6))
+    let scale = x.iter().chain(y).fold(0.0f64, |m, v| m.max(v.abs()));
+    x.len() == y.len()
+        && x.iter().zip(y).all(|(a, b)| {
+            let d = (a - b).abs();
+            d <= 1e-5 * a.abs().max(b.abs()).max(1e-6) || d <= 1e-6 * scale
+        })
 }

@@ -112,3 +112,14 @@ fn two_identical_resnet_runs_write_bit_identical_traces() {
     assert!(files[0][0].len() > 100_000, "the trace holds every step's gradients");
     assert!(files[0] == files[1], "identical ResNet runs gave different traces");
 }
+
+#[test]
+fn planted_bugs_are_caught_on_a_resnet_in_lockstep_with_the_right_cause() {
+    let flags = ["--model", "resnet-tiny", "--data-size", "16", "--max-steps", "3"];
+    for (bug, cause) in [("no-loss-scale", "0.50x accumulation's"), ("stale-zero-grad", "not zeroed")] {
+        let args: Vec<String> = flags.iter().chain(&["--inject", bug]).map(|s| s.to_string()).collect();
+        let (code, text, err) = run(&args);
+        assert_eq!(code, Some(1), "{bug}: {text}{err}");
+        assert!(text.contains("NOT EQUIVALENT") && text.contains(cause), "{bug}: {text}");
+    }
+}

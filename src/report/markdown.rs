@@ -18,11 +18,22 @@ impl Exporter for Markdown {
         let mut s = String::new();
         let ok = o.verdict() != Verdict::Diverged;
         let _ = writeln!(s, "### ddp-verify: {}\n", if ok { "✅ EQUIVALENT" } else { "❌ NOT EQUIVALENT" });
-        let _ = writeln!(
-            s,
-            "Linear model, N={} D={}, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}.\n",
-            t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
-        );
+        if t.model.is_resnet() {
+            let _ = writeln!(
+                s,
+                "{} ({}), N={} images {}x{}, {} classes, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}, seed {}.\n",
+                t.model.name(), t.dtype.name(), t.data_size, t.image_size, t.image_size, t.classes, t.batch_size,
+                t.acc_steps, t.gpus, t.epochs, t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+                t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.seed
+            );
+            let _ = writeln!(s, "Mode: {}.\n", super::mode(o));
+        } else {
+            let _ = writeln!(
+                s,
+                "Linear model, N={} D={}, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}.\n",
+                t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
+            );
+        }
         let _ = writeln!(s, "> {}\n", verdict_line(o));
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "**Likely cause:** {}\n", d.detail);
@@ -32,14 +43,39 @@ impl Exporter for Markdown {
             let _ = writeln!(s, "| {i} | {} |", cells(g));
         }
         let _ = writeln!(s, "| final weights | {} |\n", cells(&o.runs.finals));
-        let _ = writeln!(s, "<details><summary>Final weights</summary>\n");
-        for (name, acc) in &o.accumulation.finals {
-            let _ = writeln!(s, "- `{name}` accumulation `{}`", values(acc));
-            if let Some((_, d)) = o.ddp.finals.iter().find(|(n, _)| n == name) {
-                let _ = writeln!(s, "- `{name}` ddp `{}`", values(d));
+        if t.model.is_resnet() {
+            let mut worst: Vec<_> = o.runs.finals.tensors.iter().collect();
+            worst.sort_by(|a, b| (b.verdict, b.max_ulps).cmp(&(a.verdict, a.max_ulps)));
+            let _ = writeln!(s, "<details><summary>Final weights: the 5 furthest apart</summary>\n");
+            for d in worst.iter().take(5) {
+                let _ = writeln!(
+                    s,
+                    "- `{}`: {} ulp, rel {} ({})",
+                    d.name,
+                    ulps(d.max_ulps),
+                    num(d.max_rel),
+                    d.verdict.label()
+                );
             }
+            let _ = writeln!(s, "\n</details>");
+            if let Some(b) = &o.runs.buffers {
+                let counted = if o.runs.buffers_counted { "counted (--strict-buffers)" } else { "not counted" };
+                let label = match (b.verdict, o.runs.buffers_counted) {
+                    (Verdict::Diverged, false) => "differ (expected)",
+                    (v, _) => v.label(),
+                };
+                let _ = writeln!(s, "\n**BatchNorm buffers** ({counted}): {label}. {}", super::buffer_explanation(o));
+            }
+        } else {
+            let _ = writeln!(s, "<details><summary>Final weights</summary>\n");
+            for (name, acc) in &o.accumulation.finals {
+                let _ = writeln!(s, "- `{name}` accumulation `{}`", values(acc));
+                if let Some((_, d)) = o.ddp.finals.iter().find(|(n, _)| n == name) {
+                    let _ = writeln!(s, "- `{name}` ddp `{}`", values(d));
+                }
+            }
+            let _ = writeln!(s, "\n</details>");
         }
-        let _ = writeln!(s, "\n</details>");
         if let Some(g) = &o.golden_torch {
             let _ = writeln!(s, "\n**Golden** `{g}`\n");
             for c in &o.golden {

@@ -181,7 +181,7 @@ pub(crate) fn mode(o: &Outcome) -> String {
     if t.lockstep {
         let why = if t.model.is_resnet() {
             "the default for ResNets: a deep BatchNorm net amplifies float32 rounding about a million-fold per step, \
-             so free-running runs drift apart although they are equivalent (--free-running shows that drift)"
+             so free-running runs drift apart although they are equivalent; --free-running shows that drift"
         } else {
             "asked for with --lockstep"
         };

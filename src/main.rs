@@ -63,7 +63,8 @@ fn run(args: cli::Cli) -> Result<u8> {
                 // Lockstep needs both runs in one MPI world: refuse bad input here, then
                 // run this same command as W ranks.
                 verify::prepare(&cfg)?;
-                return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1));
+                let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
+                return launch::relaunch_supervised(cfg.train.gpus, std::env::args_os().skip(1), timeout);
             }
             let outcome = if launch::inside_mpi_world() {
                 match verify::verify_in_world(&cfg)? {

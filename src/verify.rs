@@ -49,6 +49,7 @@ pub fn verify(cfg: &Config) -> Result<Outcome> {
 pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     let rank = launch::init_rank()?;
     let is_root = rank.comm.rank() == 0;
+    launch::fault_hooks(rank.comm.rank());
     // Rank 0 alone validates and reads the golden; it tells the others whether to go on,
     // so a refusal there never leaves them waiting in a collective.
     let golden = if is_root { prepare(cfg) } else { Ok(None) };

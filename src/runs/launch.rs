@@ -76,7 +76,7 @@ pub fn rank_main(config: &Path, out: &Path) -> Result<()> {
 /// Test-only hooks so the fault tests can kill or hang a real rank:
 /// `DDP_VERIFY_TEST_PID_DIR=DIR` makes each rank write `DIR/rank<r>.pid`;
 /// `DDP_VERIFY_TEST_STALL=<r>` makes rank r sleep instead of training.
-fn fault_hooks(rank: usize) {
+pub fn fault_hooks(rank: usize) {
     if let Some(dir) = std::env::var_os("DDP_VERIFY_TEST_PID_DIR") {
         let _ = std::fs::write(Path::new(&dir).join(format!("rank{rank}.pid")), std::process::id().to_string());
     }
@@ -139,6 +139,28 @@ pub fn relaunch(np: usize, args: impl IntoIterator<Item = OsString>) -> Result<u
         Some(code) => Ok(code),
         None => Err(Error::Launcher {
             problem: format!("the ranks stopped before rank 0 finished (mpirun {status})"),
+            fix: "see the rank's message above".into(),
+        }),
+    }
+}
+
+/// [`relaunch`] for a verification: the ranks must finish within `timeout`, a rank that
+/// dies is named, and Ctrl-C stops them all, as for [`spawn_ddp`]'s ranks.
+pub fn relaunch_supervised(np: usize, args: impl IntoIterator<Item = OsString>, timeout: Duration) -> Result<u8> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
+    let result = dir.path().join("exit-code");
+    let child =
+        mpirun_self(np)?.args(args).env(RESULT_ENV, &result).stderr(Stdio::piped()).process_group(0).spawn().map_err(
+            |e| Error::Launcher {
+                problem: format!("cannot start mpirun ({e})"),
+                fix: "check the Open MPI install".into(),
+            },
+        )?;
+    PendingDdp::supervise(child, result.clone(), timeout).finished(false)?;
+    match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
+        Some(code) => Ok(code),
+        None => Err(Error::Launcher {
+            problem: "the ranks stopped before rank 0 finished".into(),
             fix: "see the rank's message above".into(),
         }),
     }

@@ -44,10 +44,18 @@ impl Drop for PendingDdp {
 }
 
 impl PendingDdp {
+    /// Waits for rank 0's trace.
     pub fn wait(mut self) -> Result<Trace> {
+        self.finished(true)?;
+        Trace::load(&self.out)
+    }
+
+    /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death;
+    /// `status_line`: show the wait on a terminal (not when the ranks print the report).
+    pub fn finished(&mut self, status_line: bool) -> Result<()> {
         use std::io::{IsTerminal, Write};
         let started = Instant::now();
-        let show = std::io::stderr().is_terminal();
+        let show = status_line && std::io::stderr().is_terminal();
         let mut shown = false;
         let status = loop {
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
@@ -93,7 +101,7 @@ impl PendingDdp {
                 },
             });
         }
-        Trace::load(&self.out)
+        Ok(())
     }
 }
 

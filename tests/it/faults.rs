@@ -47,31 +47,39 @@ fn assert_all_gone(pids: &[i32]) {
     }
 }
 
+/// Both launch paths: the linear model free-running (ranks beside the launcher's own run),
+/// and a ResNet in lockstep (both runs inside one MPI world).
+const MODES: [&[&str]; 2] = [&[], &["--model", "resnet-tiny", "--data-size", "16"]];
+
 #[test]
 fn a_rank_killed_mid_run_stops_every_rank_and_exits_3_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let child = start_stalled(dir.path(), &["--timeout", "120"]);
-    let pids = rank_pids(dir.path());
-    let started = Instant::now();
-    unsafe { libc::kill(pids[1], libc::SIGKILL) };
-    let (code, err, secs) = finish(child, started);
-    assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("rank 1") && err.contains("signal 9"), "{err}");
-    assert!(secs < 30.0, "took {secs} s");
-    assert_all_gone(&pids);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let child = start_stalled(dir.path(), &[mode, &["--timeout", "120"][..]].concat());
+        let pids = rank_pids(dir.path());
+        let started = Instant::now();
+        unsafe { libc::kill(pids[1], libc::SIGKILL) };
+        let (code, err, secs) = finish(child, started);
+        assert_eq!(code, Some(3), "{mode:?}: {err}");
+        assert!(err.contains("rank 1") && err.contains("signal 9"), "{mode:?}: {err}");
+        assert!(secs < 30.0, "took {secs} s");
+        assert_all_gone(&pids);
+    }
 }
 
 #[test]
 fn a_hung_rank_is_stopped_at_the_timeout_with_exit_3() {
-    let dir = tempfile::tempdir().unwrap();
-    let started = Instant::now();
-    let child = start_stalled(dir.path(), &["--timeout", "3"]);
-    let pids = rank_pids(dir.path());
-    let (code, err, secs) = finish(child, started);
-    assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("--timeout 3"), "{err}");
-    assert!(secs < 20.0, "took {secs} s");
-    assert_all_gone(&pids);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let child = start_stalled(dir.path(), &[mode, &["--timeout", "3"][..]].concat());
+        let pids = rank_pids(dir.path());
+        let (code, err, secs) = finish(child, started);
+        assert_eq!(code, Some(3), "{mode:?}: {err}");
+        assert!(err.contains("--timeout 3"), "{mode:?}: {err}");
+        assert!(secs < 20.0, "took {secs} s");
+        assert_all_gone(&pids);
+    }
 }
 
 #[test]

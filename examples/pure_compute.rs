@@ -8,36 +8,9 @@
 
 use std::time::Instant;
 
-use ddp_verify::collective::Collective;
+use ddp_verify::collective::Idle;
 use ddp_verify::runs::{accumulation_run, ddp_run, Run};
 use ddp_verify::{Result, TrainConfig};
-
-/// One rank of a world whose collectives do nothing: its share of the compute alone.
-struct Alone {
-    rank: usize,
-    world: usize,
-}
-
-impl Collective for Alone {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn all_reduce_sum(&self, _: &mut [f32]) -> Result<()> {
-        Ok(())
-    }
-    fn all_reduce_sum_f64(&self, _: &mut [f64]) -> Result<()> {
-        Ok(())
-    }
-    fn broadcast(&self, _: &mut [f32], _: usize) -> Result<()> {
-        Ok(())
-    }
-    fn broadcast_bytes(&self, _: &mut [u8], _: usize) -> Result<()> {
-        Ok(())
-    }
-}
 
 fn steps(mut run: Run) -> Result<f64> {
     let start = Instant::now();
@@ -55,8 +28,7 @@ fn main() -> anyhow::Result<()> {
     let accumulation = steps(accumulation_run(&cfg)?)?;
     let mut ranks = Vec::new();
     for rank in 0..cfg.gpus {
-        let alone = Alone { rank, world: cfg.gpus };
-        ranks.push(steps(ddp_run(&cfg, &alone)?)?);
+        ranks.push(steps(ddp_run(&cfg, &Idle { rank, world: cfg.gpus })?)?);
     }
     let ddp: f64 = ranks.iter().sum();
     println!(

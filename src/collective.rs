@@ -24,15 +24,19 @@ pub trait Collective {
     fn broadcast_bytes(&self, data: &mut [u8], root: usize) -> Result<()>;
 }
 
-/// A world of one process: what `--gpus 1` needs, and a stand-in for unit tests.
-pub struct Solo;
+/// One rank whose collectives do nothing: a world of one (`Idle { rank: 0, world: 1 }`),
+/// or one rank's share of the compute timed alone (`examples/pure_compute.rs`).
+pub struct Idle {
+    pub rank: usize,
+    pub world: usize,
+}
 
-impl Collective for Solo {
+impl Collective for Idle {
     fn rank(&self) -> usize {
-        0
+        self.rank
     }
     fn world_size(&self) -> usize {
-        1
+        self.world
     }
     fn all_reduce_sum(&self, _data: &mut [f32]) -> Result<()> {
         Ok(())

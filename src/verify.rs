@@ -71,21 +71,14 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
 }
 
 /// Above this many bytes of gradients over all steps, lockstep compares each step as it
-/// comes and keeps none (unless a trace is to be saved or blessed).
-const KEEP_STEPS_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
+/// comes and keeps none (unless blessing; `--save-trace` streams them to disk).
+const KEEP_STEPS_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
 
 /// Both runs in lockstep; every comparison streams step by step.
 fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Result<Option<Outcome>> {
-    let tol = &cfg.tolerance;
-    let mut runs_cmp = Comparer::new("accumulation", "ddp", tol, None);
-    let sample = golden.as_ref().and_then(|g| g.meta.sample);
-    let mut gold_cmps = golden.as_ref().map(|_| {
-        [
-            Comparer::new("accumulation", "golden accumulation", tol, sample),
-            Comparer::new("ddp", "golden ddp", tol, sample),
-        ]
-    });
-    let keep = cfg.bless || gradient_bytes(&cfg.train) <= KEEP_STEPS_BYTES;
+    let (mut runs_cmp, mut gold_cmps) = comparers(cfg, golden.as_ref());
+    let steps = crate::sampler::optimizer_steps(&cfg.train) as f64;
+    let mut keep = None;
     // --save-trace streams each step to disk as it comes.
     let mut writers = match &cfg.save_trace {
         Some(dir) => {
@@ -106,7 +99,9 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
             wa.step(s, &a)?;
             wd.step(s, &d)?;
         }
-        if keep {
+        // Decided on the first step's real size: both runs' gradients over every step.
+        let bytes = |p: &Params| p.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>();
+        if *keep.get_or_insert_with(|| cfg.bless || 2.0 * bytes(&a) as f64 * steps <= KEEP_STEPS_BYTES) {
             kept_acc.push(a);
             kept_ddp.push(d);
         }
@@ -131,17 +126,6 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
     ddp.steps = kept_ddp.into_iter().filter(|p| !p.is_empty()).collect();
     let outcome = outcome(cfg, acc, ddp, runs, golden_cmps, golden.as_ref());
     after(cfg, outcome, true).map(Some)
-}
-
-/// Bytes of gradients both runs make over all steps.
-fn gradient_bytes(train: &crate::config::TrainConfig) -> f64 {
-    let params = match train.model {
-        crate::config::ModelKind::Linear => train.features as f64,
-        crate::config::ModelKind::ResnetTiny => 80e3,
-        crate::config::ModelKind::Resnet18 => 11.2e6,
-    };
-    let width = if train.dtype == crate::config::Dtype::Float64 { 8.0 } else { 4.0 };
-    2.0 * params * width * crate::sampler::optimizer_steps(train) as f64
 }
 
 /// Everything that can refuse the run does so before any training starts.
@@ -233,20 +217,27 @@ fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
 /// Compares two finished runs (and the golden); pure, so reports can be tested on
 /// committed traces.
 pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Outcome {
-    let tol = &cfg.tolerance;
-    let runs = Comparer::new("accumulation", "ddp", tol, None).finish(&accumulation, &ddp, cfg.strict_buffers);
-    let golden_cmps = match &golden {
-        Some(g) => vec![
-            Comparer::new("accumulation", "golden accumulation", tol, g.meta.sample).finish(
-                &accumulation,
-                &g.accumulation,
-                true,
-            ),
-            Comparer::new("ddp", "golden ddp", tol, g.meta.sample).finish(&ddp, &g.ddp, true),
-        ],
-        None => Vec::new(),
+    let (runs_cmp, gold_cmps) = comparers(cfg, golden.as_ref());
+    let runs = runs_cmp.finish(&accumulation, &ddp, cfg.strict_buffers);
+    let golden_cmps = match (gold_cmps, &golden) {
+        (Some([ga, gd]), Some(g)) => {
+            vec![ga.finish(&accumulation, &g.accumulation, true), gd.finish(&ddp, &g.ddp, true)]
+        }
+        _ => Vec::new(),
     };
     outcome(cfg, accumulation, ddp, runs, golden_cmps, golden.as_ref())
+}
+
+/// Accumulation vs DDP, and each run vs the golden's trace of it (whose buffers must agree too).
+fn comparers(cfg: &Config, golden: Option<&Golden>) -> (Comparer, Option<[Comparer; 2]>) {
+    let tol = &cfg.tolerance;
+    let gold = golden.map(|g| {
+        [
+            Comparer::new("accumulation", "golden accumulation", tol, g.meta.sample),
+            Comparer::new("ddp", "golden ddp", tol, g.meta.sample),
+        ]
+    });
+    (Comparer::new("accumulation", "ddp", tol, None), gold)
 }
 
 fn outcome(

@@ -64,7 +64,7 @@ fn run(args: cli::Cli) -> Result<u8> {
                 // run this same command as W ranks.
                 verify::prepare(&cfg)?;
                 let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
-                return launch::relaunch_supervised(cfg.train.gpus, std::env::args_os().skip(1), timeout);
+                return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
             }
             let outcome = if launch::inside_mpi_world() {
                 match verify::verify_in_world(&cfg)? {

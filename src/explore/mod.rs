@@ -173,7 +173,7 @@ fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Outcome {
 /// ranks serve its jobs. Returns the exit code.
 pub fn command(opts: &ExploreOptions) -> Result<u8> {
     if !launch::inside_mpi_world() {
-        return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1));
+        return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1), None);
     }
     let rank = launch::init_rank()?;
     let pool = RankPool::new(rank.world());

@@ -119,48 +119,37 @@ const LAUNCHED_AT_ENV: &str = "DDP_VERIFY_LAUNCHED_AT";
 const PROGRESS_ENV: &str = "DDP_VERIFY_PROGRESS";
 
 /// Runs this same command again as `np` MPI ranks and returns the exit code rank 0 left,
-/// so mpirun's banners about non-zero exits never reach the user.
-pub fn relaunch(np: usize, args: impl IntoIterator<Item = OsString>) -> Result<u8> {
+/// so mpirun's banners about non-zero exits never reach the user. With a `timeout` (a
+/// verification) the ranks are supervised as [`spawn_ddp`]'s are: they must finish in time,
+/// a rank that dies is named, and Ctrl-C stops them all. Without one (explore) rank 0 may
+/// draw progress on the terminal.
+pub fn relaunch(np: usize, args: impl IntoIterator<Item = OsString>, timeout: Option<Duration>) -> Result<u8> {
     use std::io::IsTerminal;
     let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
     let result = dir.path().join("exit-code");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let status = mpirun_self(np)?
-        .args(args)
-        .env(RESULT_ENV, &result)
-        .env(LAUNCHED_AT_ENV, now.to_string())
-        .env(PROGRESS_ENV, if std::io::stderr().is_terminal() { "1" } else { "" })
-        .status()
-        .map_err(|e| Error::Launcher {
-            problem: format!("cannot start mpirun ({e})"),
-            fix: "check the Open MPI install".into(),
-        })?;
+    let mut cmd = mpirun_self(np)?;
+    cmd.args(args).env(RESULT_ENV, &result).env(LAUNCHED_AT_ENV, now.to_string());
+    let cannot_start = |e: std::io::Error| Error::Launcher {
+        problem: format!("cannot start mpirun ({e})"),
+        fix: "check the Open MPI install".into(),
+    };
+    let how = match timeout {
+        Some(timeout) => {
+            let child = cmd.stderr(Stdio::piped()).process_group(0).spawn().map_err(cannot_start)?;
+            PendingDdp::supervise(child, result.clone(), timeout).finished(false)?;
+            String::new()
+        }
+        None => {
+            let progress = if std::io::stderr().is_terminal() { "1" } else { "" };
+            let status = cmd.env(PROGRESS_ENV, progress).status().map_err(cannot_start)?;
+            format!(" (mpirun {status})")
+        }
+    };
     match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
         Some(code) => Ok(code),
         None => Err(Error::Launcher {
-            problem: format!("the ranks stopped before rank 0 finished (mpirun {status})"),
-            fix: "see the rank's message above".into(),
-        }),
-    }
-}
-
-/// [`relaunch`] for a verification: the ranks must finish within `timeout`, a rank that
-/// dies is named, and Ctrl-C stops them all, as for [`spawn_ddp`]'s ranks.
-pub fn relaunch_supervised(np: usize, args: impl IntoIterator<Item = OsString>, timeout: Duration) -> Result<u8> {
-    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
-    let result = dir.path().join("exit-code");
-    let child =
-        mpirun_self(np)?.args(args).env(RESULT_ENV, &result).stderr(Stdio::piped()).process_group(0).spawn().map_err(
-            |e| Error::Launcher {
-                problem: format!("cannot start mpirun ({e})"),
-                fix: "check the Open MPI install".into(),
-            },
-        )?;
-    PendingDdp::supervise(child, result.clone(), timeout).finished(false)?;
-    match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
-        Some(code) => Ok(code),
-        None => Err(Error::Launcher {
-            problem: "the ranks stopped before rank 0 finished".into(),
+            problem: format!("the ranks stopped before rank 0 finished{how}"),
             fix: "see the rank's message above".into(),
         }),
     }

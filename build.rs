@@ -1,11 +1,21 @@
 //! Bakes libtorch's directory into the binary's rpath so `ddp-verify` and the test
 //! binaries run without LD_LIBRARY_PATH (torch-sys exports it as DEP_TCH_LIBTORCH_LIB), and
-//! records libtorch's version, which goldens are checked against.
+//! records libtorch's version and directory, which goldens are checked against.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+        // src/device.rs opens libtorch_cuda.so from here when CUDA is wanted.
+        println!("cargo:rustc-env=DDP_VERIFY_LIBTORCH_LIB={lib}");
+    }
+    // The wheel's NCCL (nvidia-nccl): cudarc opens `libnccl.so`, which scripts/setup.sh
+    // links there, and dlopen searches the binary's rpath.
+    if let Ok(dir) = std::env::var("LIBTORCH") {
+        let nccl = std::path::Path::new(&dir).join("../nvidia/nccl/lib");
+        if let Ok(nccl) = nccl.canonicalize() {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", nccl.display());
+        }
     }
     // The PyPI wheel's torch/version.py says e.g. `__version__ = '2.13.0+cu130'`.
     let version = std::env::var("LIBTORCH")

@@ -4,6 +4,7 @@
 #  - a project-local virtualenv .venv with PyTorch 2.13.0 from PyPI: libtorch for tch 0.26,
 #    and the fixtures' reference scripts
 #  - .libtorch -> the wheel's torch directory, which .cargo/config.toml points LIBTORCH at
+#  - libnccl.so beside the wheel's libnccl.so.2, the name cudarc opens for GPU runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +26,9 @@ fi
 
 torch_dir=$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 ln -sfn "$torch_dir" .libtorch
+# cudarc opens NCCL as libnccl.so; the wheel ships only libnccl.so.2 (build.rs adds the rpath).
+nccl_dir="$torch_dir/../nvidia/nccl/lib"
+if [ -e "$nccl_dir/libnccl.so.2" ] && [ ! -e "$nccl_dir/libnccl.so" ]; then
+  ln -s libnccl.so.2 "$nccl_dir/libnccl.so"
+fi
 echo "setup: libtorch at $torch_dir"

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use ddp_verify::config::{Dtype, ModelKind};
+use ddp_verify::device::{self, DeviceRequest};
 use ddp_verify::explore::ExploreOptions;
 use ddp_verify::inject::Bug;
 use ddp_verify::report::{Format, ReportTarget};
+use ddp_verify::runs::launch;
 use ddp_verify::{Config, Error, Tolerance, TrainConfig};
 
 const EXIT_CODES: &str =
@@ -35,6 +37,12 @@ pub enum Command {
     Split(SplitArgs),
     /// Run many random configurations both ways on ranks started once; shrink failures.
     Explore(ExploreArgs),
+    /// Show what --device can use here: CUDA driver and GPUs, NCCL, and what auto picks.
+    Devices {
+        /// DDP ranks that would share this machine.
+        #[arg(long, default_value_t = 2)]
+        gpus: usize,
+    },
     /// One DDP rank, started by ddp-verify itself under mpirun.
     #[command(name = "__rank", hide = true)]
     Rank {
@@ -147,9 +155,13 @@ pub struct NetArgs {
     /// Count a BatchNorm buffer mismatch between the runs as NOT EQUIVALENT.
     #[arg(long)]
     pub strict_buffers: bool,
-    /// SyncBatchNorm in the DDP run: GPU only (PyTorch has no CPU SyncBatchNorm to check against).
+    /// SyncBatchNorm in the DDP run: refused, it is never equivalent to accumulation (see the message).
     #[arg(long)]
     pub sync_bn: bool,
+    /// auto (CUDA when a driver, a GPU per rank and NCCL are present, else CPU), cpu, or cuda
+    /// (accumulation on cuda:0, DDP rank r on cuda:<local rank>, NCCL all-reduce).
+    #[arg(long, value_name = "DEVICE", default_value = "auto", value_parser = parse_device)]
+    pub device: DeviceRequest,
 }
 
 #[derive(Args)]
@@ -178,6 +190,10 @@ impl ToleranceArgs {
 
 fn parse_model(s: &str) -> Result<ModelKind, String> {
     ModelKind::parse(s).ok_or_else(|| format!("unknown model '{s}'; known: {}", ModelKind::NAMES.join(", ")))
+}
+
+fn parse_device(s: &str) -> Result<DeviceRequest, String> {
+    DeviceRequest::parse(s).ok_or_else(|| format!("unknown device '{s}'; known: auto, cpu, cuda"))
 }
 
 fn parse_dtype(s: &str) -> Result<Dtype, String> {
@@ -267,10 +283,10 @@ impl RunArgs {
         if n.sync_bn {
             return Err(Error::bad_flag(
                 "--sync-bn",
-                "SyncBatchNorm runs only on GPUs (PyTorch's SyncBatchNorm refuses CPU tensors, so there is nothing \
-                 to check it against here); it is never equivalent to accumulation anyway: it normalises over all W \
-                 ranks' micro-batches at once, accumulation over each micro-batch of --batch-size alone",
-                "drop --sync-bn (GPU support is issue 8)",
+                "SyncBatchNorm is never equivalent to accumulation: it normalises over all W ranks' micro-batches \
+                 at once, accumulation over each micro-batch of --batch-size alone (and PyTorch's SyncBatchNorm \
+                 refuses CPU tensors)",
+                "drop --sync-bn; plain BatchNorm with DDP is what accumulation reproduces",
             ));
         }
         let train = TrainConfig {
@@ -286,6 +302,10 @@ impl RunArgs {
             init: n.init.clone(),
             ..self.shape.train(self.features, self.epochs, self.lr, self.momentum)
         };
+        // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
+        let local_ranks = if launch::inside_mpi_world() { device::local_size().unwrap_or(1) } else { train.gpus };
+        let device = device::resolve(n.device, local_ranks)?;
+        let train = TrainConfig { device: device.kind, ..train };
         Ok(Config {
             tolerance: self.tolerance.tolerance(train.dtype, train.lockstep),
             train,
@@ -297,6 +317,7 @@ impl RunArgs {
             timeout_s: self.timeout,
             plot: self.plot.clone(),
             strict_buffers: self.net.strict_buffers,
+            device_note: device.note,
         })
     }
 }

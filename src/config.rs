@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::inject::Bug;
 use crate::report::ReportTarget;
@@ -53,6 +54,9 @@ pub struct TrainConfig {
     /// Initial state (a PyTorch `state_dict` in safetensors) instead of our seeded init.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<PathBuf>,
+    /// Where both runs compute (`--device`, resolved before any rank starts).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub device: DeviceKind,
 }
 
 /// Which network both runs train.
@@ -186,6 +190,9 @@ pub struct Config {
     /// is reported as expected: DDP tracks rank 0's micro-batches, accumulation all K).
     #[serde(default)]
     pub strict_buffers: bool,
+    /// Where the runs computed and why (`cpu (auto: no NVIDIA driver ...)`), for the report.
+    #[serde(default)]
+    pub device_note: String,
 }
 
 impl TrainConfig {
@@ -212,6 +219,7 @@ impl TrainConfig {
             dtype: Dtype::Float32,
             lockstep: false,
             init: None,
+            device: DeviceKind::Cpu,
         }
     }
 
@@ -245,6 +253,9 @@ impl TrainConfig {
         }
         if self.lockstep != self.model.is_resnet() {
             s.push_str(if self.lockstep { " --lockstep" } else { " --free-running" });
+        }
+        if self.device != DeviceKind::Cpu {
+            s.push_str(&format!(" --device {}", self.device.name()));
         }
         if let Some(init) = &self.init {
             s.push_str(&format!(" --init {}", init.display()));

@@ -39,8 +39,9 @@ pub struct Batch {
 }
 
 impl Data {
-    /// The data set `cfg` describes, in its dtype.
-    pub fn new(cfg: &TrainConfig) -> Result<Data> {
+    /// The data set `cfg` describes, in its dtype, on `device` (drawn on the CPU first, as
+    /// PyTorch's scripts draw it).
+    pub fn new(cfg: &TrainConfig, device: Device) -> Result<Data> {
         let (n, opts) = (cfg.data_size as i64, (Kind::Float, Device::Cpu));
         let (x, y) = if cfg.model.is_resnet() {
             let s = cfg.image_size as i64;
@@ -54,12 +55,13 @@ impl Data {
             (linear_data(cfg.seed, cfg.data_size, cfg.features)?, None)
         };
         let x = if cfg.dtype == Dtype::Float32 { x } else { x.to_kind(cfg.dtype.kind()) };
-        Ok(Data { x, y })
+        let on = |t: Tensor| if device == Device::Cpu { t } else { t.to_device(device) };
+        Ok(Data { x: on(x), y: y.map(on) })
     }
 
     /// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.
     pub fn batch(&self, indices: &[i64]) -> Batch {
-        let idx = Tensor::from_slice(indices);
+        let idx = Tensor::from_slice(indices).to_device(self.x.device());
         Batch { x: self.x.index_select(0, &idx), y: self.y.as_ref().map(|y| y.index_select(0, &idx)) }
     }
 }

@@ -8,6 +8,7 @@ pub mod collective;
 pub mod compare;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod explore;
 pub mod golden;

@@ -45,6 +45,10 @@ fn main() -> ExitCode {
 fn run(args: cli::Cli) -> Result<u8> {
     match args.command {
         Some(cli::Command::Rank { config, out }) => launch::rank_main(&config, &out).map(|()| 0),
+        Some(cli::Command::Devices { gpus }) => {
+            print!("{}", ddp_verify::device::describe(gpus));
+            Ok(0)
+        }
         Some(cli::Command::Explore(explore)) => explore::command(&explore.options()?),
         Some(cli::Command::Split(split)) => {
             let train = split.train();

@@ -105,7 +105,15 @@ impl Trace {
 
 /// A detached copy of named tensors (parameters or their gradients).
 pub fn snapshot<'a>(named: impl IntoIterator<Item = (&'a String, Tensor)>) -> Params {
-    named.into_iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect()
+    // Comparisons happen on the CPU; a GPU tensor's move to the CPU is its copy.
+    let host = |t: Tensor| {
+        if t.device() == tch::Device::Cpu {
+            t.detach().copy()
+        } else {
+            t.detach().to_device(tch::Device::Cpu)
+        }
+    };
+    named.into_iter().map(|(n, t)| (n.clone(), host(t))).collect()
 }
 
 /// At most `k` elements of `t`, flattened, at evenly strided positions `i * numel / k`

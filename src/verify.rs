@@ -59,10 +59,11 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     if go[0] == 0.0 {
         return Err(Error::FollowerStopped);
     }
+    let comm = launch::rank_collective(&cfg.train, &rank.comm)?;
     if cfg.train.lockstep {
-        return lockstep(cfg, &rank.comm, golden);
+        return lockstep(cfg, comm.as_ref(), golden);
     }
-    let ddp = runs::ddp_rank(&cfg.train, &rank.comm)?;
+    let ddp = runs::ddp_rank(&cfg.train, comm.as_ref())?;
     if !is_root {
         return Ok(None);
     }

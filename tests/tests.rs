@@ -6,6 +6,8 @@ mod util;
 
 #[path = "it/cli.rs"]
 mod cli;
+#[path = "it/devices.rs"]
+mod devices;
 #[path = "it/explore.rs"]
 mod explore;
 #[path = "it/faults.rs"]

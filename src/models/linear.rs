@@ -10,8 +10,8 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(features: usize, kind: Kind) -> Self {
-        let weight = Tensor::ones([1, features as i64], (kind, Device::Cpu)).set_requires_grad(true);
+    pub fn new(features: usize, kind: Kind, device: Device) -> Self {
+        let weight = Tensor::ones([1, features as i64], (kind, device)).set_requires_grad(true);
         Linear { params: vec![("linear.weight".to_string(), weight)] }
     }
 }

@@ -7,7 +7,7 @@ mod resnet;
 pub use linear::Linear;
 pub use resnet::{smallest_feature_map, ResNet, ResNetSpec};
 
-use tch::Tensor;
+use tch::{Device, Tensor};
 
 use crate::config::{ModelKind, TrainConfig};
 use crate::data::Batch;
@@ -25,11 +25,12 @@ pub trait Model {
     fn loss(&self, batch: &Batch) -> Tensor;
 }
 
-/// The model `cfg` names, in its dtype, from `--init` or our seeded initialisation.
-pub fn build(cfg: &TrainConfig) -> Result<Box<dyn Model>> {
+/// The model `cfg` names, in its dtype, on `device`, from `--init` or our seeded
+/// initialisation (drawn on the CPU, as PyTorch draws it, then moved).
+pub fn build(cfg: &TrainConfig, device: Device) -> Result<Box<dyn Model>> {
     let kind = cfg.dtype.kind();
     let spec = match cfg.model {
-        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind))),
+        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device))),
         ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
         ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
     };
@@ -37,5 +38,5 @@ pub fn build(cfg: &TrainConfig) -> Result<Box<dyn Model>> {
     if let Some(path) = &cfg.init {
         model.load_state(path)?;
     }
-    Ok(Box::new(model.to_kind(kind)))
+    Ok(Box::new(model.to(kind, device)))
 }

@@ -95,12 +95,16 @@ impl ResNet {
         ResNet { spec, params, buffers, index }
     }
 
-    /// The same model in another floating dtype (`model.double()`); int64 buffers stay.
-    pub fn to_kind(self, kind: Kind) -> Self {
-        if kind == Kind::Float {
+    /// The same model in another floating dtype and on another device (`model.to(device,
+    /// dtype)`); int64 buffers keep their dtype.
+    pub fn to(self, kind: Kind, device: Device) -> Self {
+        if kind == Kind::Float && device == Device::Cpu {
             return self;
         }
-        let cast = |t: Tensor| if t.is_floating_point() { t.detach().to_kind(kind) } else { t };
+        let cast = |t: Tensor| {
+            let kind = if t.is_floating_point() { kind } else { t.kind() };
+            t.detach().to_device(device).to_kind(kind)
+        };
         let params = self.params.into_iter().map(|(n, t)| (n, cast(t).set_requires_grad(true))).collect();
         let buffers = self.buffers.into_iter().map(|(n, t)| (n, cast(t))).collect();
         ResNet { params, buffers, ..self }
@@ -175,8 +179,25 @@ impl ResNet {
         }
     }
 
+    /// `conv2d` as ATen dispatches it, with cuDNN's choices pinned: no benchmarking, a
+    /// deterministic algorithm, no TF32 (on the CPU these flags change nothing).
     fn conv(&self, x: &Tensor, name: &str, stride: i64, padding: i64) -> Tensor {
-        x.conv2d::<Tensor>(self.get(&format!("{name}.weight")), None, [stride, stride], [padding, padding], [1, 1], 1)
+        let w = self.get(&format!("{name}.weight"));
+        let (benchmark, deterministic, cudnn, tf32) = (false, true, true, false);
+        x.internal_convolution::<Tensor>(
+            w,
+            None,
+            [stride, stride],
+            [padding, padding],
+            [1, 1],
+            false,
+            [0, 0],
+            1,
+            benchmark,
+            deterministic,
+            cudnn,
+            tf32,
+        )
     }
 
     /// `F.batch_norm(training=True)`: normalises with the micro-batch's statistics and updates

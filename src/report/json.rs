@@ -28,6 +28,8 @@ pub fn json(o: &Outcome) -> Value {
         "tool_version": env!("CARGO_PKG_VERSION"),
         "libtorch_version": crate::golden::LIBTORCH_VERSION,
         "config": o.config.train,
+        "device": o.config.train.device.name(),
+        "device_note": o.config.device_note,
         "tolerance": o.config.tolerance,
         "verdict": if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" },
         "runs": o.runs,

@@ -34,6 +34,9 @@ impl Exporter for Markdown {
                 t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
             );
         }
+        if !o.config.device_note.is_empty() {
+            let _ = writeln!(s, "Device: {}, DDP ranks on {}.\n", o.config.device_note, super::engine(o));
+        }
         let _ = writeln!(s, "> {}\n", verdict_line(o));
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "**Likely cause:** {}\n", d.detail);

@@ -201,6 +201,14 @@ pub(crate) fn mode(o: &Outcome) -> String {
     }
 }
 
+/// The collective engine the DDP ranks used.
+pub(crate) fn engine(o: &Outcome) -> &'static str {
+    match o.config.train.device {
+        crate::device::DeviceKind::Cpu => "Open MPI",
+        crate::device::DeviceKind::Cuda => "NCCL",
+    }
+}
+
 /// Why BatchNorm buffers differ between the runs, with the counters as evidence.
 pub(crate) fn buffer_explanation(o: &Outcome) -> String {
     let count = |p: &crate::trace::Params| {

@@ -18,13 +18,14 @@ impl Exporter for Table {
         } else {
             let _ = writeln!(
                 s,
-                "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks (Open MPI), \
+                "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
                  {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}{}",
                 t.data_size,
                 t.features,
                 t.batch_size,
                 t.acc_steps,
                 t.gpus,
+                super::engine(o),
                 t.epochs,
                 t.lr,
                 t.momentum,
@@ -40,6 +41,9 @@ impl Exporter for Table {
             if t.lockstep {
                 let _ = writeln!(s, "mode: {}", super::mode(o));
             }
+        }
+        if !o.config.device_note.is_empty() {
+            let _ = writeln!(s, "device: {}", o.config.device_note);
         }
         let wide = t.model.is_resnet();
         let _ = writeln!(s, "\nper optimizer step: {} vs {} gradients", o.runs.left, o.runs.right);
@@ -127,7 +131,7 @@ fn resnet_header(s: &mut String, o: &Outcome) {
     let _ = writeln!(
         s,
         "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
-         K={} micro-batches per step vs W={} DDP ranks (Open MPI), {} epochs{}, lr {}, momentum {}, weight decay {}, \
+         K={} micro-batches per step vs W={} DDP ranks ({}), {} epochs{}, lr {}, momentum {}, weight decay {}, \
          shuffle {}, drop_last {}, seed {}, init {}",
         t.model.name(),
         o.accumulation.finals.len(),
@@ -139,6 +143,7 @@ fn resnet_header(s: &mut String, o: &Outcome) {
         t.batch_size,
         t.acc_steps,
         t.gpus,
+        super::engine(o),
         t.epochs,
         t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
         t.lr,

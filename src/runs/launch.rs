@@ -9,8 +9,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub use super::supervise::PendingDdp;
-use crate::collective::Mpi;
+use crate::collective::{Collective, Mpi, Nccl};
 use crate::config::TrainConfig;
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 
 /// The hidden subcommand a launched rank runs.
@@ -65,12 +66,33 @@ pub fn rank_main(config: &Path, out: &Path) -> Result<()> {
         Error::bad_file(config, format!("not a rank config ({e})"), "rank configs are written by ddp-verify itself")
     })?;
     let rank = init_rank()?;
-    fault_hooks(crate::collective::Collective::rank(&rank.comm));
-    let trace = super::ddp_rank(&cfg, &rank.comm)?;
-    if crate::collective::Collective::rank(&rank.comm) == 0 {
+    fault_hooks(rank.comm.rank());
+    let comm = rank_collective(&cfg, &rank.comm)?;
+    let trace = super::ddp_rank(&cfg, comm.as_ref())?;
+    if rank.comm.rank() == 0 {
         trace.save(out)?;
     }
     Ok(())
+}
+
+/// What a DDP rank trains with: for CUDA runs NCCL on its own GPU (`cuda:<local rank>`),
+/// its id sent over `mpi`; else `mpi` itself.
+pub fn rank_collective<'a>(cfg: &TrainConfig, mpi: &'a Mpi) -> Result<Box<dyn Collective + 'a>> {
+    if cfg.device == DeviceKind::Cpu {
+        return Ok(Box::new(mpi));
+    }
+    let rank = mpi.rank();
+    let gpus = crate::device::cuda_gpus().map_err(|problem| Error::Rank { rank, problem })?;
+    let local = crate::device::local_rank().unwrap_or(rank);
+    if local >= gpus {
+        return Err(Error::Rank {
+            rank,
+            problem: format!(
+                "is local rank {local} on its machine, which has only {gpus} GPUs; start fewer ranks per machine"
+            ),
+        });
+    }
+    Ok(Box::new(Nccl::new(mpi, local)?))
 }
 
 /// Test-only hooks so the fault tests can kill or hang a real rank:

@@ -15,7 +15,7 @@ pub use lockstep::{lockstep, StepSink};
 
 use tch::Tensor;
 
-use crate::collective::{all_reduce_tensor, broadcast_tensor, Collective};
+use crate::collective::Collective;
 use crate::config::TrainConfig;
 use crate::data::Data;
 use crate::error::Result;
@@ -81,8 +81,10 @@ impl<'a> Run<'a> {
         zero_grad: bool,
         ddp: Option<DdpSide<'a>>,
     ) -> Result<Self> {
-        let model = models::build(cfg)?;
-        let data = Data::new(cfg)?;
+        // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
+        let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
+        let model = models::build(cfg, device)?;
+        let data = Data::new(cfg, device)?;
         let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
         let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum, cfg.weight_decay)?;
         opt.zero_grad()?;
@@ -110,7 +112,7 @@ impl<'a> Run<'a> {
             for (_, p) in params {
                 let mut g = p.grad();
                 let _ = g.g_mul_scalar_(scale);
-                all_reduce_tensor(d.comm, &mut g)?;
+                d.comm.all_reduce_tensor(&mut g)?;
             }
         }
         let grads = snapshot(params.iter().map(|(n, p)| (n, p.grad())));
@@ -159,7 +161,7 @@ impl<'a> Run<'a> {
     /// Copies rank 0's parameters and buffers to every rank.
     pub fn broadcast_state(&self, comm: &dyn Collective) -> Result<()> {
         for (_, t) in self.model.parameters().iter().chain(self.model.buffers()) {
-            broadcast_tensor(comm, t, 0)?;
+            comm.broadcast_tensor(t, 0)?;
         }
         Ok(())
     }
@@ -168,7 +170,7 @@ impl<'a> Run<'a> {
         for (j, idx) in group.iter().enumerate() {
             if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
                 for (_, b) in self.model.buffers() {
-                    broadcast_tensor(d.comm, b, 0)?;
+                    d.comm.broadcast_tensor(b, 0)?;
                 }
             }
             let batch = self.data.batch(idx);

@@ -28,6 +28,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
         timeout_s: 600.0,
         plot: None,
         strict_buffers: false,
+        device_note: "cpu (--device cpu)".into(),
     };
     assemble(&cfg, acc, ddp, Some(golden))
 }

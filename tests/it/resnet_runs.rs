@@ -61,7 +61,7 @@ fn resnet_refusals_name_the_flag() {
         (vec!["--init", "/no/such/state.safetensors"], "/no/such/state.safetensors"),
         (vec!["--max-steps", "0"], "--max-steps"),
         (vec!["--classes", "1"], "--classes"),
-        (vec!["--sync-bn"], "--sync-bn: SyncBatchNorm runs only on GPUs"),
+        (vec!["--sync-bn"], "--sync-bn: SyncBatchNorm is never equivalent to accumulation"),
         (vec!["--weight-decay=-1"], "--weight-decay"),
     ] {
         let mut args = tiny(&extra);

@@ -62,6 +62,9 @@ fn strip(set: &[(String, Tensor)], prefix: &str) -> Vec<(String, Tensor)> {
 
 #[test]
 fn resnet_tiny_forward_and_backward_match_torchvision() {
+    // One intra-op thread, as every training process and fixtures/make_golden.sh use: the
+    // thread count decides how some kernels split their sums.
+    ddp_verify::runs::launch::pin_threads();
     let model = ResNet::new(ResNetSpec::tiny(10), 0);
     model.load_state(&repo("golden/resnet/tiny/state.safetensors")).unwrap();
     let batch = Tensor::read_safetensors(repo("golden/resnet/tiny/batch.safetensors")).unwrap();

@@ -140,7 +140,7 @@ pub struct NetArgs {
     /// Stop both runs after this many optimizer steps.
     #[arg(long, value_name = "M")]
     pub max_steps: Option<usize>,
-    /// float32 or float64, for data, model and both runs (data and init are made in float32, then cast).
+    /// float32, float64, bfloat16 or float16, for data, model, gradients and optimizer (made in float32, then cast).
     #[arg(long, default_value = "float32", value_parser = parse_dtype)]
     pub dtype: Dtype,
     /// Restart DDP from the accumulation run's weights and buffers before every step [default for ResNets].
@@ -197,7 +197,7 @@ fn parse_device(s: &str) -> Result<DeviceRequest, String> {
 }
 
 fn parse_dtype(s: &str) -> Result<Dtype, String> {
-    Dtype::parse(s).ok_or_else(|| format!("unknown dtype '{s}'; known: float32, float64"))
+    Dtype::parse(s).ok_or_else(|| format!("unknown dtype '{s}'; known: float32, float64, bfloat16, float16"))
 }
 
 #[derive(Args)]

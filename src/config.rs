@@ -90,31 +90,50 @@ impl ModelKind {
     }
 }
 
-/// The precision both runs compute in.
+/// The precision both runs compute in: data, weights, gradients and optimizer state alike
+/// (`model.to(dtype)`, not autocast).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     #[default]
     Float32,
     Float64,
+    Bfloat16,
+    Float16,
 }
 
 impl Dtype {
+    pub const ALL: [Dtype; 4] = [Dtype::Float32, Dtype::Float64, Dtype::Bfloat16, Dtype::Float16];
+
     pub fn name(self) -> &'static str {
         match self {
             Dtype::Float32 => "float32",
             Dtype::Float64 => "float64",
+            Dtype::Bfloat16 => "bfloat16",
+            Dtype::Float16 => "float16",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Dtype::Float32, Dtype::Float64].into_iter().find(|d| d.name() == s)
+        Dtype::ALL.into_iter().find(|d| d.name() == s)
     }
 
     pub fn kind(self) -> tch::Kind {
         match self {
             Dtype::Float32 => tch::Kind::Float,
             Dtype::Float64 => tch::Kind::Double,
+            Dtype::Bfloat16 => tch::Kind::BFloat16,
+            Dtype::Float16 => tch::Kind::Half,
+        }
+    }
+
+    /// Machine epsilon, the spacing of values just above 1.
+    pub fn epsilon(self) -> f64 {
+        match self {
+            Dtype::Float32 => f32::EPSILON as f64,
+            Dtype::Float64 => f64::EPSILON,
+            Dtype::Bfloat16 => 2f64.powi(-7),
+            Dtype::Float16 => 2f64.powi(-10),
         }
     }
 }
@@ -154,7 +173,8 @@ impl Default for Tolerance {
 impl Tolerance {
     /// Ulps count in the run's own precision.
     /// - float32: a reordered sum of partial gradients moves a few ulps.
-    /// - float64 in lockstep: float32's bounds scaled by the ratio of the epsilons (2^-29).
+    /// - float64 in lockstep, bfloat16 and float16: float32's bounds scaled by the ratio of
+    ///   the epsilons (2^-29, 2^16, 2^13): the same reordering, rounded at another precision.
     /// - float64 free-running: deep BatchNorm nets amplify rounding about a thousand-fold
     ///   per step in float64 (measured on resnet-tiny: 1e-12, 1e-10, 1e-7 relative at steps
     ///   1-3), so the bound is rel 1e-9, three steps of headroom, still a thousand times
@@ -165,6 +185,11 @@ impl Tolerance {
             (Dtype::Float32, _) => Tolerance { max_ulps: 16, rtol: 1e-6, atol: 1e-7 },
             (Dtype::Float64, true) => Tolerance { max_ulps: 16, rtol: 2e-15, atol: 2e-16 },
             (Dtype::Float64, false) => Tolerance { max_ulps: 16, rtol: 1e-9, atol: 1e-12 },
+            (Dtype::Bfloat16 | Dtype::Float16, _) => {
+                let f32 = Tolerance::for_run(Dtype::Float32, lockstep);
+                let ratio = dtype.epsilon() / Dtype::Float32.epsilon();
+                Tolerance { rtol: f32.rtol * ratio, atol: f32.atol * ratio, ..f32 }
+            }
         }
     }
 }

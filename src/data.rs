@@ -70,7 +70,8 @@ impl Data {
 /// anything starts, a size this machine cannot hold rather than fail inside libtorch.
 pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
     let row = if cfg.model.is_resnet() { 3.0 * (cfg.image_size as f64).powi(2) } else { cfg.features as f64 };
-    let width = if cfg.dtype == Dtype::Float64 { 12.0 } else { 4.0 };
+    // Drawn in float32, then cast: both copies live at once.
+    let width = if cfg.dtype == Dtype::Float32 { 4.0 } else { 4.0 + cfg.dtype.kind().elt_size_in_bytes() as f64 };
     let bytes = (cfg.data_size as f64) * row * width;
     let processes = (cfg.gpus + 1) as f64;
     let available = available_bytes().unwrap_or(f64::INFINITY);

@@ -55,8 +55,8 @@ impl Trace {
                 buffers.push((b.to_string(), t));
                 continue;
             }
-            if t.kind() != float || !matches!(float, Kind::Float | Kind::Double) {
-                let problem = format!("tensor {name} is {:?}, expected float32 or float64 like the rest", t.kind());
+            if t.kind() != float || !matches!(float, Kind::Float | Kind::Double | Kind::BFloat16 | Kind::Half) {
+                let problem = format!("tensor {name} is {:?}, expected one floating dtype like the rest", t.kind());
                 return Err(Error::bad_file(path, problem, fix));
             }
             if let Some(p) = name.strip_prefix("final.") {
@@ -176,6 +176,8 @@ impl TraceWriter {
         let dtype = match t.kind() {
             Kind::Float => "F32",
             Kind::Double => "F64",
+            Kind::BFloat16 => "BF16",
+            Kind::Half => "F16",
             Kind::Int64 => "I64",
             other => return Err(Error::Rank { rank: 0, problem: format!("cannot save {name} of kind {other:?}") }),
         };

@@ -249,7 +249,7 @@ fn outcome(
     golden: Vec<Comparison>,
     g: Option<&Golden>,
 ) -> Outcome {
-    let diagnosis = diagnose(&accumulation, &ddp, &runs, crate::sampler::steps_per_epoch(&cfg.train));
+    let diagnosis = diagnose(&accumulation, &ddp, &runs, &cfg.train);
     let diagnosis = diagnosis.map(|d| chaos(cfg, &runs).unwrap_or(d));
     let golden_torch = g.map(|g| match &g.meta.tool_version {
         Some(tool) => format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version),

@@ -29,10 +29,12 @@ pub trait Collective {
         Device::Cpu
     }
 
-    /// Sums a float32 or float64 tensor over all ranks in place (through host memory here;
-    /// NCCL reduces on the GPU).
+    /// Sums a floating tensor over all ranks in place (through host memory here; NCCL
+    /// reduces on the GPU). bfloat16 and float16 are summed in float32 and rounded once,
+    /// which for two ranks is exactly gloo's and NCCL's rounded sum.
     fn all_reduce_tensor(&self, t: &mut Tensor) -> Result<()> {
         let host = t.to_device(Device::Cpu).contiguous();
+        let host = if matches!(host.kind(), Kind::BFloat16 | Kind::Half) { host.to_kind(Kind::Float) } else { host };
         let summed = match host.kind() {
             Kind::Double => {
                 let mut values = Vec::<f64>::try_from(&host.flatten(0, -1))?;
@@ -47,10 +49,11 @@ pub trait Collective {
             kind => {
                 return Err(Error::Rank {
                     rank: self.rank(),
-                    problem: format!("all-reduce needs float32 or float64 tensors, got {kind:?}"),
+                    problem: format!("all-reduce needs floating tensors, got {kind:?}"),
                 })
             }
         };
+        // copy_ rounds back to the tensor's own dtype.
         tch::no_grad(|| t.copy_(&summed.view_as(t)));
         Ok(())
     }

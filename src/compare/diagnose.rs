@@ -5,10 +5,24 @@
 use serde::Serialize;
 
 use super::{Comparison, Verdict};
+use crate::config::TrainConfig;
 use crate::trace::{Params, Trace};
 
-/// Differences this small are rounding, whatever tolerance the user chose.
-const ROUNDING_ULPS: u64 = 64;
+/// Differences this small are rounding, whatever tolerance the user chose: 64 ulps of
+/// float32 or float64; in bfloat16 and float16 an ulp is so coarse that 8 already is.
+fn rounding_ulps(eps: f64) -> u64 {
+    if eps > 1e-6 {
+        8
+    } else {
+        64
+    }
+}
+
+/// What rounding can do to one value in the run's precision (`eps`), relative to it: the
+/// bounds below were set for float32 and float64; narrower types round more.
+fn slack(float32_bound: f64, eps: f64, ulps: f64) -> f64 {
+    float32_bound.max(ulps * eps)
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Diagnosis {
@@ -17,8 +31,10 @@ pub struct Diagnosis {
     pub detail: String,
 }
 
-/// `steps_per_epoch` maps steps to epochs (the counter restarts each epoch, so it is fixed).
-pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) -> Option<Diagnosis> {
+/// `train` says how steps map to epochs and in what precision the runs computed.
+pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
+    let steps_per_epoch = crate::sampler::steps_per_epoch(train);
+    let eps = train.dtype.epsilon();
     if c.verdict != Verdict::Diverged {
         return None;
     }
@@ -42,7 +58,7 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
     }
     let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
     let ulps = c.steps[s].max_ulps;
-    if ulps <= ROUNDING_ULPS {
+    if ulps <= rounding_ulps(eps) {
         return Some(Diagnosis {
             reason: "rounding",
             detail: format!(
@@ -68,7 +84,7 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
             let prev = flat(&own.steps[s - 1]);
             let now = flat(&own.steps[s]);
             let stale: Vec<f64> = prev.iter().zip(other).map(|(p, o)| p + o).collect();
-            if close(&now, &stale) {
+            if close(&now, &stale, eps) {
                 return Some(Diagnosis {
                     reason: "stale gradients",
                     detail: format!(
@@ -79,7 +95,7 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, steps_per_epoch: usize) ->
             }
         }
     }
-    if let Some(r) = constant_ratio(&x, &y) {
+    if let Some(r) = constant_ratio(&x, &y, eps) {
         return Some(Diagnosis {
             reason: "loss scaling",
             detail: format!(
@@ -115,21 +131,23 @@ fn flat(p: &Params) -> Vec<f64> {
 /// y = r * x for one r over every element that is not tiny, with r = n or 1/n for a whole
 /// n >= 2: the fingerprint of dividing by K, W or K/W in the wrong place. (Any two numbers
 /// have "a ratio"; a whole one from different samples would be a coincidence.)
-fn constant_ratio(x: &[f64], y: &[f64]) -> Option<f64> {
+fn constant_ratio(x: &[f64], y: &[f64], eps: f64) -> Option<f64> {
     let ratios: Vec<f64> = x.iter().zip(y).filter(|(a, _)| a.abs() > 1e-12).map(|(a, b)| b / a).collect();
     let first = *ratios.first()?;
-    let same = ratios.iter().all(|r| (r - first).abs() <= 1e-4 * first.abs());
-    let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= 1e-4 * v;
+    let tol = slack(1e-4, eps, 4.0);
+    let same = ratios.iter().all(|r| (r - first).abs() <= tol * first.abs());
+    let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= tol * v;
     (same && (whole(first) || whole(1.0 / first))).then_some(first)
 }
 
 /// Equal up to rounding: relative to each element, or to the largest one where a deep net's
 /// gradients cancel to small values.
-fn close(x: &[f64], y: &[f64]) -> bool {
+fn close(x: &[f64], y: &[f64], eps: f64) -> bool {
     let scale = x.iter().chain(y).fold(0.0f64, |m, v| m.max(v.abs()));
+    let (rel, at_scale) = (slack(1e-5, eps, 4.0), slack(1e-6, eps, 2.0));
     x.len() == y.len()
         && x.iter().zip(y).all(|(a, b)| {
             let d = (a - b).abs();
-            d <= 1e-5 * a.abs().max(b.abs()).max(1e-6) || d <= 1e-6 * scale
+            d <= rel * a.abs().max(b.abs()).max(1e-6) || d <= at_scale * scale
         })
 }

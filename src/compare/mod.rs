@@ -208,15 +208,18 @@ fn missing(name: &str, problem: &str) -> TensorDiff {
 }
 
 /// With `scale`, relative and ulp differences are taken at max(|x|, |y|, scale) per element.
-/// Ulps count in the tensors' own precision (float32 or float64); integer counters must
+/// Ulps count in the tensors' own precision (float32, float64, bfloat16, float16); integer counters must
 /// match exactly, their "ulps" being the difference itself.
 fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Option<&Tensor>) -> TensorDiff {
     if x.size() != y.size() {
         return missing(name, &format!("shape {:?} vs {:?}", x.size(), y.size()));
     }
+    use tch::Kind::{BFloat16, Double, Float, Half};
     let precision = match (x.kind(), y.kind()) {
-        (tch::Kind::Double, tch::Kind::Double) => Precision::F64,
-        (a, b) if [a, b].iter().any(|k| matches!(k, tch::Kind::Float | tch::Kind::Double)) => Precision::F32,
+        (Double, Double) => Precision::F64,
+        (BFloat16, BFloat16) => Precision::Narrow { digits: 8, min_exp: -126 },
+        (Half, Half) => Precision::Narrow { digits: 11, min_exp: -14 },
+        (a, b) if [a, b].iter().any(|k| matches!(k, Float | Double | BFloat16 | Half)) => Precision::F32,
         _ => Precision::Int,
     };
     let mut d = TensorDiff {
@@ -268,6 +271,12 @@ fn compare_tensor(name: &str, x: &Tensor, y: &Tensor, tol: &Tolerance, scale: Op
 enum Precision {
     F32,
     F64,
+    /// bfloat16 (8 significant bits, float32's exponents) or float16 (11 bits, normal down
+    /// to 2^-14); their values are exact in float64, where they are counted.
+    Narrow {
+        digits: i32,
+        min_exp: i32,
+    },
     Int,
 }
 
@@ -276,6 +285,7 @@ impl Precision {
     fn ulp(self, x: f64) -> f64 {
         match self {
             Precision::F32 => ulp(x as f32) as f64,
+            Precision::Narrow { digits, min_exp } => 2f64.powi(binade(x).max(min_exp) - (digits - 1)),
             _ => {
                 let x = x.abs();
                 f64::from_bits(x.to_bits() + 1) - x
@@ -286,6 +296,21 @@ impl Precision {
     fn ulps_between(self, a: f64, b: f64) -> u64 {
         match self {
             Precision::F32 => ulps_between(a as f32, b as f32),
+            Precision::Narrow { digits, min_exp } => {
+                // Index of |x| among the format's non-negative values: 2^(digits-1) per
+                // binade above the lowest, plus its significand (subnormals continue below).
+                let key = |x: f64| {
+                    let e = binade(x).max(min_exp);
+                    let significand = x.abs() / 2f64.powi(e - (digits - 1));
+                    let k = ((e - min_exp) as f64 * 2f64.powi(digits - 1) + significand).round() as i64;
+                    if x.is_sign_negative() {
+                        -k
+                    } else {
+                        k
+                    }
+                };
+                (key(a) - key(b)).unsigned_abs()
+            }
             _ => {
                 let key = |x: f64| {
                     let mag = (x.to_bits() & 0x7fff_ffff_ffff_ffff) as i128;
@@ -299,6 +324,14 @@ impl Precision {
             }
         }
     }
+}
+
+/// floor(log2 |x|) for a normal float64 (very negative for 0).
+fn binade(x: f64) -> i32 {
+    if x == 0.0 {
+        return i32::MIN / 2;
+    }
+    ((x.abs().to_bits() >> 52) & 0x7ff) as i32 - 1023
 }
 
 /// The spacing of float32 values at |x|.
@@ -323,6 +356,32 @@ pub fn ulps_between(a: f32, b: f32) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    /// bfloat16 is float32's top 16 bits, so its ulp distance is theirs, shifted.
+    #[test]
+    fn bfloat16_ulps_are_its_bit_distance() {
+        let bf16 = super::Precision::Narrow { digits: 8, min_exp: -126 };
+        let mut bits: u32 = 12345;
+        for _ in 0..2000 {
+            bits = bits.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let (a, b) = ((bits >> 1) & 0x7f7f_0000, (bits.rotate_left(13) >> 1) & 0x7f7f_0000);
+            let (x, y) = (f32::from_bits(a) as f64, f32::from_bits(b) as f64);
+            assert_eq!(bf16.ulps_between(x, y), ((a >> 16) as i64 - (b >> 16) as i64).unsigned_abs(), "{x} {y}");
+            assert_eq!(bf16.ulps_between(-x, y), ((a >> 16) as i64 + (b >> 16) as i64) as u64, "{x} {y}");
+        }
+    }
+
+    #[test]
+    fn float16_ulps_cross_binades_and_subnormals() {
+        let f16 = super::Precision::Narrow { digits: 11, min_exp: -14 };
+        assert_eq!(f16.ulps_between(1.0, 1.0 + 2f64.powi(-10)), 1);
+        assert_eq!(f16.ulps_between(1.0, 1.0 - 2f64.powi(-11)), 1);
+        assert_eq!(f16.ulps_between(0.0, 2f64.powi(-24)), 1); // the smallest subnormal
+        assert_eq!(f16.ulps_between(2f64.powi(-14) - 2f64.powi(-24), 2f64.powi(-14)), 1);
+        assert_eq!(f16.ulps_between(65504.0, 65504.0 - 32.0), 1); // the largest finite value
+        assert_eq!(f16.ulp(1.0), 2f64.powi(-10));
+        assert_eq!(f16.ulp(1e-7), 2f64.powi(-24));
+    }
+
     use super::*;
 
     #[test]

@@ -130,7 +130,7 @@ impl Runner<'_> {
         let acc = accumulation(cfg)?;
         let t2 = Instant::now();
         let c = compare("accumulation", &acc, "ddp", &ddp, &self.tol);
-        let diagnosis = diagnose(&acc, &ddp, &c, crate::sampler::steps_per_epoch(cfg));
+        let diagnosis = diagnose(&acc, &ddp, &c, cfg);
         let t = &mut self.timing;
         t.ddp += (t1 - t0).as_secs_f64();
         t.accumulation += (t2 - t1).as_secs_f64();

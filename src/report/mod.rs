@@ -201,6 +201,15 @@ pub(crate) fn mode(o: &Outcome) -> String {
     }
 }
 
+/// " (bfloat16)" after the linear model's name; nothing for its float32 default.
+pub(crate) fn dtype_note(t: &crate::config::TrainConfig) -> String {
+    if t.dtype == crate::config::Dtype::Float32 {
+        String::new()
+    } else {
+        format!(" ({})", t.dtype.name())
+    }
+}
+
 /// The collective engine the DDP ranks used.
 pub(crate) fn engine(o: &Outcome) -> &'static str {
     match o.config.train.device {

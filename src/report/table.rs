@@ -18,8 +18,9 @@ impl Exporter for Table {
         } else {
             let _ = writeln!(
                 s,
-                "ddp-verify: linear model, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
+                "ddp-verify: linear model{}, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
                  {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}{}",
+                super::dtype_note(t),
                 t.data_size,
                 t.features,
                 t.batch_size,

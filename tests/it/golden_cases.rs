@@ -37,6 +37,19 @@ golden_case! {
     golden_resnet_tiny_k4_w2_shuffle_lockstep_matches_torchrun_bit_for_bit => "resnet-tiny-k4-w2-shuffle",
     golden_resnet18_three_steps_from_our_seeded_init_match_torchrun => "resnet18-w2",
     golden_resnet_tiny_float64_free_running_stays_equivalent_and_matches_torchrun => "resnet-tiny-float64",
+    golden_resnet_tiny_bfloat16_lockstep_matches_torchrun => "resnet-tiny-bfloat16",
+    golden_resnet_tiny_float16_lockstep_matches_torchrun => "resnet-tiny-float16",
+}
+
+/// Narrow dtypes on the linear model: DDP's rounded all-reduce of two ranks and the
+/// accumulation run's sums match gloo's and PyTorch's bit for bit.
+#[test]
+fn golden_bfloat16_and_float16_linear_runs_match_pytorch_bit_for_bit() {
+    for case in ["article-bfloat16", "k4-w2-float16"] {
+        let text = check_golden(case);
+        assert!(text.contains("accumulation vs golden accumulation") && text.contains("max 0 ulp: exact"), "{text}");
+        assert_eq!(text.matches("max 0 ulp: exact").count(), 2, "{case}: {text}");
+    }
 }
 
 #[test]
@@ -66,4 +79,23 @@ fn a_zero_tolerance_catches_the_reduction_order_of_three_ranks() {
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("NOT EQUIVALENT"), "{text}");
+}
+
+/// The wider bounds of bfloat16 and float16 still catch planted bugs, and name them.
+#[test]
+fn narrow_dtypes_still_catch_planted_bugs() {
+    let base = ["--device", "cpu", "--data-size", "15", "--batch-size", "2", "--acc-steps", "4", "--gpus", "2"];
+    for (dtype, bug, cause) in [
+        ("bfloat16", "no-loss-scale", "loss scaling"),
+        ("float16", "double-scale", "loss scaling"),
+        ("bfloat16", "stale-zero-grad", "are not zeroed"),
+        ("float16", "contiguous-split", "different samples"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(["--shuffle", "--epochs", "3", "--dtype", dtype, "--inject", bug]);
+        let out = ddp_verify(&args);
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(1), "{dtype} {bug}: {text}{}", stderr(&out));
+        assert!(text.contains(cause), "{dtype} {bug}: {text}");
+    }
 }

@@ -48,7 +48,7 @@ impl Exporter for Markdown {
         let _ = writeln!(s, "| final weights | {} |\n", cells(&o.runs.finals));
         if t.model.is_resnet() {
             let mut worst: Vec<_> = o.runs.finals.tensors.iter().collect();
-            worst.sort_by(|a, b| (b.verdict, b.max_ulps).cmp(&(a.verdict, a.max_ulps)));
+            worst.sort_by_key(|d| std::cmp::Reverse((d.verdict, d.max_ulps)));
             let _ = writeln!(s, "<details><summary>Final weights: the 5 furthest apart</summary>\n");
             for d in worst.iter().take(5) {
                 let _ = writeln!(

@@ -20,7 +20,7 @@ pub fn svg(o: &Outcome) -> String {
     let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
     let points =
         |c: &Comparison| -> Vec<f64> { c.steps.iter().chain([&c.finals]).map(|g: &GroupDiff| g.max_rel).collect() };
-    let rtol = f64::from(o.config.tolerance.rtol).max(FLOOR);
+    let rtol = o.config.tolerance.rtol.max(FLOOR);
     let top = all.iter().flat_map(|c| points(c)).chain([rtol * 10.0]).fold(FLOOR, f64::max);
     let (lo, hi) = (FLOOR.log10().floor(), top.log10().ceil().max(FLOOR.log10() + 1.0));
     let n = all.iter().map(|c| c.steps.len() + 1).max().unwrap_or(1);

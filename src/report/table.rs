@@ -170,7 +170,7 @@ fn worst_name(g: &GroupDiff) -> &str {
 /// The `n` tensors furthest apart, worst first (ties keep name order).
 fn worst_tensors(g: &GroupDiff, n: usize) -> Vec<&TensorDiff> {
     let mut all: Vec<&TensorDiff> = g.tensors.iter().collect();
-    all.sort_by(|a, b| (b.verdict, b.max_ulps).cmp(&(a.verdict, a.max_ulps)));
+    all.sort_by_key(|d| std::cmp::Reverse((d.verdict, d.max_ulps)));
     all.truncate(n);
     all
 }

@@ -12,11 +12,17 @@ use ddp_verify::sampler::SplitPlan;
 use ddp_verify::{explore, report, verify, Result};
 
 fn main() -> ExitCode {
+    let code = exit_code();
+    launch::exit_now(code)
+}
+
+fn exit_code() -> u8 {
+    ddp_verify::profile::mark("main");
     let args = match cli::Cli::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => {
             let _ = e.print(); // --help, --version
-            return ExitCode::SUCCESS;
+            return 0;
         }
         Err(e) => {
             // One line, like every other bad input: clap's first line names the flag.
@@ -25,19 +31,19 @@ fn main() -> ExitCode {
             let first = paragraph.join(" ");
             let first = first.trim_start_matches("error: ");
             eprintln!("ddp-verify: {first} (see ddp-verify --help)");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     match run(args) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(e) => {
             if e.reported_by(launch::env_rank()) {
                 eprintln!("ddp-verify: {e}");
             }
             if launch::leave_exit_code(e.exit_code()) {
-                return ExitCode::SUCCESS;
+                return 0;
             }
-            ExitCode::from(e.exit_code())
+            e.exit_code()
         }
     }
 }
@@ -68,7 +74,10 @@ fn run(args: cli::Cli) -> Result<u8> {
                 // run this same command as W ranks.
                 verify::prepare(&cfg)?;
                 let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
-                return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
+                ddp_verify::profile::mark("relaunching");
+                let code = launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
+                ddp_verify::profile::mark("ranks done");
+                return code;
             }
             let outcome = if launch::inside_mpi_world() {
                 match verify::verify_in_world(&cfg)? {
@@ -78,7 +87,9 @@ fn run(args: cli::Cli) -> Result<u8> {
             } else {
                 verify::verify(&cfg)?
             };
+            ddp_verify::profile::mark("outcome");
             report::write_all(&outcome, &cfg.reports)?;
+            ddp_verify::profile::mark("reported");
             let code = if outcome.verdict() == Verdict::Diverged { 1 } else { 0 };
             // Under our own relaunch, rank 0 hands its code back through a file.
             Ok(if launch::leave_exit_code(code) { 0 } else { code })

@@ -48,6 +48,7 @@ pub fn verify(cfg: &Config) -> Result<Outcome> {
 /// returns the outcome, the others return None.
 pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     let rank = launch::init_rank()?;
+    crate::profile::mark("mpi initialised");
     let is_root = rank.comm.rank() == 0;
     launch::fault_hooks(rank.comm.rank());
     // Rank 0 alone validates and reads the golden; it tells the others whether to go on,
@@ -60,6 +61,7 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
         return Err(Error::FollowerStopped);
     }
     let comm = launch::rank_collective(&cfg.train, &rank.comm)?;
+    crate::profile::mark("prepared");
     if cfg.train.lockstep {
         return lockstep(cfg, comm.as_ref(), golden);
     }
@@ -111,6 +113,7 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
     let Some((mut acc, mut ddp)) = runs::lockstep(&cfg.train, comm, &mut sink)? else {
         return Ok(None);
     };
+    crate::profile::mark("runs finished");
     let strict = cfg.strict_buffers;
     let runs = runs_cmp.finish(&acc, &ddp, strict);
     let golden_cmps = match (gold_cmps, &golden) {

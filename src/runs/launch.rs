@@ -185,6 +185,18 @@ pub fn leave_exit_code(code: u8) -> bool {
     }
 }
 
+/// Ends the process with `code` once output is flushed, skipping libtorch's static
+/// destructors and the freeing of every tensor still alive: that teardown took 0.15 s of
+/// each process's exit, and the kernel reclaims the memory anyway. MPI is finalised and
+/// every file this run writes is closed by the time this is called.
+pub fn exit_now(code: u8) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit ends the process; nothing runs after it.
+    unsafe { libc::_exit(i32::from(code)) }
+}
+
 /// Seconds since the launcher started the ranks, if it said when.
 pub fn seconds_since_launch() -> Option<f64> {
     let at: u128 = std::env::var(LAUNCHED_AT_ENV).ok()?.parse().ok()?;

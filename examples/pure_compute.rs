@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use ddp_verify::collective::Idle;
-use ddp_verify::runs::{accumulation_run, ddp_run, Run};
+use ddp_verify::runs::{accumulation_run, ddp_run, DdpStart, Run};
 use ddp_verify::{Result, TrainConfig};
 
 fn steps(mut run: Run) -> Result<f64> {
@@ -28,7 +28,7 @@ fn main() -> anyhow::Result<()> {
     let accumulation = steps(accumulation_run(&cfg)?)?;
     let mut ranks = Vec::new();
     for rank in 0..cfg.gpus {
-        ranks.push(steps(ddp_run(&cfg, &Idle { rank, world: cfg.gpus })?)?);
+        ranks.push(steps(ddp_run(&cfg, &Idle { rank, world: cfg.gpus }, DdpStart::Broadcast)?)?);
     }
     let ddp: f64 = ranks.iter().sum();
     println!(

@@ -122,7 +122,7 @@ fn check_compatible(dir: &Path, meta: &GoldenMeta, train: &TrainConfig) -> Resul
 /// any run.
 fn check_layout(path: &Path, trace: &Trace, train: &TrainConfig, sample: Option<usize>) -> Result<()> {
     let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
-    let model = crate::models::build(train, tch::Device::Cpu)?;
+    let model = crate::models::build(train, tch::Device::Cpu, false)?;
     let shape = |t: &tch::Tensor| match sample {
         Some(k) => vec![t.numel().min(k) as i64],
         None => t.size(),

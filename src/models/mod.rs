@@ -27,13 +27,17 @@ pub trait Model {
 
 /// The model `cfg` names, in its dtype, on `device`, from `--init` or our seeded
 /// initialisation (drawn on the CPU, as PyTorch draws it, then moved).
-pub fn build(cfg: &TrainConfig, device: Device) -> Result<Box<dyn Model>> {
+/// `blank`: every value will be overwritten before use, so skip drawing or loading them.
+pub fn build(cfg: &TrainConfig, device: Device, blank: bool) -> Result<Box<dyn Model>> {
     let kind = cfg.dtype.kind();
     let spec = match cfg.model {
         ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device))),
         ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
         ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
     };
+    if blank {
+        return Ok(Box::new(ResNet::blank(spec).to(kind, device)));
+    }
     let model = ResNet::new(spec, cfg.seed);
     if let Some(path) = &cfg.init {
         model.load_state(path)?;

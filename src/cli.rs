@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+// `ddp-verify` reads these flags' defaults before handing over to this binary.
+use ddp_verify_launch::front;
 
 use ddp_verify::config::{Dtype, ModelKind};
 use ddp_verify::device::{self, DeviceRequest};
@@ -59,7 +61,7 @@ pub struct SplitShape {
     #[arg(long, default_value_t = 8)]
     pub data_size: usize,
     /// W: DDP ranks (one per GPU, or one CPU process each).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = front::DEFAULT_GPUS)]
     pub gpus: usize,
     /// B: micro-batch size per rank.
     #[arg(long, default_value_t = 4)]
@@ -113,7 +115,7 @@ pub struct RunArgs {
     #[arg(long, requires = "golden")]
     pub bless: bool,
     /// Seconds the DDP ranks may take before all are stopped (exit 3).
-    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = front::DEFAULT_TIMEOUT_S)]
     pub timeout: f64,
     /// Let --save-trace replace existing files.
     #[arg(long)]

@@ -32,6 +32,17 @@ pub enum Error {
     Io { context: String, source: std::io::Error },
 }
 
+impl From<ddp_verify_launch::LaunchError> for Error {
+    fn from(e: ddp_verify_launch::LaunchError) -> Self {
+        use ddp_verify_launch::LaunchError as L;
+        match e {
+            L::Launcher { problem, fix } => Error::Launcher { problem, fix },
+            L::Rank { rank, problem } => Error::Rank { rank, problem },
+            L::Io { context, source } => Error::Io { context, source },
+        }
+    }
+}
+
 impl Error {
     /// Exit codes: 0 equivalent, 1 not equivalent (not an error), 2 bad usage or input,
     /// 3 a rank or the launcher failed.

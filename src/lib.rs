@@ -15,7 +15,6 @@ pub mod golden;
 pub mod inject;
 pub mod models;
 pub mod optim;
-pub mod profile;
 pub mod report;
 pub mod runs;
 pub mod sampler;
@@ -23,4 +22,6 @@ pub mod trace;
 pub mod verify;
 
 pub use config::{Config, Tolerance, TrainConfig};
+/// Phase marks for `DDP_VERIFY_PROFILE` (bench/profile.sh).
+pub use ddp_verify_launch::profile;
 pub use error::{Error, Result};

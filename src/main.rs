@@ -31,8 +31,11 @@ fn exit_code() -> u8 {
             let paragraph: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
             let first = paragraph.join(" ");
             let first = first.trim_start_matches("error: ");
-            eprintln!("ddp-verify: {first} (see ddp-verify --help)");
-            return 2;
+            // Started as ranks by `ddp-verify`, every rank parses the same flags: rank 0 speaks.
+            if launch::env_rank().unwrap_or(0) == 0 {
+                eprintln!("ddp-verify: {first} (see ddp-verify --help)");
+            }
+            return if launch::leave_exit_code(2) { 0 } else { 2 };
         }
     };
     match run(args) {

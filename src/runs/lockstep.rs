@@ -28,6 +28,7 @@ pub fn lockstep(cfg: &TrainConfig, comm: &dyn Collective, sink: StepSink) -> Res
         for s in 0..ddp.steps() {
             ddp.restart_from(None, comm)?;
             ddp.step(s)?;
+            crate::profile::mark(&format!("ddp step {s}"));
         }
         ddp.finish()?;
         return Ok(None);

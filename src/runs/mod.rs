@@ -7,7 +7,6 @@ mod ddp;
 pub mod launch;
 mod lockstep;
 pub mod pool;
-mod supervise;
 
 pub use accumulation::{accumulation, accumulation_run};
 pub use ddp::{ddp_rank, ddp_run};

@@ -16,7 +16,7 @@ fn target() -> Option<&'static std::path::Path> {
 pub fn mark(what: &str) {
     let Some(path) = target() else { return };
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    let who = crate::runs::launch::env_rank().map_or("launcher".to_string(), |r| format!("rank{r}"));
+    let who = crate::env_rank().map_or("launcher".to_string(), |r| format!("rank{r}"));
     if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
         let _ = f.write_all(format!("{t:.3} {who} {what}\n").as_bytes());
     }

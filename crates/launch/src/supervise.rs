@@ -2,38 +2,35 @@
 //! Open MPI's banners read (which rank died, how) instead of shown, and a clean stop of
 //! mpirun and every rank on timeout, failure or Ctrl-C.
 
-use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
-use crate::trace::Trace;
+use crate::error::{LaunchError as Error, Result};
 
-/// W rank processes under way; [`PendingDdp::wait`] collects rank 0's trace.
-pub struct PendingDdp {
+/// An mpirun and its ranks under way.
+pub struct Supervised {
     child: Child,
-    out: PathBuf,
     group: i32,
     deadline: Instant,
     timeout: Duration,
     watcher: Option<std::thread::JoinHandle<Option<RankDeath>>>,
 }
 
-impl PendingDdp {
+impl Supervised {
     /// Takes over a started mpirun (spawned in a process group of its own, stderr piped).
-    pub(super) fn supervise(mut child: Child, out: PathBuf, timeout: Duration) -> Self {
+    pub fn new(mut child: Child, timeout: Duration) -> Self {
         let group = child.id() as i32;
         CHILD_GROUP.store(group, Ordering::SeqCst);
         install_interrupt_handler();
         let stderr = child.stderr.take().expect("stderr is piped");
         let watcher = std::thread::spawn(move || watch_stderr(stderr));
-        PendingDdp { child, out, group, deadline: Instant::now() + timeout, timeout, watcher: Some(watcher) }
+        Supervised { child, group, deadline: Instant::now() + timeout, timeout, watcher: Some(watcher) }
     }
 }
 
 /// If the caller gives up (its own run failed), the ranks are stopped, not left behind.
-impl Drop for PendingDdp {
+impl Drop for Supervised {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             stop_group(self.group, &mut self.child);
@@ -43,13 +40,7 @@ impl Drop for PendingDdp {
     }
 }
 
-impl PendingDdp {
-    /// Waits for rank 0's trace.
-    pub fn wait(mut self) -> Result<Trace> {
-        self.finished(true)?;
-        Trace::load(&self.out)
-    }
-
+impl Supervised {
     /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death;
     /// `status_line`: show the wait on a terminal (not when the ranks print the report).
     pub fn finished(&mut self, status_line: bool) -> Result<()> {

@@ -45,14 +45,6 @@ pub enum Command {
         #[arg(long, default_value_t = 2)]
         gpus: usize,
     },
-    /// One DDP rank, started by ddp-verify itself under mpirun.
-    #[command(name = "__rank", hide = true)]
-    Rank {
-        #[arg(long)]
-        config: PathBuf,
-        #[arg(long)]
-        out: PathBuf,
-    },
 }
 
 #[derive(Args)]

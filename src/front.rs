@@ -1,5 +1,5 @@
-//! `ddp-verify`: starts a lockstep verification's W ranks itself and hands every other
-//! command to `ddp-verify-core` beside it. It links no libtorch, whose static
+//! `ddp-verify`: starts a verification's W ranks itself and hands every other command
+//! (explore, split, devices, --help) to `ddp-verify-core` beside it. It links no libtorch, whose static
 //! initialisation costs 0.3 s in every process that loads it; the ranks need it, a
 //! process that only starts them does not.
 
@@ -15,7 +15,7 @@ fn main() {
         Ok(exe) => exe.with_file_name("ddp-verify-core"),
         Err(e) => fail(&format!("cannot locate the ddp-verify executable ({e})")),
     };
-    if let Some(plan) = launch::front::lockstep_plan(&args) {
+    if let Some(plan) = launch::front::plan(&args) {
         launch::profile::mark("relaunching");
         let code = match launch::relaunch(plan.gpus, &core, args, Some(plan.timeout)) {
             Ok(code) => code,

@@ -54,7 +54,6 @@ fn exit_code() -> u8 {
 
 fn run(args: cli::Cli) -> Result<u8> {
     match args.command {
-        Some(cli::Command::Rank { config, out }) => launch::rank_main(&config, &out).map(|()| 0),
         Some(cli::Command::Devices { gpus }) => {
             print!("{}", ddp_verify::device::describe(gpus));
             Ok(0)
@@ -73,9 +72,10 @@ fn run(args: cli::Cli) -> Result<u8> {
         }
         None => {
             let cfg = args.run.config()?;
-            if cfg.train.lockstep && !launch::inside_mpi_world() {
-                // Lockstep needs both runs in one MPI world: refuse bad input here, then
-                // run this same command as W ranks.
+            if !launch::inside_mpi_world() {
+                // Both runs happen inside one MPI world of W ranks: refuse bad input here,
+                // then run this same command as those ranks. (`ddp-verify` usually starts
+                // them itself and this binary only ever runs inside the world.)
                 verify::prepare(&cfg)?;
                 let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
                 ddp_verify::profile::mark("relaunching");
@@ -83,13 +83,8 @@ fn run(args: cli::Cli) -> Result<u8> {
                 ddp_verify::profile::mark("ranks done");
                 return code;
             }
-            let outcome = if launch::inside_mpi_world() {
-                match verify::verify_in_world(&cfg)? {
-                    Some(o) => o,
-                    None => return Ok(0),
-                }
-            } else {
-                verify::verify(&cfg)?
+            let Some(outcome) = verify::verify_in_world(&cfg)? else {
+                return Ok(0);
             };
             ddp_verify::profile::mark("outcome");
             report::write_all(&outcome, &cfg.reports)?;

@@ -32,20 +32,9 @@ impl Outcome {
 
 const TRACE_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "report.json"];
 
-/// Runs accumulation in this process while W MPI ranks run DDP beside it.
-pub fn verify(cfg: &Config) -> Result<Outcome> {
-    let golden = prepare(cfg)?;
-    let workdir = tempfile::tempdir().map_err(|e| Error::io("creating a temporary directory", e))?;
-    let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
-    let pending = launch::spawn_ddp(&cfg.train, workdir.path(), timeout)?;
-    launch::pin_threads();
-    let accumulation = runs::accumulation(&cfg.train);
-    let ddp = pending.wait()?;
-    finish(cfg, accumulation?, ddp, golden)
-}
-
-/// Under a user's `mpirun`: every process is a DDP rank; rank 0 also runs accumulation and
-/// returns the outcome, the others return None.
+/// Inside an MPI world (ours, started by `ddp-verify`, or a user's `mpirun`): every
+/// process is a DDP rank; rank 0 also runs accumulation on a thread of its own and returns
+/// the outcome, the others return None.
 pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     let rank = launch::init_rank()?;
     crate::profile::mark("mpi initialised");
@@ -65,12 +54,20 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     if cfg.train.lockstep {
         return lockstep(cfg, comm.as_ref(), golden);
     }
-    let ddp = runs::ddp_rank(&cfg.train, comm.as_ref())?;
     if !is_root {
+        runs::ddp_rank(&cfg.train, comm.as_ref())?;
         return Ok(None);
     }
-    let accumulation = runs::accumulation(&cfg.train)?;
-    finish(cfg, accumulation, ddp, golden).map(Some)
+    // Free-running, the two runs share nothing until compared: side by side.
+    let (accumulation, ddp) = std::thread::scope(|scope| {
+        let accumulation = scope.spawn(|| {
+            launch::pin_threads();
+            runs::accumulation(&cfg.train)
+        });
+        let ddp = runs::ddp_rank(&cfg.train, comm.as_ref());
+        (accumulation.join().expect("the accumulation thread does not panic"), ddp)
+    });
+    finish(cfg, accumulation?, ddp?, golden).map(Some)
 }
 
 /// Above this many bytes of gradients over all steps, lockstep compares each step as it

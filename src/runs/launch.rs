@@ -3,23 +3,16 @@
 //! it notices it is already inside an MPI world and each process acts as one rank.
 
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use crate::collective::{Collective, Mpi, Nccl};
 use crate::config::TrainConfig;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
-use crate::trace::Trace;
-use ddp_verify_launch::{cannot_start, Supervised};
 pub use ddp_verify_launch::{
     env_rank, exit_now, inside_mpi_world, leave_exit_code, progress_wanted, seconds_since_launch, tune_allocator,
 };
-
-/// The hidden subcommand a launched rank runs.
-pub const RANK_SUBCOMMAND: &str = "__rank";
 
 /// An initialised MPI world; finalised when dropped.
 pub struct MpiRank {
@@ -53,22 +46,6 @@ pub fn pin_threads() {
     tch::set_num_threads(1);
 }
 
-/// Entry point of a rank started by [`spawn_ddp`]: trains, and rank 0 writes the trace.
-pub fn rank_main(config: &Path, out: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(config).map_err(|e| Error::io(format!("reading {}", config.display()), e))?;
-    let cfg: TrainConfig = serde_json::from_str(&text).map_err(|e| {
-        Error::bad_file(config, format!("not a rank config ({e})"), "rank configs are written by ddp-verify itself")
-    })?;
-    let rank = init_rank()?;
-    fault_hooks(rank.comm.rank());
-    let comm = rank_collective(&cfg, &rank.comm)?;
-    let trace = super::ddp_rank(&cfg, comm.as_ref())?;
-    if rank.comm.rank() == 0 {
-        trace.save(out)?;
-    }
-    Ok(())
-}
-
 /// What a DDP rank trains with: for CUDA runs NCCL on its own GPU (`cuda:<local rank>`),
 /// its id sent over `mpi`; else `mpi` itself.
 pub fn rank_collective<'a>(cfg: &TrainConfig, mpi: &'a Mpi) -> Result<Box<dyn Collective + 'a>> {
@@ -100,41 +77,6 @@ pub fn fault_hooks(rank: usize) {
         loop {
             std::thread::sleep(Duration::from_secs(3600));
         }
-    }
-}
-
-/// Starts `mpirun -np W ddp-verify __rank ...` and returns at once, so the accumulation run
-/// can proceed meanwhile. The ranks must finish within `timeout`.
-pub fn spawn_ddp(cfg: &TrainConfig, workdir: &Path, timeout: Duration) -> Result<PendingDdp> {
-    let config = workdir.join("rank-config.json");
-    let out = workdir.join("ddp.safetensors");
-    let json = serde_json::to_string(cfg).expect("config serialises");
-    std::fs::write(&config, json).map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
-    let child = ddp_verify_launch::mpirun(cfg.gpus, &this_executable()?)?
-        .arg(RANK_SUBCOMMAND)
-        .arg("--config")
-        .arg(&config)
-        .arg("--out")
-        .arg(&out)
-        .stderr(Stdio::piped())
-        // Its own process group, so a timeout or Ctrl-C can stop mpirun and every rank at once.
-        .process_group(0)
-        .spawn()
-        .map_err(cannot_start)?;
-    Ok(PendingDdp { ranks: Supervised::new(child, timeout), out })
-}
-
-/// W rank processes under way; [`PendingDdp::wait`] collects rank 0's trace.
-pub struct PendingDdp {
-    ranks: Supervised,
-    out: PathBuf,
-}
-
-impl PendingDdp {
-    /// Waits for rank 0's trace.
-    pub fn wait(mut self) -> Result<Trace> {
-        self.ranks.finished(true)?;
-        Trace::load(&self.out)
     }
 }
 

@@ -244,16 +244,6 @@ fn two_identical_runs_write_bit_identical_traces() {
     }
 }
 
-/// `ddp-verify` decides which runs it starts itself from its own list of lockstep models.
-#[test]
-fn the_fronts_lockstep_models_are_the_resnets() {
-    use ddp_verify::config::ModelKind;
-    for name in ModelKind::NAMES {
-        let resnet = ModelKind::parse(name).unwrap().is_resnet();
-        assert_eq!(ddp_verify_launch::front::LOCKSTEP_MODELS.contains(&name), resnet, "{name}");
-    }
-}
-
 #[test]
 fn a_bad_flag_on_a_run_the_front_starts_is_one_line_and_exit_2() {
     let out = ddp_verify(&["--model", "resnet-tiny", "--bogus", "1"]);

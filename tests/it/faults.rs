@@ -47,8 +47,8 @@ fn assert_all_gone(pids: &[i32]) {
     }
 }
 
-/// Both launch paths: the linear model free-running (ranks beside the launcher's own run),
-/// and a ResNet in lockstep (both runs inside one MPI world).
+/// Both kinds of run: the linear model free-running (rank 0's accumulation thread beside its
+/// DDP share) and a ResNet in lockstep (each DDP step restarts from the accumulation run).
 const MODES: [&[&str]; 2] = [&[], &["--model", "resnet-tiny", "--data-size", "16"]];
 
 #[test]

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub use error::{LaunchError, Result};
-pub use supervise::Supervised;
+use supervise::Supervised;
 
 /// True when Open MPI, PMIx or a PMI launcher started this process.
 pub fn inside_mpi_world() -> bool {
@@ -53,7 +53,7 @@ pub fn relaunch(
     let how = match timeout {
         Some(timeout) => {
             let child = cmd.stderr(Stdio::piped()).process_group(0).spawn().map_err(cannot_start)?;
-            Supervised::new(child, timeout).finished(false)?;
+            Supervised::new(child, timeout).finished()?;
             String::new()
         }
         None => {
@@ -71,7 +71,7 @@ pub fn relaunch(
     }
 }
 
-pub fn cannot_start(e: std::io::Error) -> LaunchError {
+fn cannot_start(e: std::io::Error) -> LaunchError {
     LaunchError::Launcher { problem: format!("cannot start mpirun ({e})"), fix: "check the Open MPI install".into() }
 }
 

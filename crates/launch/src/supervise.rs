@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::error::{LaunchError as Error, Result};
 
 /// An mpirun and its ranks under way.
-pub struct Supervised {
+pub(crate) struct Supervised {
     child: Child,
     group: i32,
     deadline: Instant,
@@ -19,7 +19,7 @@ pub struct Supervised {
 
 impl Supervised {
     /// Takes over a started mpirun (spawned in a process group of its own, stderr piped).
-    pub fn new(mut child: Child, timeout: Duration) -> Self {
+    pub(crate) fn new(mut child: Child, timeout: Duration) -> Self {
         let group = child.id() as i32;
         CHILD_GROUP.store(group, Ordering::SeqCst);
         install_interrupt_handler();
@@ -41,34 +41,13 @@ impl Drop for Supervised {
 }
 
 impl Supervised {
-    /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death;
-    /// `status_line`: show the wait on a terminal (not when the ranks print the report).
-    pub fn finished(&mut self, status_line: bool) -> Result<()> {
-        use std::io::{IsTerminal, Write};
-        let started = Instant::now();
-        let show = status_line && std::io::stderr().is_terminal();
-        let mut shown = false;
+    /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death.
+    pub(crate) fn finished(&mut self) -> Result<()> {
         let status = loop {
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
-                if shown {
-                    eprint!("\r{:60}\r", "");
-                }
                 break status;
             }
-            // A status line on a terminal once the wait passes a second.
-            let waited = started.elapsed().as_secs_f64();
-            if show && waited > 1.0 {
-                eprint!(
-                    "\rddp-verify: waiting for the DDP ranks... {waited:.1} s (--timeout {:.0} s)",
-                    self.timeout.as_secs_f64()
-                );
-                let _ = std::io::stderr().flush();
-                shown = true;
-            }
             if Instant::now() >= self.deadline {
-                if shown {
-                    eprintln!();
-                }
                 stop_group(self.group, &mut self.child);
                 return Err(Error::Launcher {
                     problem: format!(

@@ -113,6 +113,7 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
     crate::profile::mark("runs finished");
     let strict = cfg.strict_buffers;
     let runs = runs_cmp.finish(&acc, &ddp, strict);
+    crate::profile::mark("runs compared");
     let golden_cmps = match (gold_cmps, &golden) {
         (Some([ga, gd]), Some(g)) => {
             vec![ga.finish(&acc, &g.accumulation.without_steps(), true), gd.finish(&ddp, &g.ddp.without_steps(), true)]
@@ -126,6 +127,7 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
     acc.steps = kept_acc.into_iter().filter(|p| !p.is_empty()).collect();
     ddp.steps = kept_ddp.into_iter().filter(|p| !p.is_empty()).collect();
     let outcome = outcome(cfg, acc, ddp, runs, golden_cmps, golden.as_ref());
+    crate::profile::mark("diagnosed");
     after(cfg, outcome, true).map(Some)
 }
 

@@ -89,6 +89,8 @@ pub struct Run<'a> {
     /// Whether anyone reads this run's trace: the accumulation run and DDP rank 0. The
     /// other ranks' gradients and peaks are never looked at, so they are not kept.
     traced: bool,
+    /// Lockstep: whether this run has restarted from the accumulation run yet.
+    restarted: bool,
 }
 
 impl<'a> Run<'a> {
@@ -109,7 +111,7 @@ impl<'a> Run<'a> {
         opt.zero_grad()?;
         let peaks = model.parameters().iter().map(|(_, p)| p.detach().abs()).collect();
         let traced = ddp.as_ref().is_none_or(|d| d.comm.rank() == 0);
-        let mut run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks, traced };
+        let mut run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks, traced, restarted: false };
         if let Some(d) = run.ddp.as_ref().filter(|d| d.start == DdpStart::Broadcast) {
             // DDP's constructor broadcasts rank 0's parameters and buffers.
             collective::broadcast_all(d.comm, &run.state_tensors(), 0)?;
@@ -172,9 +174,13 @@ impl<'a> Run<'a> {
     }
 
     /// Lockstep: every DDP rank restarts from `state`, which rank 0 holds (None elsewhere).
+    /// The first restart gives this run its initial weights, which its peaks must hold;
+    /// later ones are the accumulation run's weights, already in that run's peaks.
     pub fn restart_from(&mut self, state: Option<State>, comm: &dyn Collective) -> Result<()> {
         collective::broadcast_into(comm, state.map(|s| s.0), &self.state_tensors(), 0)?;
-        self.track_peaks();
+        if !std::mem::replace(&mut self.restarted, true) {
+            self.track_peaks();
+        }
         Ok(())
     }
 

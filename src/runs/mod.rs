@@ -109,8 +109,11 @@ impl<'a> Run<'a> {
         let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
         let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum, cfg.weight_decay)?;
         opt.zero_grad()?;
-        let peaks = model.parameters().iter().map(|(_, p)| p.detach().abs()).collect();
         let traced = ddp.as_ref().is_none_or(|d| d.comm.rank() == 0);
+        let peaks = match traced {
+            true => model.parameters().iter().map(|(_, p)| p.detach().abs()).collect(),
+            false => Vec::new(),
+        };
         let mut run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks, traced, restarted: false };
         if let Some(d) = run.ddp.as_ref().filter(|d| d.start == DdpStart::Broadcast) {
             // DDP's constructor broadcasts rank 0's parameters and buffers.

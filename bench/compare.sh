@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
-cargo build -q --bin ddp-verify --example pure_compute
+cargo build -q --bins --example pure_compute
 exec .venv/bin/python -W ignore bench/compare.py "$@"

@@ -5,6 +5,7 @@
 #   bench/profile.sh [ddp-verify flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cargo build -q --bins
 marks=$(mktemp)
 trap 'rm -f "$marks"' EXIT
 start=$(date +%s.%N)

@@ -29,7 +29,10 @@ fn main() {
     }
     // Only returns if the core could not be started.
     let e = std::process::Command::new(&core).args(args).exec();
-    fail(&format!("cannot start {} ({e}); reinstall with cargo install --path .", core.display()));
+    fail(&format!(
+        "cannot start {} ({e}); build both binaries (cargo build) or reinstall with cargo install --path .",
+        core.display()
+    ));
 }
 
 fn fail(problem: &str) -> ! {

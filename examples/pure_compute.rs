@@ -24,8 +24,6 @@ fn main() -> anyhow::Result<()> {
     let json = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: pure_compute '<TrainConfig JSON>'"))?;
     let cfg: TrainConfig = serde_json::from_str(&json)?;
     cfg.validate()?;
-    // The same process set-up as ddp-verify's own, so the ratio counts only its overhead.
-    ddp_verify::runs::launch::tune_allocator();
     tch::set_num_threads(1);
     let accumulation = steps(accumulation_run(&cfg)?)?;
     let mut ranks = Vec::new();

@@ -12,7 +12,6 @@ use ddp_verify::sampler::SplitPlan;
 use ddp_verify::{explore, report, verify, Result};
 
 fn main() -> ExitCode {
-    launch::tune_allocator();
     let code = exit_code();
     launch::exit_now(code)
 }

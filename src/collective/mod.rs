@@ -123,8 +123,8 @@ pub fn broadcast_into(comm: &dyn Collective, flats: Option<Vec<Tensor>>, ts: &[T
 }
 
 /// At most this many bytes per bucket, DDP's default `bucket_cap_mb`. It also keeps each
-/// flat copy under glibc's 32 MiB mmap ceiling, so buckets reuse heap memory instead of
-/// taking fresh, zero-filled pages every step.
+/// flat copy under 32 MiB, the most glibc's adaptive mmap threshold rises to, so buckets
+/// come from reused heap memory instead of fresh, zero-filled pages every step.
 const BUCKET_BYTES: usize = 25 * 1024 * 1024;
 
 /// Flat copies of `ts`: one dtype per bucket, tensors in order, a bucket closed before it

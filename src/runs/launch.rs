@@ -11,7 +11,7 @@ use crate::config::TrainConfig;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 pub use ddp_verify_launch::{
-    env_rank, exit_now, inside_mpi_world, leave_exit_code, progress_wanted, seconds_since_launch, tune_allocator,
+    env_rank, exit_now, inside_mpi_world, leave_exit_code, progress_wanted, seconds_since_launch,
 };
 
 /// An initialised MPI world; finalised when dropped.

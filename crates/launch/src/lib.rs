@@ -122,20 +122,6 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// Keeps freed memory for reuse instead of handing it back to the kernel. By default glibc
-/// trims the heap's top on free and serves blocks above a threshold that starts at 128 KiB
-/// with fresh mmaps, so every resnet18 step paid for its tensors again in zero-filled page
-/// faults (470k faults, 1.4 s of system time in one run). Blocks up to 32 MiB (glibc's
-/// ceiling; collective buckets stay under it) now come from the heap, which is never
-/// trimmed: its high-water mark is the peak a run needs anyway.
-pub fn tune_allocator() {
-    // SAFETY: mallopt only sets allocator parameters; both values are valid for glibc.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-    }
-}
-
 /// Ends the process with `code` once output is flushed, skipping libtorch's static
 /// destructors and the freeing of every tensor still alive: that teardown took 0.15 s of
 /// each process's exit, and the kernel reclaims the memory anyway. MPI is finalised and

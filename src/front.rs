@@ -6,36 +6,35 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 
-use ddp_verify_launch as launch;
+use ddp_verify_launch::{self as launch, LaunchError};
 
 fn main() {
     launch::profile::mark("main");
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let core = match std::env::current_exe() {
         Ok(exe) => exe.with_file_name("ddp-verify-core"),
-        Err(e) => fail(&format!("cannot locate the ddp-verify executable ({e})")),
+        Err(e) => fail(launcher(format!("cannot locate the ddp-verify executable ({e})"), "run it by its path")),
     };
     if let Some(plan) = launch::front::plan(&args) {
-        launch::profile::mark("relaunching");
-        let code = match launch::relaunch(plan.gpus, &core, args, Some(plan.timeout)) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("ddp-verify: {e}");
-                3
-            }
-        };
-        launch::profile::mark("ranks done");
-        launch::exit_now(code);
+        match launch::relaunch(plan.gpus, &core, args, Some(plan.timeout)) {
+            Ok(code) => launch::exit_now(code),
+            Err(e) => fail(e),
+        }
     }
     // Only returns if the core could not be started.
     let e = std::process::Command::new(&core).args(args).exec();
-    fail(&format!(
-        "cannot start {} ({e}); build both binaries (cargo build) or reinstall with cargo install --path .",
-        core.display()
+    fail(launcher(
+        format!("cannot start {} ({e})", core.display()),
+        "build both binaries (cargo build) or reinstall with cargo install --path .",
     ));
 }
 
-fn fail(problem: &str) -> ! {
-    eprintln!("ddp-verify: launcher: {problem}");
-    std::process::exit(3)
+fn launcher(problem: String, fix: &str) -> LaunchError {
+    LaunchError::Launcher { problem, fix: fix.into() }
+}
+
+/// One line, exit 3, like every launcher failure of the core.
+fn fail(e: LaunchError) -> ! {
+    eprintln!("ddp-verify: {e}");
+    launch::exit_now(3)
 }

@@ -77,10 +77,7 @@ fn run(args: cli::Cli) -> Result<u8> {
                 // them itself and this binary only ever runs inside the world.)
                 verify::prepare(&cfg)?;
                 let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
-                ddp_verify::profile::mark("relaunching");
-                let code = launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
-                ddp_verify::profile::mark("ranks done");
-                return code;
+                return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
             }
             let Some(outcome) = verify::verify_in_world(&cfg)? else {
                 return Ok(0);

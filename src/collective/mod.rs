@@ -108,6 +108,9 @@ pub fn broadcast_all(comm: &dyn Collective, ts: &[Tensor], root: usize) -> Resul
 /// `ts`; root's own `ts` when None).
 pub fn broadcast_into(comm: &dyn Collective, flats: Option<Vec<Tensor>>, ts: &[Tensor], root: usize) -> Result<()> {
     let root_has = comm.rank() == root && flats.is_none();
+    if root_has && comm.world_size() == 1 {
+        return Ok(());
+    }
     let flats = match flats {
         Some(flats) => flats,
         None if comm.rank() == root => flatten(ts)?,

@@ -64,52 +64,41 @@ impl ResNet {
     fn init(spec: ResNetSpec, random: bool) -> Self {
         let mut params = Vec::new();
         let mut buffers = Vec::new();
-        {
-            let opts = (Kind::Float, Device::Cpu);
-            let mut conv = |name: String, out: i64, inp: i64, k: i64| {
-                let std = (2.0 / (out * k * k) as f64).sqrt();
-                let w = if random {
-                    Tensor::randn([out, inp, k, k], opts) * std
-                } else {
-                    Tensor::zeros([out, inp, k, k], opts)
-                };
-                params.push((name, w));
-            };
-            let mut bn_names = Vec::new();
-            conv("conv1.weight".into(), spec.widths[0], 3, 7);
-            bn_names.push(("bn1".to_string(), spec.widths[0]));
-            let mut inplanes = spec.widths[0];
-            for (stage, (&planes, &blocks)) in spec.widths.iter().zip(&spec.blocks).enumerate() {
-                for b in 0..blocks {
-                    let p = format!("layer{}.{b}", stage + 1);
-                    conv(format!("{p}.conv1.weight"), planes, inplanes, 3);
-                    bn_names.push((format!("{p}.bn1"), planes));
-                    conv(format!("{p}.conv2.weight"), planes, planes, 3);
-                    bn_names.push((format!("{p}.bn2"), planes));
-                    if b == 0 && (stage > 0 || inplanes != planes) {
-                        conv(format!("{p}.downsample.0.weight"), planes, inplanes, 1);
-                        bn_names.push((format!("{p}.downsample.1"), planes));
-                    }
-                    inplanes = planes;
+        let opts = (Kind::Float, Device::Cpu);
+        // The random draws in torchvision's order, or zeros of the same shape when blank.
+        let draw = |shape: &[i64], fill: &dyn Fn() -> Tensor| if random { fill() } else { Tensor::zeros(shape, opts) };
+        let mut conv = |name: String, out: i64, inp: i64, k: i64| {
+            let std = (2.0 / (out * k * k) as f64).sqrt();
+            params.push((name, draw(&[out, inp, k, k], &|| Tensor::randn([out, inp, k, k], opts) * std)));
+        };
+        let mut bn_names = Vec::new();
+        conv("conv1.weight".into(), spec.widths[0], 3, 7);
+        bn_names.push(("bn1".to_string(), spec.widths[0]));
+        let mut inplanes = spec.widths[0];
+        for (stage, (&planes, &blocks)) in spec.widths.iter().zip(&spec.blocks).enumerate() {
+            for b in 0..blocks {
+                let p = format!("layer{}.{b}", stage + 1);
+                conv(format!("{p}.conv1.weight"), planes, inplanes, 3);
+                bn_names.push((format!("{p}.bn1"), planes));
+                conv(format!("{p}.conv2.weight"), planes, planes, 3);
+                bn_names.push((format!("{p}.bn2"), planes));
+                if b == 0 && (stage > 0 || inplanes != planes) {
+                    conv(format!("{p}.downsample.0.weight"), planes, inplanes, 1);
+                    bn_names.push((format!("{p}.downsample.1"), planes));
                 }
+                inplanes = planes;
             }
-            let bound = 1.0 / (inplanes as f64).sqrt();
-            let uniform = |shape: &[i64]| {
-                if random {
-                    Tensor::rand(shape, opts) * (2.0 * bound) - bound
-                } else {
-                    Tensor::zeros(shape, opts)
-                }
-            };
-            params.push(("fc.weight".into(), uniform(&[spec.num_classes, inplanes])));
-            params.push(("fc.bias".into(), uniform(&[spec.num_classes])));
-            for (name, c) in bn_names {
-                params.push((format!("{name}.weight"), Tensor::ones([c], opts)));
-                params.push((format!("{name}.bias"), Tensor::zeros([c], opts)));
-                buffers.push((format!("{name}.running_mean"), Tensor::zeros([c], opts)));
-                buffers.push((format!("{name}.running_var"), Tensor::ones([c], opts)));
-                buffers.push((format!("{name}.num_batches_tracked"), Tensor::zeros([], (Kind::Int64, Device::Cpu))));
-            }
+        }
+        let bound = 1.0 / (inplanes as f64).sqrt();
+        let uniform = |shape: &[i64]| draw(shape, &|| Tensor::rand(shape, opts) * (2.0 * bound) - bound);
+        params.push(("fc.weight".into(), uniform(&[spec.num_classes, inplanes])));
+        params.push(("fc.bias".into(), uniform(&[spec.num_classes])));
+        for (name, c) in bn_names {
+            params.push((format!("{name}.weight"), Tensor::ones([c], opts)));
+            params.push((format!("{name}.bias"), Tensor::zeros([c], opts)));
+            buffers.push((format!("{name}.running_mean"), Tensor::zeros([c], opts)));
+            buffers.push((format!("{name}.running_var"), Tensor::ones([c], opts)));
+            buffers.push((format!("{name}.num_batches_tracked"), Tensor::zeros([], (Kind::Int64, Device::Cpu))));
         }
         params.sort_by(|a, b| a.0.cmp(&b.0));
         buffers.sort_by(|a, b| a.0.cmp(&b.0));

@@ -10,7 +10,6 @@ pub mod pool;
 
 pub use accumulation::{accumulation, accumulation_run};
 pub use ddp::{ddp_rank, ddp_run};
-
 pub use lockstep::{lockstep, StepSink};
 
 use tch::Tensor;

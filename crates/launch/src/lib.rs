@@ -45,6 +45,7 @@ pub fn relaunch(
     timeout: Option<Duration>,
 ) -> Result<u8> {
     use std::io::IsTerminal;
+    profile::mark("relaunching");
     let dir = tempfile::tempdir().map_err(|e| LaunchError::io("creating a temporary directory", e))?;
     let result = dir.path().join("exit-code");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -62,6 +63,7 @@ pub fn relaunch(
             format!(" (mpirun {status})")
         }
     };
+    profile::mark("ranks done");
     match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
         Some(code) => Ok(code),
         None => Err(LaunchError::Launcher {

@@ -27,20 +27,7 @@ impl Supervised {
         let watcher = std::thread::spawn(move || watch_stderr(stderr));
         Supervised { child, group, deadline: Instant::now() + timeout, timeout, watcher: Some(watcher) }
     }
-}
 
-/// If the caller gives up (its own run failed), the ranks are stopped, not left behind.
-impl Drop for Supervised {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            stop_group(self.group, &mut self.child);
-        }
-        signal_group(self.group, libc::SIGKILL);
-        CHILD_GROUP.store(0, Ordering::SeqCst);
-    }
-}
-
-impl Supervised {
     /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death.
     pub(crate) fn finished(&mut self) -> Result<()> {
         let status = loop {
@@ -72,6 +59,17 @@ impl Supervised {
             });
         }
         Ok(())
+    }
+}
+
+/// If the caller gives up (its own run failed), the ranks are stopped, not left behind.
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            stop_group(self.group, &mut self.child);
+        }
+        signal_group(self.group, libc::SIGKILL);
+        CHILD_GROUP.store(0, Ordering::SeqCst);
     }
 }
 

@@ -7,13 +7,14 @@ use clap::{Args, Parser, Subcommand};
 // `ddp-verify` reads these flags' defaults before handing over to this binary.
 use ddp_verify_launch::front;
 
+use ddp_verify::config::ToleranceOverrides;
 use ddp_verify::config::{Dtype, ModelKind};
 use ddp_verify::device::{self, DeviceRequest};
 use ddp_verify::explore::ExploreOptions;
 use ddp_verify::inject::Bug;
 use ddp_verify::report::{Format, ReportTarget};
 use ddp_verify::runs::launch;
-use ddp_verify::{Config, Error, Tolerance, TrainConfig};
+use ddp_verify::{Config, Error, TrainConfig};
 
 const EXIT_CODES: &str =
     "Exit codes: 0 equivalent, 1 not equivalent, 2 bad usage or input, 3 a rank or the launcher failed.";
@@ -172,13 +173,8 @@ pub struct ToleranceArgs {
 }
 
 impl ToleranceArgs {
-    fn tolerance(&self, dtype: Dtype, lockstep: bool) -> Tolerance {
-        let d = Tolerance::for_run(dtype, lockstep);
-        Tolerance {
-            max_ulps: self.max_ulps.unwrap_or(d.max_ulps),
-            rtol: self.rtol.unwrap_or(d.rtol),
-            atol: self.atol.unwrap_or(d.atol),
-        }
+    fn overrides(&self) -> ToleranceOverrides {
+        ToleranceOverrides { max_ulps: self.max_ulps, rtol: self.rtol, atol: self.atol }
     }
 }
 
@@ -301,7 +297,8 @@ impl RunArgs {
         let device = device::resolve(n.device, local_ranks)?;
         let train = TrainConfig { device: device.kind, ..train };
         Ok(Config {
-            tolerance: self.tolerance.tolerance(train.dtype, train.lockstep),
+            tolerance: self.tolerance.overrides().tolerance(train.dtype, train.lockstep),
+            derive_bounds: self.tolerance.overrides().derive(&train),
             train,
             save_trace: self.save_trace.clone(),
             golden: self.golden.clone(),
@@ -332,8 +329,10 @@ impl ExploreArgs {
                 vec![Some(parse_bug(name).map_err(|e| Error::bad_flag("--inject", e, "pass one of those, or all"))?)]
             }
         };
-        let tolerance = self.tolerance.tolerance(Dtype::Float32, false);
-        tolerance.validate()?;
+        let tolerance = self.tolerance.overrides();
+        for dtype in Dtype::ALL {
+            tolerance.tolerance(dtype, false).validate()?;
+        }
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
         });

@@ -194,11 +194,48 @@ impl Tolerance {
     }
 }
 
+/// `--max-ulps/--rtol/--atol` as given. Without any of them each element is held to the
+/// bound the arithmetic gives it (`runs::Bounds`); any one given makes the fixed tolerance
+/// decide instead, its other bounds at their defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToleranceOverrides {
+    pub max_ulps: Option<u32>,
+    pub rtol: Option<f64>,
+    pub atol: Option<f64>,
+}
+
+impl ToleranceOverrides {
+    pub fn given(&self) -> bool {
+        self.max_ulps.is_some() || self.rtol.is_some() || self.atol.is_some()
+    }
+
+    /// The fixed tolerance: for goldens always, for the runs when overridden.
+    pub fn tolerance(&self, dtype: Dtype, lockstep: bool) -> Tolerance {
+        let d = Tolerance::for_run(dtype, lockstep);
+        Tolerance {
+            max_ulps: self.max_ulps.unwrap_or(d.max_ulps),
+            rtol: self.rtol.unwrap_or(d.rtol),
+            atol: self.atol.unwrap_or(d.atol),
+        }
+    }
+
+    /// Whether accumulation vs DDP is judged by the derived bounds.
+    pub fn derive(&self, train: &TrainConfig) -> bool {
+        !self.given() && train.bounds_hold()
+    }
+}
+
 /// Everything a verification run needs, validated once.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Config {
     pub train: TrainConfig,
+    /// The fixed tolerance: goldens are always held to it, the runs only when
+    /// `derive_bounds` is off.
     pub tolerance: Tolerance,
+    /// Hold accumulation vs DDP to the bounds derived from the arithmetic (no
+    /// --max-ulps/--rtol/--atol given, and `TrainConfig::bounds_hold`).
+    #[serde(default)]
+    pub derive_bounds: bool,
     pub save_trace: Option<PathBuf>,
     pub golden: Option<PathBuf>,
     /// Allows `--save-trace` to replace files that already exist.
@@ -290,6 +327,14 @@ impl TrainConfig {
             s.push_str(bug.name());
         }
         s
+    }
+
+    /// Whether the derived bounds are rigorous: both runs start every step from the same
+    /// weights (lockstep), or the gradient does not depend on the weights (the linear
+    /// model). A free-running deep net feeds each step's rounding into the next step's
+    /// gradients, which no per-step bound follows; it keeps the fixed tolerance.
+    pub fn bounds_hold(&self) -> bool {
+        self.lockstep || !self.model.is_resnet()
     }
 
     /// Micro-batches each rank accumulates under no_sync before an all-reduce.

@@ -26,6 +26,11 @@ pub struct Trace {
     /// SGD rounds a weight at that scale, so final weights are compared there. Empty for
     /// PyTorch's golden traces, which do not record it.
     pub peaks: Params,
+    /// The accumulation run's: what rounding alone may make DDP's gradients differ by, per
+    /// step and element (`runs::Bounds`); empty for other traces.
+    pub allowed: Vec<Params>,
+    /// Likewise for the final weights.
+    pub allowed_finals: Params,
 }
 
 impl Trace {
@@ -75,7 +80,7 @@ impl Trace {
         if finals.is_empty() {
             return Err(Error::bad_file(path, "no final.<param> tensors", fix));
         }
-        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, buffers, peaks };
+        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, buffers, peaks, ..Trace::default() };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -99,6 +104,8 @@ impl Trace {
             finals: share(&self.finals),
             buffers: share(&self.buffers),
             peaks: share(&self.peaks),
+            allowed: Vec::new(),
+            allowed_finals: share(&self.allowed_finals),
         }
     }
 }

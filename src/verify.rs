@@ -7,7 +7,7 @@ use crate::compare::{diagnose, Comparer, Comparison, Diagnosis, Verdict};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::golden::{self, Golden};
-use crate::runs::{self, launch};
+use crate::runs::{self, launch, StepGrads};
 use crate::trace::{Params, Trace, TraceWriter};
 
 pub struct Outcome {
@@ -89,11 +89,12 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
     };
     let (mut kept_acc, mut kept_ddp) = (Vec::new(), Vec::new());
     let none = Params::new();
-    let mut sink = |s: usize, a: Params, d: Params| -> Result<()> {
-        runs_cmp.step(&a, &d);
+    let mut sink = |s: usize, step: StepGrads| -> Result<()> {
+        let StepGrads { accumulation: a, ddp: d, allowed } = step;
+        runs_cmp.step(&a, &d, &allowed);
         if let (Some([ga, gd]), Some(g)) = (gold_cmps.as_mut(), golden.as_ref()) {
-            ga.step(&a, g.accumulation.steps.get(s).unwrap_or(&none));
-            gd.step(&d, g.ddp.steps.get(s).unwrap_or(&none));
+            ga.step(&a, g.accumulation.steps.get(s).unwrap_or(&none), &none);
+            gd.step(&d, g.ddp.steps.get(s).unwrap_or(&none), &none);
         }
         if let Some([wa, wd]) = writers.as_mut() {
             wa.step(s, &a)?;
@@ -240,7 +241,7 @@ fn comparers(cfg: &Config, golden: Option<&Golden>) -> (Comparer, Option<[Compar
             Comparer::new("ddp", "golden ddp", tol, g.meta.sample),
         ]
     });
-    (Comparer::new("accumulation", "ddp", tol, None), gold)
+    (Comparer::new("accumulation", "ddp", tol, None).derived(cfg.derive_bounds), gold)
 }
 
 fn outcome(

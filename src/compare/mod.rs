@@ -36,6 +36,8 @@ pub struct TensorDiff {
     pub max_abs: f64,
     pub max_rel: f64,
     pub max_ulps: u64,
+    /// The largest |Δ| as a fraction of what its element was allowed: 1 is the edge.
+    pub worst_fraction: f64,
     pub verdict: Verdict,
     /// Set when the tensors cannot be compared element-wise, or hold NaN/Inf.
     pub problem: Option<String>,
@@ -48,6 +50,7 @@ pub struct GroupDiff {
     pub max_abs: f64,
     pub max_rel: f64,
     pub max_ulps: u64,
+    pub worst_fraction: f64,
     pub verdict: Verdict,
 }
 
@@ -56,6 +59,11 @@ pub struct Comparison {
     pub left: String,
     pub right: String,
     pub tolerance: Tolerance,
+    /// Whether each element was held to the bound derived from the arithmetic
+    /// (`runs::Bounds`) instead of `tolerance`.
+    pub derived: bool,
+    /// The largest |Δ| of any counted element as a fraction of what it was allowed.
+    pub worst_fraction: f64,
     pub left_steps: usize,
     pub right_steps: usize,
     pub steps: Vec<GroupDiff>,
@@ -74,6 +82,8 @@ pub struct Comparer {
     left: String,
     right: String,
     tol: Tolerance,
+    /// Hold elements to the bounds the accumulation run derived, where it gives them.
+    derived: bool,
     /// Golden files may keep only a strided sample of each tensor: compare that sample.
     sample: Option<usize>,
     steps: Vec<GroupDiff>,
@@ -87,6 +97,7 @@ impl Comparer {
             left: left.into(),
             right: right.into(),
             tol: *tol,
+            derived: false,
             sample,
             steps: Vec::new(),
             left_steps: 0,
@@ -94,8 +105,16 @@ impl Comparer {
         }
     }
 
-    /// One step's gradients; an empty side means that run made no such step.
-    pub fn step(&mut self, a: &Params, b: &Params) {
+    /// Elements are held to the bounds `allowed` gives (from the accumulation run) instead
+    /// of the fixed tolerance: the default, unless --max-ulps/--rtol/--atol were given.
+    pub fn derived(mut self, on: bool) -> Self {
+        self.derived = on;
+        self
+    }
+
+    /// One step's gradients; an empty side means that run made no such step. `allowed`
+    /// (possibly empty) bounds each element's difference when derived.
+    pub fn step(&mut self, a: &Params, b: &Params, allowed: &Params) {
         self.left_steps += usize::from(!a.is_empty());
         self.right_steps += usize::from(!b.is_empty());
         if !a.is_empty() && !b.is_empty() {
@@ -104,7 +123,8 @@ impl Comparer {
             // the terms, not of the small result. So gradients are measured at their
             // tensor's largest magnitude, as final weights are at their peak.
             let (a, b) = (self.sampled(a), self.sampled(b));
-            self.steps.push(compare_group(&a, &b, &self.tol, Scales::TensorPeak));
+            let bounds = self.bounds(allowed);
+            self.steps.push(compare_group(&a, &b, &self.tol, Scales::TensorPeak, bounds.as_ref()));
         }
     }
 
@@ -112,18 +132,22 @@ impl Comparer {
     pub fn finish(mut self, a: &Trace, b: &Trace, buffers_counted: bool) -> Comparison {
         for i in 0..a.steps.len().max(b.steps.len()) {
             let none = Params::new();
-            self.step(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none));
+            let allowed = a.allowed.get(i).unwrap_or(&none);
+            self.step(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed);
         }
         // Final weights are measured at each weight's largest magnitude during training:
         // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
         let scales = self.sampled(&peaks(a, b));
-        let finals =
-            compare_group(&self.sampled(&a.finals), &self.sampled(&b.finals), &self.tol, Scales::Given(&scales));
+        let bounds = self.bounds(&a.allowed_finals);
+        let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
+        let finals = compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref());
         let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty())
-            .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own));
-        let counted = buffers.iter().filter(|_| buffers_counted);
-        let mut verdict =
-            self.steps.iter().chain([&finals]).chain(counted).map(|s| s.verdict).max().unwrap_or(Verdict::Exact);
+            .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None));
+        let counted: Vec<&GroupDiff> =
+            self.steps.iter().chain([&finals]).chain(buffers.iter().filter(|_| buffers_counted)).collect();
+        let mut verdict = counted.iter().map(|s| s.verdict).max().unwrap_or(Verdict::Exact);
+        let worst_fraction = counted.iter().map(|s| s.worst_fraction).fold(0.0, f64::max);
+        let derived = self.derived && (!a.allowed.is_empty() || !a.allowed_finals.is_empty());
         if self.left_steps != self.right_steps {
             verdict = Verdict::Diverged;
         }
@@ -131,6 +155,8 @@ impl Comparer {
             left: self.left,
             right: self.right,
             tolerance: self.tol,
+            derived,
+            worst_fraction,
             left_steps: self.left_steps,
             right_steps: self.right_steps,
             steps: self.steps,
@@ -139,6 +165,11 @@ impl Comparer {
             buffers_counted,
             verdict,
         }
+    }
+
+    /// The derived bounds to hold elements to, if this comparer uses them and has some.
+    fn bounds(&self, allowed: &Params) -> Option<Params> {
+        (self.derived && !allowed.is_empty()).then(|| self.sampled(allowed))
     }
 
     fn sampled(&self, p: &Params) -> Params {
@@ -178,7 +209,9 @@ enum Scales<'a> {
     Given(&'a [(String, Tensor)]),
 }
 
-fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: Scales) -> GroupDiff {
+/// `bounds`: per element, the largest |Δ| allowed (derived from the arithmetic); without
+/// them, `tol` decides.
+fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: Scales, bounds: Option<&Params>) -> GroupDiff {
     let mut tensors = Vec::new();
     for (name, x) in a {
         match b.iter().find(|(n, _)| n == name) {
@@ -191,7 +224,14 @@ fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: Scales) -> Gro
                         given.iter().find(|(n, t)| n == name && t.size() == x.size()).map(|(_, t)| t.shallow_clone())
                     }
                 };
-                tensors.push(compare_tensor(name, x, y, tol, scale))
+                let bound = bounds.map(|bs| {
+                    bs.iter()
+                        .find(|(n, t)| n == name && t.size() == x.size())
+                        .map(|(_, t)| t.shallow_clone())
+                        // A tensor the bounds do not cover (unused in the graph) must match.
+                        .unwrap_or_else(|| x.zeros_like().to_kind(tch::Kind::Double))
+                });
+                tensors.push(compare_tensor(name, x, y, tol, scale, bound))
             }
             None => tensors.push(missing(name, "missing on the right")),
         }
@@ -204,6 +244,7 @@ fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: Scales) -> Gro
         max_abs: fold(|t| t.max_abs),
         max_rel: fold(|t| t.max_rel),
         max_ulps: tensors.iter().map(|t| t.max_ulps).max().unwrap_or(0),
+        worst_fraction: fold(|t| t.worst_fraction),
         verdict: tensors.iter().map(|t| t.verdict).max().unwrap_or(Verdict::Exact),
         tensors,
     }
@@ -215,6 +256,7 @@ fn missing(name: &str, problem: &str) -> TensorDiff {
         max_abs: f64::INFINITY,
         max_rel: f64::INFINITY,
         max_ulps: u64::MAX,
+        worst_fraction: f64::INFINITY,
         verdict: Verdict::Diverged,
         problem: Some(problem.into()),
     }
@@ -222,13 +264,15 @@ fn missing(name: &str, problem: &str) -> TensorDiff {
 
 /// With `scale`, relative and ulp differences are taken at max(|x|, |y|, scale) per element.
 /// Ulps count in the tensors' own precision (float32, float64, bfloat16, float16); integer counters must
-/// match exactly, their "ulps" being the difference itself.
+/// match exactly, their "ulps" being the difference itself. With `bound`, an element passes
+/// when |Δ| is within its own entry, and `tol` is not used.
 fn compare_tensor(
     name: &str,
     x: &Tensor,
     y: &Tensor,
     tol: &Tolerance,
     scale: impl FnOnce() -> Option<Tensor>,
+    bound: Option<Tensor>,
 ) -> TensorDiff {
     if x.size() != y.size() {
         return missing(name, &format!("shape {:?} vs {:?}", x.size(), y.size()));
@@ -246,6 +290,7 @@ fn compare_tensor(
         max_abs: 0.0,
         max_rel: 0.0,
         max_ulps: 0,
+        worst_fraction: 0.0,
         verdict: Verdict::Exact,
         problem: None,
     };
@@ -262,6 +307,11 @@ fn compare_tensor(
     if x.kind() == y.kind() && x.equal(y) && (x.numel() == 0 || finite(x)) {
         return d;
     }
+    // Past the fast path everything is read on the CPU: an index made on one device
+    // cannot pick from a tensor on another.
+    let cpu = |t: &Tensor| t.to_device(tch::Device::Cpu);
+    let (x, y) = (&cpu(x), &cpu(y));
+    let bound = bound.map(|b| cpu(&b));
     // Only elements that differ, or are not finite, can count: they are picked out inside
     // libtorch first, so a final resnet18 weight set with a few differing values costs a
     // pass or two instead of three float64 copies of 11M values.
@@ -275,8 +325,11 @@ fn compare_tensor(
     let values = |t: &Tensor| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double)).unwrap_or_default();
     let (xs, ys) = (values(&pick(x)), values(&pick(y)));
     // A per-tensor scale is one value; a per-element one is picked like the values.
-    let ss = scale()
-        .map(|s| values(&if s.numel() == 1 { s.reshape(-1).expand([picked.size()[0]], false) } else { pick(&s) }));
+    let ss = scale().map(|s| {
+        let s = cpu(&s);
+        values(&if s.numel() == 1 { s.reshape(-1).expand([picked.size()[0]], false) } else { pick(&s) })
+    });
+    let bs = bound.map(|b| values(&pick(&b)));
     for (k, (&p, &q)) in xs.iter().zip(&ys).enumerate() {
         // A blown-up run proves nothing, even when both blew up alike.
         if !(p.is_finite() && q.is_finite()) {
@@ -296,8 +349,14 @@ fn compare_tensor(
             _ if ss.is_none() => precision.ulps_between(p, q),
             _ => (abs / precision.ulp(at)).ceil() as u64,
         };
-        let close =
-            precision != Precision::Int && (abs <= tol.atol || rel <= tol.rtol || ulps <= u64::from(tol.max_ulps));
+        // The fraction of the allowance used: an element passes when it is at most 1.
+        let fraction = match (&bs, precision) {
+            (_, Precision::Int) => f64::INFINITY,
+            (Some(bs), _) => abs / bs[k],
+            (None, _) => (abs / tol.atol).min(rel / tol.rtol).min(ulps as f64 / f64::from(tol.max_ulps)),
+        };
+        let close = fraction <= 1.0;
+        d.worst_fraction = d.worst_fraction.max(fraction);
         d.max_abs = d.max_abs.max(abs);
         d.max_rel = d.max_rel.max(rel);
         d.max_ulps = d.max_ulps.max(ulps);

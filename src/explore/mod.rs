@@ -13,8 +13,8 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 
-use crate::compare::{compare, diagnose, Diagnosis, Verdict};
-use crate::config::{Tolerance, TrainConfig};
+use crate::compare::{diagnose, Comparer, Diagnosis, Verdict};
+use crate::config::{ToleranceOverrides, TrainConfig};
 use crate::error::{Error, Result};
 use crate::inject::Bug;
 use crate::runs::{accumulation, launch, pool::RankPool};
@@ -25,7 +25,8 @@ pub struct ExploreOptions {
     pub seed: u64,
     /// One pass per entry; `None` is the honest run.
     pub bugs: Vec<Option<Bug>>,
-    pub tolerance: Tolerance,
+    /// --max-ulps/--rtol/--atol, if given; else each case is held to its derived bounds.
+    pub tolerance: ToleranceOverrides,
     /// Minimal failing configurations, replayed first and appended to (proptest's idea of
     /// persisted regressions, stored as the configs themselves).
     pub regressions: Option<PathBuf>,
@@ -118,7 +119,7 @@ struct Case {
 
 struct Runner<'a> {
     pool: &'a RankPool,
-    tol: Tolerance,
+    tol: ToleranceOverrides,
     timing: Timing,
 }
 
@@ -129,7 +130,8 @@ impl Runner<'_> {
         let t1 = Instant::now();
         let acc = accumulation(cfg)?;
         let t2 = Instant::now();
-        let c = compare("accumulation", &acc, "ddp", &ddp, &self.tol);
+        let tol = self.tol.tolerance(cfg.dtype, cfg.lockstep);
+        let c = Comparer::new("accumulation", "ddp", &tol, None).derived(self.tol.derive(cfg)).finish(&acc, &ddp, true);
         let diagnosis = diagnose(&acc, &ddp, &c, cfg);
         let t = &mut self.timing;
         t.ddp += (t1 - t0).as_secs_f64();

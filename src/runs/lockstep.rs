@@ -16,8 +16,17 @@ use crate::trace::{Params, Trace};
 use super::{accumulation_run, ddp_run, launch, DdpStart, State};
 
 /// Receives step `s`'s gradients from the accumulation run and from DDP as soon as both
-/// exist, so they can be compared and dropped (memory stays flat in the number of steps).
-pub type StepSink<'a> = &'a mut dyn FnMut(usize, Params, Params) -> Result<()>;
+/// exist, so they can be compared and dropped (memory stays flat in the number of steps),
+/// with what rounding allows them to differ by (`Bounds`).
+pub type StepSink<'a> = &'a mut dyn FnMut(usize, StepGrads) -> Result<()>;
+
+/// One optimizer step's gradients from both runs.
+pub struct StepGrads {
+    pub accumulation: Params,
+    pub ddp: Params,
+    /// Per element, what rounding alone may make them differ by.
+    pub allowed: Params,
+}
 
 /// Both runs inside one MPI world of W ranks: rank 0 runs the accumulation run on a thread
 /// of its own beside its DDP share. Returns (accumulation, DDP) on rank 0, with their finals
@@ -39,7 +48,7 @@ pub fn lockstep(cfg: &TrainConfig, comm: &dyn Collective, sink: StepSink) -> Res
     // A closed channel means the other side stopped; its own error is the one returned.
     std::thread::scope(|scope| {
         let (state_tx, states) = sync_channel::<State>(1);
-        let (grads_tx, grads) = sync_channel::<Params>(1);
+        let (grads_tx, grads) = sync_channel::<(Params, Params)>(1);
         let (steps_tx, ddp_steps) = sync_channel::<usize>(1);
         let acc = scope.spawn(move || -> Result<Option<Trace>> {
             launch::pin_threads();
@@ -52,7 +61,7 @@ pub fn lockstep(cfg: &TrainConfig, comm: &dyn Collective, sink: StepSink) -> Res
                 if s < ddp_steps && state_tx.send(acc.state()?).is_err() {
                     return Ok(None);
                 }
-                let g = if s < acc.steps() { acc.step(s)? } else { Params::new() };
+                let g = if s < acc.steps() { (acc.step(s)?, acc.take_allowed()) } else { Default::default() };
                 crate::profile::mark(&format!("accumulation step {s}"));
                 if grads_tx.send(g).is_err() {
                     return Ok(None);
@@ -76,7 +85,7 @@ fn ddp_side(
     comm: &dyn Collective,
     steps_tx: SyncSender<usize>,
     states: &Receiver<State>,
-    grads: &Receiver<Params>,
+    grads: &Receiver<(Params, Params)>,
     sink: StepSink,
 ) -> Result<Option<Trace>> {
     let mut ddp = ddp_run(cfg, comm, DdpStart::Restarted)?;
@@ -88,15 +97,15 @@ fn ddp_side(
         ddp.restart_from(Some(state), comm)?;
         let ddp_grads = ddp.step(s)?;
         crate::profile::mark(&format!("ddp step {s}"));
-        let Ok(acc_grads) = grads.recv() else { return Ok(None) };
-        sink(s, acc_grads, ddp_grads)?;
+        let Ok((accumulation, allowed)) = grads.recv() else { return Ok(None) };
+        sink(s, StepGrads { accumulation, ddp: ddp_grads, allowed })?;
         crate::profile::mark(&format!("compared step {s}"));
     }
     let ddp = ddp.finish()?;
     crate::profile::mark("ddp finished");
     // Steps the accumulation run makes beyond DDP's (an injected split bug) still compare.
-    for (s, acc_grads) in (ddp_steps..).zip(grads.iter()) {
-        sink(s, acc_grads, Params::new())?;
+    for (s, (accumulation, allowed)) in (ddp_steps..).zip(grads.iter()) {
+        sink(s, StepGrads { accumulation, ddp: Params::new(), allowed })?;
     }
     Ok(Some(ddp))
 }

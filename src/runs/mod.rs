@@ -3,14 +3,16 @@
 //! its gradient for the next window, as PyTorch does with the same loop.
 
 mod accumulation;
+mod bounds;
 mod ddp;
 pub mod launch;
 mod lockstep;
 pub mod pool;
 
 pub use accumulation::{accumulation, accumulation_run};
+pub use bounds::Bounds;
 pub use ddp::{ddp_rank, ddp_run};
-pub use lockstep::{lockstep, StepSink};
+pub use lockstep::{lockstep, StepGrads, StepSink};
 
 use tch::Tensor;
 
@@ -90,6 +92,10 @@ pub struct Run<'a> {
     traced: bool,
     /// Lockstep: whether this run has restarted from the accumulation run yet.
     restarted: bool,
+    /// The accumulation run's: what rounding may make DDP differ by (see `bounds`).
+    bounds: Option<Bounds>,
+    /// What the last step's gradients may differ by, until taken.
+    allowed: Params,
 }
 
 impl<'a> Run<'a> {
@@ -113,7 +119,21 @@ impl<'a> Run<'a> {
             true => model.parameters().iter().map(|(_, p)| p.detach().abs()).collect(),
             false => Vec::new(),
         };
-        let mut run = Run { model, data, opt, plan, loss_divisor, zero_grad, ddp, peaks, traced, restarted: false };
+        let bounds = ddp.is_none().then(|| Bounds::new(cfg, loss_divisor, model.parameters().len()));
+        let mut run = Run {
+            model,
+            data,
+            opt,
+            plan,
+            loss_divisor,
+            zero_grad,
+            ddp,
+            peaks,
+            traced,
+            restarted: false,
+            bounds,
+            allowed: Params::new(),
+        };
         if let Some(d) = run.ddp.as_ref().filter(|d| d.start == DdpStart::Broadcast) {
             // DDP's constructor broadcasts rank 0's parameters and buffers.
             collective::broadcast_all(d.comm, &run.state_tensors(), 0)?;
@@ -142,7 +162,16 @@ impl<'a> Run<'a> {
             (true, true) => params.iter().map(|(n, p)| (n.clone(), p.grad().detach())).collect(),
             (true, false) => snapshot(params.iter().map(|(n, p)| (n, p.grad()))),
         };
+        if let Some(b) = self.bounds.as_mut() {
+            let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+            let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+            let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
+            self.allowed = b.step(&names, &grads, &tensors);
+        }
         self.opt.step()?;
+        if let Some(b) = self.bounds.as_mut() {
+            b.after_step(&params.iter().map(|(_, p)| p.shallow_clone()).collect::<Vec<_>>());
+        }
         self.track_peaks();
         if self.zero_grad {
             self.opt.zero_grad()?;
@@ -150,13 +179,30 @@ impl<'a> Run<'a> {
         Ok(grads)
     }
 
+    /// What the gradients of the step just made may differ by in DDP (empty for DDP runs).
+    pub fn take_allowed(&mut self) -> Params {
+        std::mem::take(&mut self.allowed)
+    }
+
     /// Runs the micro-batches after the last step, then returns the final weights, buffers
     /// and peaks (no steps: the caller has them).
     pub fn finish(mut self) -> Result<Trace> {
         let tail = std::mem::take(&mut self.plan.tail);
+        // They make no step, so the bounds need not see them.
+        let bounds = self.bounds.take();
         self.forward_backward(&tail)?;
         let m = &self.model;
+        let allowed_finals = match &bounds {
+            Some(b) => {
+                let params = m.parameters();
+                let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+                b.finals(&names, &params.iter().map(|(_, p)| p.shallow_clone()).collect::<Vec<_>>())
+            }
+            None => Params::new(),
+        };
         Ok(Trace {
+            allowed: Vec::new(),
+            allowed_finals,
             steps: Vec::new(),
             finals: snapshot(m.parameters().iter().map(|(n, p)| (n, p.shallow_clone()))),
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
@@ -166,8 +212,13 @@ impl<'a> Run<'a> {
 
     /// Every step, then [`Run::finish`]: a free-running run's whole trace.
     pub fn run_all(mut self) -> Result<Trace> {
-        let steps = (0..self.steps()).map(|s| self.step(s)).collect::<Result<Vec<_>>>()?;
-        Ok(Trace { steps, ..self.finish()? })
+        let (mut steps, mut allowed) = (Vec::new(), Vec::new());
+        for s in 0..self.steps() {
+            steps.push(self.step(s)?);
+            allowed.push(self.take_allowed());
+        }
+        allowed.retain(|a| !a.is_empty());
+        Ok(Trace { steps, allowed, ..self.finish()? })
     }
 
     /// The weights and buffers, flattened: what another run restarts from in lockstep.
@@ -212,9 +263,15 @@ impl<'a> Run<'a> {
                 collective::broadcast_all(d.comm, &buffers, 0)?;
             }
             let batch = self.data.batch(idx);
-            // `loss / ACC_STEPS` with an integer divisor, as in the article.
-            let loss = self.model.loss(&batch) / self.loss_divisor as f64;
-            loss.f_backward()?;
+            let loss = self.model.loss(&batch);
+            match self.bounds.as_mut() {
+                Some(b) => {
+                    let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
+                    b.backward(&loss, self.loss_divisor, &params)?;
+                }
+                // `loss / ACC_STEPS` with an integer divisor, as in the article.
+                None => (loss / self.loss_divisor as f64).f_backward()?,
+            }
         }
         Ok(())
     }

@@ -39,9 +39,8 @@ pub struct Bounds {
     control_divisor: f64,
     /// DDP's micro-batch gradients are exactly W times accumulation's: no second backward.
     exact_scaling: bool,
-    /// Unit roundoff of the all-reduce's additions, and of its rounding back to the dtype.
+    /// Unit roundoff of the all-reduce's additions.
     reduce_u: f64,
-    round_back: f64,
     /// The gradients' dtype; sums of subnormals round in absolute terms, by up to `tiny`.
     dtype: Kind,
     tiny: f64,
@@ -71,10 +70,9 @@ impl Bounds {
         let narrow = matches!(cfg.dtype, Dtype::Bfloat16 | Dtype::Float16);
         // NCCL may round at every hop in the dtype itself; the host path adds in float32
         // (float64 for float64) and rounds once.
-        let (reduce_u, round_back) = match (cfg.device, narrow) {
-            (DeviceKind::Cuda, _) => (cfg.dtype.epsilon() / 2.0, 0.0),
-            (_, true) => (f32::EPSILON as f64 / 2.0, cfg.dtype.epsilon()),
-            (_, false) => (cfg.dtype.epsilon() / 2.0, 0.0),
+        let reduce_u = match (cfg.device, narrow) {
+            (DeviceKind::Cpu, true) => f32::EPSILON as f64 / 2.0,
+            _ => cfg.dtype.epsilon() / 2.0,
         };
         let tiny = match cfg.dtype {
             Dtype::Float32 | Dtype::Bfloat16 => f32::from_bits(1) as f64,
@@ -88,7 +86,6 @@ impl Bounds {
             // float16's small gradients are subnormal, where scaling by W is not exact.
             exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16,
             reduce_u,
-            round_back,
             dtype: cfg.dtype.kind(),
             tiny: tiny * (cfg.acc_steps + w) as f64,
             u: cfg.dtype.epsilon() / 2.0,
@@ -162,13 +159,7 @@ impl Bounds {
             let w = work(w).abs();
             let g = if g.defined() { work(g) } else { w.zeros_like() };
             let a = match (self.control[i].take(), self.partial_mag[i].take()) {
-                (Some(c), Some(mag)) => {
-                    // The reduction rounds back to the dtype once, as the host path does.
-                    let c = work(&c.to_kind(self.dtype));
-                    let floor = (&c - &g).abs();
-                    let reduce = mag * gamma(self.world.saturating_sub(1), self.reduce_u) + c.abs() * self.round_back;
-                    (floor + reduce) * HEADROOM + self.tiny
-                }
+                (Some(c), Some(mag)) => self.allowed(&c, &mag, &g),
                 _ => w.zeros_like() + self.tiny,
             };
             // SGD: d = g + wd·w; buf = μ·buf + d; w -= lr·buf. Each run rounds d and buf
@@ -192,6 +183,19 @@ impl Bounds {
             allowed.push((names[i].clone(), a.to_kind(Kind::Double)));
         }
         allowed
+    }
+
+    /// HEADROOM times the farthest DDP's gradient can be from accumulation's `g`: the
+    /// all-reduce adds the same partials as the control's total `c` in another order, so
+    /// before rounding to the dtype it lies within c ± 2γ(W−1)·Σ|partial| (`mag`; twice,
+    /// for the control's own additions), and rounding is monotone, so after it, between
+    /// the two ends rounded. Worked in float64.
+    fn allowed(&self, c: &Tensor, mag: &Tensor, g: &Tensor) -> Tensor {
+        let (c, mag, g) = (c.to_kind(Kind::Double), mag.to_kind(Kind::Double), g.to_kind(Kind::Double));
+        let reach = mag * (2.0 * gamma(self.world.saturating_sub(1), self.reduce_u));
+        let end = |t: Tensor| (t.to_kind(self.dtype).to_kind(Kind::Double) - &g).abs();
+        let floor = end(&c - &reach).maximum(&end(&c + &reach));
+        (floor * HEADROOM + self.tiny).to_kind(g_kind(self.dtype))
     }
 
     /// After the optimizer step: the weights it made. Each run rounds lr·buf and the update.
@@ -245,6 +249,15 @@ impl Bounds {
                 });
             }
         }
+    }
+}
+
+/// The kind bounds are kept in: float64 for float64 runs, else float32.
+fn g_kind(dtype: Kind) -> Kind {
+    if dtype == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
     }
 }
 

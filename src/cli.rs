@@ -198,6 +198,10 @@ pub struct ExploreArgs {
     /// Largest W drawn; that many ranks are started once and reused.
     #[arg(long, default_value_t = 3)]
     pub max_gpus: usize,
+    /// Draw configurations of: linear, resnet-tiny (lockstep in every dtype, and float64
+    /// free-running), or all (a ResNet one draw in four).
+    #[arg(long, value_name = "MODEL|all", default_value = "all")]
+    pub model: String,
     /// Seed of the random draws [default: a fresh one, printed for replay].
     #[arg(long)]
     pub seed: Option<u64>,
@@ -336,7 +340,20 @@ impl ExploreArgs {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
         });
+        let models = match self.model.as_str() {
+            "all" => vec![ModelKind::Linear, ModelKind::ResnetTiny],
+            "linear" => vec![ModelKind::Linear],
+            "resnet-tiny" => vec![ModelKind::ResnetTiny],
+            other => {
+                return Err(Error::bad_flag(
+                    "--model",
+                    format!("explore draws linear or resnet-tiny configurations, not '{other}'"),
+                    "pass --model linear, resnet-tiny or all",
+                ))
+            }
+        };
         Ok(ExploreOptions {
+            models,
             cases: self.cases,
             max_gpus: self.max_gpus,
             seed,

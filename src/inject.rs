@@ -83,21 +83,45 @@ fn correct_order(cfg: &TrainConfig, epoch: u64) -> Vec<MicroBatch> {
     accumulation_order(&SamplerSpec::from_train(cfg).shards(epoch), cfg.batch_size)
 }
 
-/// The samples behind each optimizer step, as sorted multisets, following the training
-/// loop: the counter restarts each epoch and a partial window carries into the next one.
-fn step_samples(cfg: &TrainConfig, order: impl Fn(u64) -> Vec<MicroBatch>) -> Vec<Vec<i64>> {
+/// The samples behind each optimizer step, following the training loop: the counter
+/// restarts each epoch, a partial window carries into the next one, and --max-steps stops
+/// it. For the linear model a step's gradient depends on its multiset of samples alone;
+/// with BatchNorm it also depends on how they are grouped into micro-batches, so for
+/// ResNets each step is its sorted list of sorted micro-batches.
+fn step_samples(cfg: &TrainConfig, order: impl Fn(u64) -> Vec<MicroBatch>) -> Vec<Vec<Vec<i64>>> {
     let mut steps = Vec::new();
-    let mut window: Vec<i64> = Vec::new();
+    let mut window: Vec<Vec<i64>> = Vec::new();
+    let max = cfg.max_steps.unwrap_or(usize::MAX);
     for epoch in 0..cfg.epochs as u64 {
         for (i, mb) in order(epoch).iter().enumerate() {
-            window.extend(&mb.indices);
-            if (i + 1) % cfg.acc_steps == 0 {
-                window.sort_unstable();
-                steps.push(std::mem::take(&mut window));
+            let mut m = mb.indices.clone();
+            m.sort_unstable();
+            window.push(m);
+            if (i + 1) % cfg.acc_steps == 0 && steps.len() < max {
+                let mut step = std::mem::take(&mut window);
+                if !cfg.model.is_resnet() {
+                    let mut all: Vec<i64> = step.concat();
+                    all.sort_unstable();
+                    step = vec![all];
+                }
+                step.sort();
+                steps.push(step);
             }
         }
     }
     steps
+}
+
+/// Whether every micro-batch either run would see under `bug` (or none) holds at least
+/// `least` samples: train-mode BatchNorm refuses one value per channel.
+pub fn micro_batches_hold(cfg: &TrainConfig, bug: Option<Bug>, least: usize) -> bool {
+    (0..cfg.epochs as u64).all(|e| {
+        let order = match bug {
+            Some(b) => accumulation_with(b, cfg, e),
+            None => correct_order(cfg, e),
+        };
+        order.iter().all(|m| m.indices.len() >= least)
+    })
 }
 
 /// The accumulation run's micro-batches for an epoch, with `bug` planted if it is a

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::{ExploreReport, Tally};
+use crate::report::fraction;
 
 impl ExploreReport {
     /// Honest cases all equivalent; every bug caught wherever it changes the math, never
@@ -18,11 +19,18 @@ impl ExploreReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "explore: {} random configurations per pass (seed {}; replay with --seed {}), up to {} ranks, linear model",
-            self.cases, self.seed, self.seed, self.max_gpus
+            "explore: {} random configurations per pass (seed {}; replay with --seed {}), up to {} ranks, {}",
+            self.cases,
+            self.seed,
+            self.seed,
+            self.max_gpus,
+            self.models.iter().map(|m| m.name()).collect::<Vec<_>>().join(" and ")
         );
         for t in self.tallies.iter().filter(|t| t.bug.is_none()) {
             let _ = writeln!(s, "  cases            {:>6}{}", t.cases, replayed(t));
+            let _ = writeln!(s, "    of which ResNet {:>5}", t.resnet_cases);
+            let _ =
+                writeln!(s, "  worst case used  {:>6} of its allowed difference (1 is the edge)", fraction(t.max_used));
             let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent);
             let _ = writeln!(s, "  not equivalent   {:>6}{}", t.not_equivalent, reasons(t));
         }
@@ -31,15 +39,15 @@ impl ExploreReport {
         if !bugs.is_empty() {
             let _ = writeln!(
                 s,
-                "\n  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7}  likely cause reported",
-                "injected bug", "planted in", "configs", "changes math", "caught", "missed", "false+"
+                "\n  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8}  likely cause reported",
+                "injected bug", "planted in", "configs", "changes math", "caught", "missed", "false+", "margin"
             );
             for t in &bugs {
                 let b = t.bug.expect("bug tally");
                 notes.push(format!("    {:<17} {}", b.name(), b.harmless_when()));
                 let _ = writeln!(
                     s,
-                    "  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {}",
+                    "  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8} {}",
                     b.name(),
                     b.side(),
                     t.cases,
@@ -47,9 +55,18 @@ impl ExploreReport {
                     t.caught,
                     t.missed,
                     t.false_alarms,
+                    t.min_margin.map_or("-".into(), |m| if m.is_finite() {
+                        format!("{}x", fraction(m))
+                    } else {
+                        "inf".into()
+                    }),
                     reasons(t)
                 );
             }
+            let _ = writeln!(
+                s,
+                "  margin: the smallest factor by which a caught case's worst difference exceeded what it was allowed"
+            );
             let _ =
                 writeln!(s, "\n  configs a bug cannot change (counted out of \"changes math\"):\n{}", notes.join("\n"));
         }

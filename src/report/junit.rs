@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{num, ulps, Exporter};
+use super::{fraction, num, ulps, Exporter};
 use crate::compare::{Comparison, GroupDiff, Verdict};
 use crate::verify::Outcome;
 
@@ -19,19 +19,25 @@ fn case(s: &mut String, suite: &str, name: &str, g: &GroupDiff, o: &Outcome) {
         let _ = writeln!(s, "/>");
         return;
     }
-    let tol = &o.config.tolerance;
     let worst: Vec<String> = g
         .tensors
         .iter()
         .filter(|t| t.verdict == Verdict::Diverged)
         .map(|t| {
             t.problem.clone().map_or_else(
-                || format!("{}: max |Δ| {}, rel {}, {} ulp", t.name, num(t.max_abs), num(t.max_rel), ulps(t.max_ulps)),
+                || {
+                    let (abs, rel, used) = (num(t.max_abs), num(t.max_rel), fraction(t.worst_fraction));
+                    format!(
+                        "{}: max |Δ| {abs}, rel {rel}, {} ulp, {used} times the allowed difference",
+                        t.name,
+                        ulps(t.max_ulps)
+                    )
+                },
                 |p| format!("{}: {p}", t.name),
             )
         })
         .collect();
-    let message = format!("{name} diverged (allowed {} ulp or rel {:e} or abs {:e})", tol.max_ulps, tol.rtol, tol.atol);
+    let message = format!("{name} diverged (allowed: {})", super::bound_words(o));
     let _ = writeln!(
         s,
         ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",

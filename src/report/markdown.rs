@@ -2,14 +2,15 @@
 
 use std::fmt::Write;
 
-use super::{num, summary, ulps, values, verdict_line, Exporter};
+use super::{fraction, num, summary, ulps, values, verdict_line, Exporter};
 use crate::compare::{GroupDiff, Verdict};
 use crate::verify::Outcome;
 
 pub struct Markdown;
 
 fn cells(g: &GroupDiff) -> String {
-    format!("{} | {} | {} | {}", num(g.max_abs), num(g.max_rel), ulps(g.max_ulps), g.verdict.label())
+    let (abs, rel, used) = (num(g.max_abs), num(g.max_rel), fraction(g.worst_fraction));
+    format!("{abs} | {rel} | {} | {used} | {}", ulps(g.max_ulps), g.verdict.label())
 }
 
 impl Exporter for Markdown {
@@ -41,22 +42,24 @@ impl Exporter for Markdown {
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "**Likely cause:** {}\n", d.detail);
         }
-        let _ = writeln!(s, "| step | max \\|Δ\\| | max rel | max ulp | verdict |\n|---:|---:|---:|---:|:---|");
+        let _ =
+            writeln!(s, "| step | max \\|Δ\\| | max rel | max ulp | used | verdict |\n|---:|---:|---:|---:|---:|:---|");
         for (i, g) in o.runs.steps.iter().enumerate() {
             let _ = writeln!(s, "| {i} | {} |", cells(g));
         }
         let _ = writeln!(s, "| final weights | {} |\n", cells(&o.runs.finals));
         if t.model.is_resnet() {
             let mut worst: Vec<_> = o.runs.finals.tensors.iter().collect();
-            worst.sort_by_key(|d| std::cmp::Reverse((d.verdict, d.max_ulps)));
+            super::worst_first(&mut worst);
             let _ = writeln!(s, "<details><summary>Final weights: the 5 furthest apart</summary>\n");
             for d in worst.iter().take(5) {
                 let _ = writeln!(
                     s,
-                    "- `{}`: {} ulp, rel {} ({})",
+                    "- `{}`: {} ulp, rel {}, {} of the allowed difference ({})",
                     d.name,
                     ulps(d.max_ulps),
                     num(d.max_rel),
+                    fraction(d.worst_fraction),
                     d.verdict.label()
                 );
             }

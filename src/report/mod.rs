@@ -108,7 +108,43 @@ pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
 }
 
 pub(crate) fn row(g: &GroupDiff) -> String {
-    format!("{:>10}  {:>10}  {:>8}  {}", num(g.max_abs), num(g.max_rel), ulps(g.max_ulps), g.verdict.label())
+    format!(
+        "{:>10}  {:>10}  {:>8}  {:>8}  {}",
+        num(g.max_abs),
+        num(g.max_rel),
+        ulps(g.max_ulps),
+        fraction(g.worst_fraction),
+        g.verdict.label()
+    )
+}
+
+/// The largest |Δ| as a fraction of what was allowed ("used"): 1 is the edge.
+pub fn fraction(x: f64) -> String {
+    match x {
+        0.0 => "0".into(),
+        x if x.is_infinite() => "-".into(),
+        x if (0.01..1000.0).contains(&x) => format!("{x:.2}"),
+        x => format!("{x:.1e}"),
+    }
+}
+
+/// Worst first: diverged before passed, then by the fraction of the allowance used.
+pub(crate) fn worst_first(ds: &mut [&crate::compare::TensorDiff]) {
+    ds.sort_by(|a, b| {
+        let key = |d: &crate::compare::TensorDiff| (d.verdict, d.worst_fraction, d.max_ulps);
+        key(b).partial_cmp(&key(a)).unwrap_or(std::cmp::Ordering::Equal)
+    });
+}
+
+/// What elements were held to, in words.
+pub(crate) fn bound_words(o: &Outcome) -> String {
+    let tol = &o.config.tolerance;
+    if o.runs.derived {
+        "the bound derived from the arithmetic (twice the rounding DDP's order and loss scaling can cause, per element)"
+            .into()
+    } else {
+        format!("{} ulp or rel {:e} or abs {:e}", tol.max_ulps, tol.rtol, tol.atol)
+    }
 }
 
 pub(crate) fn summary(c: &Comparison) -> String {
@@ -122,15 +158,15 @@ pub(crate) fn summary(c: &Comparison) -> String {
 }
 
 pub(crate) fn verdict_line(o: &Outcome) -> String {
-    let tol = &o.config.tolerance;
-    let bound = format!("{} ulp or rel {:e} or abs {:e}", tol.max_ulps, tol.rtol, tol.atol);
+    let bound = bound_words(o);
     let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
     if o.verdict() != Verdict::Diverged {
+        let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
         return format!(
-            "EQUIVALENT: every gradient and final weight within {bound} (worst: {} ulp of {} allowed)",
+            "EQUIVALENT: every gradient and final weight within {bound} (worst: {} ulp, {} of the allowed difference)",
             ulps(worst),
-            tol.max_ulps
+            fraction(used)
         );
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
@@ -146,7 +182,13 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     };
     let t = g.tensors.iter().find(|t| t.verdict == Verdict::Diverged).expect("a diverged tensor");
     let detail = t.problem.clone().unwrap_or_else(|| {
-        format!("max |Δ| {}, rel {}, {} ulp; allowed {bound}", num(t.max_abs), num(t.max_rel), ulps(t.max_ulps))
+        format!(
+            "max |Δ| {}, rel {}, {} ulp: {} times the allowed difference ({bound})",
+            num(t.max_abs),
+            num(t.max_rel),
+            ulps(t.max_ulps),
+            fraction(t.worst_fraction)
+        )
     });
     format!("NOT EQUIVALENT: {} vs {} first differ at {what}, {}: {detail}", first.left, first.right, t.name)
 }

@@ -49,8 +49,11 @@ impl Exporter for Table {
         let wide = t.model.is_resnet();
         let _ = writeln!(s, "\nper optimizer step: {} vs {} gradients", o.runs.left, o.runs.right);
         let worst_col = if wide { "  worst tensor" } else { "" };
-        let _ =
-            writeln!(s, "  {:>4}  {:>10}  {:>10}  {:>8}  verdict{worst_col}", "step", "max |Δ|", "max rel", "max ulp");
+        let _ = writeln!(
+            s,
+            "  {:>4}  {:>10}  {:>10}  {:>8}  {:>8}  verdict{worst_col}",
+            "step", "max |Δ|", "max rel", "max ulp", "used"
+        );
         for (i, g) in o.runs.steps.iter().enumerate() {
             let worst = if wide { format!("  {}", worst_name(g)) } else { String::new() };
             let _ = writeln!(s, "  {:>4}  {}{worst}", i, row(g));
@@ -67,8 +70,8 @@ impl Exporter for Table {
         if wide {
             let _ = writeln!(
                 s,
-                "  {:<34}  {:>10}  {:>10}  {:>8}  verdict",
-                "worst tensors", "max |Δ|", "max rel", "max ulp"
+                "  {:<34}  {:>10}  {:>10}  {:>8}  {:>8}  verdict",
+                "worst tensors", "max |Δ|", "max rel", "max ulp", "used"
             );
             for d in worst_tensors(&o.runs.finals, 5) {
                 let _ = writeln!(s, "  {:<34}  {}", d.name, tensor_row(d));
@@ -81,7 +84,11 @@ impl Exporter for Table {
                     let _ = writeln!(s, "    ddp           {}", values(d));
                 }
             }
-            let _ = writeln!(s, "  {:<4}  {:>10}  {:>10}  {:>8}  verdict", "", "max |Δ|", "max rel", "max ulp");
+            let _ = writeln!(
+                s,
+                "  {:<4}  {:>10}  {:>10}  {:>8}  {:>8}  verdict",
+                "", "max |Δ|", "max rel", "max ulp", "used"
+            );
         }
         let label = if wide { format!("all {} tensors", o.runs.finals.tensors.len()) } else { "all".into() };
         let _ = writeln!(s, "  {:<w$}  {}", label, row(&o.runs.finals), w = if wide { 34 } else { 4 });
@@ -90,8 +97,8 @@ impl Exporter for Table {
             let _ = writeln!(s, "\nBatchNorm buffers at the end: {counted}");
             let _ = writeln!(
                 s,
-                "  {:<34}  {:>10}  {:>10}  {:>8}  verdict",
-                "worst buffers", "max |Δ|", "max rel", "max ulp"
+                "  {:<34}  {:>10}  {:>10}  {:>8}  {:>8}  verdict",
+                "worst buffers", "max |Δ|", "max rel", "max ulp", "used"
             );
             for d in worst_tensors(b, 3) {
                 let mut line = tensor_row(d);
@@ -161,20 +168,29 @@ fn resnet_header(s: &mut String, o: &Outcome) {
     let _ = writeln!(s, "mode: {}", super::mode(o));
 }
 
-/// The tensor with the most ulps in a group.
+/// The tensor that used most of its allowance in a group.
 fn worst_name(g: &GroupDiff) -> &str {
-    let worst = g.tensors.iter().filter(|t| t.verdict != Verdict::Exact).max_by_key(|t| (t.verdict, t.max_ulps));
+    let worst = g.tensors.iter().filter(|t| t.verdict != Verdict::Exact).max_by(|a, b| {
+        (a.verdict, a.worst_fraction).partial_cmp(&(b.verdict, b.worst_fraction)).unwrap_or(std::cmp::Ordering::Equal)
+    });
     worst.map_or("-", |t| t.name.as_str())
 }
 
 /// The `n` tensors furthest apart, worst first (ties keep name order).
 fn worst_tensors(g: &GroupDiff, n: usize) -> Vec<&TensorDiff> {
     let mut all: Vec<&TensorDiff> = g.tensors.iter().collect();
-    all.sort_by_key(|d| std::cmp::Reverse((d.verdict, d.max_ulps)));
+    super::worst_first(&mut all);
     all.truncate(n);
     all
 }
 
 fn tensor_row(d: &TensorDiff) -> String {
-    format!("{:>10}  {:>10}  {:>8}  {}", num(d.max_abs), num(d.max_rel), ulps(d.max_ulps), d.verdict.label())
+    format!(
+        "{:>10}  {:>10}  {:>8}  {:>8}  {}",
+        num(d.max_abs),
+        num(d.max_rel),
+        ulps(d.max_ulps),
+        super::fraction(d.worst_fraction),
+        d.verdict.label()
+    )
 }

@@ -37,8 +37,9 @@ impl RankPool {
         self.world.rank() == 0
     }
 
-    /// Rank 0: hands `cfg` to the ranks and runs rank 0's share; returns the DDP trace.
-    pub fn lead(&self, cfg: &TrainConfig) -> Result<Trace> {
+    /// Rank 0: hands `cfg` to the ranks and runs rank 0's share; returns the DDP trace, and
+    /// for a lockstep job also the accumulation run's (which lockstep runs beside it).
+    pub fn lead(&self, cfg: &TrainConfig) -> Result<(Option<Trace>, Trace)> {
         if cfg.gpus > self.size() {
             return Err(Error::bad_flag(
                 "--max-gpus",
@@ -68,11 +69,26 @@ impl RankPool {
         self.subs.iter().flatten().map(Mpi::comm_seconds).sum()
     }
 
-    fn run_share(&self, cfg: &TrainConfig) -> Result<Option<Trace>> {
-        match &self.subs[cfg.gpus - 1] {
-            Some(comm) => super::ddp_rank(cfg, comm).map(Some),
-            None => Ok(None),
+    fn run_share(&self, cfg: &TrainConfig) -> Result<Option<(Option<Trace>, Trace)>> {
+        let Some(comm) = &self.subs[cfg.gpus - 1] else { return Ok(None) };
+        if !cfg.lockstep {
+            return super::ddp_rank(cfg, comm).map(|ddp| Some((None, ddp)));
         }
+        let (mut acc_steps, mut ddp_steps, mut allowed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut keep = |_: usize, s: super::StepGrads| {
+            acc_steps.push(s.accumulation);
+            ddp_steps.push(s.ddp);
+            allowed.push(s.allowed);
+            Ok(())
+        };
+        Ok(match super::lockstep(cfg, comm, &mut keep)? {
+            Some((acc, ddp)) => {
+                let nonempty = |v: Vec<crate::trace::Params>| v.into_iter().filter(|p| !p.is_empty()).collect();
+                let acc = Trace { steps: nonempty(acc_steps), allowed: nonempty(allowed), ..acc };
+                Some((Some(acc), Trace { steps: nonempty(ddp_steps), ..ddp }))
+            }
+            None => Some((None, Trace::default())),
+        })
     }
 
     fn send(&self, cfg: Option<&TrainConfig>) {

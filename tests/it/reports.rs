@@ -20,6 +20,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
     let cfg = Config {
         train: meta.train,
         tolerance,
+        derive_bounds: false,
         save_trace: None,
         golden: Some(dir),
         force: false,
@@ -60,7 +61,7 @@ fn json_report() {
     let v: serde_json::Value = serde_json::from_str(&render(Format::Json, &diverged())).unwrap();
     assert_eq!(v["schema_version"], 1);
     assert_eq!(v["verdict"], "not-equivalent");
-    assert_eq!(v["diagnosis"]["reason"], "rounding");
+    assert_eq!(v["diagnosis"]["reason"], "explicit tolerance");
 }
 
 #[test]

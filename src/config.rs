@@ -367,6 +367,16 @@ impl TrainConfig {
                 "drop --init or pass --model",
             ));
         }
+        if self.drop_last && self.data_size < self.gpus {
+            return Err(Error::bad_flag(
+                "--drop-last",
+                format!(
+                    "with --data-size {} below --gpus {} every rank's shard is empty (DistributedSampler drops all samples), so no optimizer step would run",
+                    self.data_size, self.gpus
+                ),
+                format!("drop --drop-last (torch then pads by repetition), or pass --data-size {} or more", self.gpus),
+            ));
+        }
         let steps = crate::sampler::optimizer_steps(self);
         if steps == 0 {
             return Err(Error::bad_flag(
@@ -449,13 +459,8 @@ impl TrainConfig {
                 format!("use --acc-steps {lo} or {}", lo + self.gpus),
             ));
         }
-        if self.data_size < self.gpus {
-            return Err(Error::bad_flag(
-                "--data-size",
-                format!("{} cannot give each of --gpus {} ranks a sample of its own", self.data_size, self.gpus),
-                format!("use --data-size {} or more, or fewer --gpus", self.gpus),
-            ));
-        }
+        // N < W is fine, as in torch: DistributedSampler pads by repeating the indices (or,
+        // with drop_last, leaves every shard empty, which `validate` refuses as no step).
         for (flag, v) in [("--lr", self.lr), ("--momentum", self.momentum), ("--weight-decay", self.weight_decay)] {
             if !v.is_finite() || v < 0.0 {
                 return Err(Error::bad_flag(

@@ -61,7 +61,8 @@ impl SamplerSpec {
                 indices.extend_from_slice(&base[..take]);
             }
         }
-        (0..self.world).map(|r| indices[r..total].iter().step_by(self.world).copied().collect()).collect()
+        // take/skip, not a slice: with drop_last and N < W every shard is empty (total 0).
+        (0..self.world).map(|r| indices.iter().take(total).skip(r).step_by(self.world).copied().collect()).collect()
     }
 }
 

@@ -164,10 +164,10 @@ pub struct ToleranceArgs {
     /// Largest distance in ulps (of the run's dtype) that counts as equal [default: 16].
     #[arg(long)]
     pub max_ulps: Option<u32>,
-    /// Largest relative difference that counts as equal [default: 1e-6 for float32; float64: 2e-15 in lockstep, 1e-9 free-running; bfloat16 6.6e-2; float16 8.2e-3].
+    /// Largest relative difference that counts as equal [default: 1e-6 for float32; float64: 2e-15 in lockstep, 1e-7 free-running; bfloat16 6.6e-2; float16 8.2e-3].
     #[arg(long)]
     pub rtol: Option<f64>,
-    /// Absolute difference that counts as equal; only matters for values near zero [default: 1e-7; float64: 2e-16, 1e-12; bfloat16 6.6e-3; float16 8.2e-4].
+    /// Absolute difference that counts as equal; only matters for values near zero [default: 1e-7; float64: 2e-16, 1e-10; bfloat16 6.6e-3; float16 8.2e-4].
     #[arg(long)]
     pub atol: Option<f64>,
 }

@@ -191,6 +191,40 @@ fn determinism_env() {
     }
 }
 
+// libtorch's global context: tch's C API does not reach these switches, so they are called
+// by their C++ (Itanium ABI) names in libtorch_cpu, which every process that trains links.
+// A member function takes the object as its first argument.
+extern "C" {
+    #[link_name = "_ZN2at13globalContextEv"]
+    fn at_global_context() -> *mut std::ffi::c_void;
+    #[link_name = "_ZN2at7Context21setDeterministicCuDNNEb"]
+    fn at_set_deterministic_cudnn(ctx: *mut std::ffi::c_void, on: bool);
+    #[link_name = "_ZN2at7Context17setBenchmarkCuDNNEb"]
+    fn at_set_benchmark_cudnn(ctx: *mut std::ffi::c_void, on: bool);
+    #[link_name = "_ZN2at7Context26setDeterministicAlgorithmsEbb"]
+    fn at_set_deterministic_algorithms(ctx: *mut std::ffi::c_void, on: bool, warn_only: bool);
+    #[link_name = "_ZNK2at7Context18deterministicCuDNNEv"]
+    fn at_deterministic_cudnn(ctx: *const std::ffi::c_void) -> bool;
+}
+
+/// What `torch.backends.cudnn.deterministic = True`, `benchmark = False` and
+/// `torch.use_deterministic_algorithms(True)` set, for this whole process. The forward
+/// convolution's own `deterministic` argument does not reach its backward, which reads the
+/// global switch: without it two identical resnet18 runs on an H100 differed by 4e-6. An
+/// operation with no deterministic CUDA kernel then raises, and is refused (exit 2).
+/// Returns whether cuDNN now reads deterministic.
+pub fn deterministic_kernels() -> bool {
+    // SAFETY: globalContext() returns the process-wide at::Context, alive for the whole
+    // process; the setters take it and plain bools, as declared in ATen/Context.h.
+    unsafe {
+        let ctx = at_global_context();
+        at_set_deterministic_cudnn(ctx, true);
+        at_set_benchmark_cudnn(ctx, false);
+        at_set_deterministic_algorithms(ctx, true, false);
+        at_deterministic_cudnn(ctx)
+    }
+}
+
 /// This process's rank among those on its machine, as the launcher states it.
 pub fn local_rank() -> Option<usize> {
     ["OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"]

@@ -26,10 +26,29 @@ pub enum Error {
     FollowerStopped,
 
     #[error("libtorch: {0}")]
-    Torch(#[from] tch::TchError),
+    Torch(tch::TchError),
 
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
+}
+
+impl From<tch::TchError> for Error {
+    /// An operation without a deterministic CUDA kernel is a limit of the input (the model on
+    /// that device), not a failure: exit 2 with libtorch's own first line.
+    fn from(e: tch::TchError) -> Self {
+        let text = e.to_string();
+        match text.find("does not have a deterministic implementation") {
+            Some(_) => Error::bad_flag(
+                "--device",
+                format!(
+                    "{} (ddp-verify runs CUDA with deterministic kernels only, so that equal inputs give equal bits)",
+                    text.lines().next().unwrap_or_default().trim()
+                ),
+                "run this model with --device cpu",
+            ),
+            None => Error::Torch(e),
+        }
+    }
 }
 
 impl From<ddp_verify_launch::LaunchError> for Error {

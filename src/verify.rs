@@ -177,32 +177,6 @@ fn finish(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>)
     after(cfg, assemble(cfg, accumulation, ddp, golden), false)
 }
 
-/// A free-running deep net whose first step agrees to rounding and whose first differing
-/// step is still small: the signature of chaos, not of a bug (a wrong split or scale shows at step
-/// 0; a stale gradient or a missing set_epoch is recognised before this is asked).
-fn chaos(cfg: &Config, runs: &Comparison) -> Option<Diagnosis> {
-    let t = &cfg.train;
-    if !t.model.is_resnet() || t.lockstep || runs.steps.first()?.verdict == Verdict::Diverged {
-        return None;
-    }
-    let s = runs.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
-    // Chaos starts from rounding and grows by orders of magnitude per step (measured about
-    // 1e3 in float32); a step that jumps straight to a 1% difference is something else.
-    if runs.steps[s].max_rel > 1e-2 {
-        return None;
-    }
-    let growth: Vec<String> = runs.steps.iter().take(s + 2).map(|g| format!("{:.0e}", g.max_rel)).collect();
-    Some(Diagnosis {
-        reason: "chaos",
-        detail: format!(
-            "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep BatchNorm net \
-             amplifies rounding, so equivalent free-running runs part like this; rerun with --lockstep (the default) \
-             or --dtype float64 to prove equivalence",
-            growth.join(" -> ")
-        ),
-    })
-}
-
 /// Blesses and saves what a finished outcome asks for (`streamed`: the traces of
 /// `--save-trace` are already written).
 fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
@@ -253,7 +227,6 @@ fn outcome(
     g: Option<&Golden>,
 ) -> Outcome {
     let diagnosis = diagnose(&accumulation, &ddp, &runs, &cfg.train);
-    let diagnosis = diagnosis.map(|d| chaos(cfg, &runs).unwrap_or(d));
     let golden_torch = g.map(|g| match &g.meta.tool_version {
         Some(tool) => format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version),
         None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),

@@ -28,3 +28,5 @@ mod resnet_runs;
 mod sampler;
 #[path = "it/sgd.rs"]
 mod sgd;
+#[path = "it/trust.rs"]
+mod trust;

@@ -32,8 +32,40 @@ pub struct Diagnosis {
     pub detail: String,
 }
 
-/// `train` says how steps map to epochs and in what precision the runs computed.
+/// `train` says how steps map to epochs and in what precision the runs computed. A
+/// free-running deep net that parts the way chaos does is named as such, whatever else
+/// its evidence resembles.
 pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
+    let d = cause(a, b, c, train)?;
+    Some(chaos(c, train).unwrap_or(d))
+}
+
+/// A free-running deep net whose first step agrees to rounding and whose first differing
+/// step is still small: the signature of chaos, not of a bug (a wrong split or scale shows at step
+/// 0; a stale gradient or a missing set_epoch is recognised before this is asked).
+fn chaos(runs: &Comparison, t: &TrainConfig) -> Option<Diagnosis> {
+    if !t.model.is_resnet() || t.lockstep || runs.steps.first()?.verdict == Verdict::Diverged {
+        return None;
+    }
+    let s = runs.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    // Chaos starts from rounding and grows by orders of magnitude per step (measured about
+    // 1e3 in float32); a step that jumps straight to a 1% difference is something else.
+    if runs.steps[s].max_rel > 1e-2 {
+        return None;
+    }
+    let growth: Vec<String> = runs.steps.iter().take(s + 2).map(|g| format!("{:.0e}", g.max_rel)).collect();
+    Some(Diagnosis {
+        reason: "chaos",
+        detail: format!(
+            "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep BatchNorm net \
+             amplifies rounding, so equivalent free-running runs part like this; rerun with --lockstep (the default) \
+             or --dtype float64 to prove equivalence",
+            growth.join(" -> ")
+        ),
+    })
+}
+
+fn cause(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
     let steps_per_epoch = crate::sampler::steps_per_epoch(train);
     let eps = train.dtype.epsilon();
     if c.verdict != Verdict::Diverged {

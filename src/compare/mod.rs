@@ -522,6 +522,40 @@ mod tests {
         assert_eq!((c.finals.verdict, c.finals.max_ulps), (Verdict::WithinTolerance, 1));
     }
 
+    /// Each element against its own bound; the report says how much of it was used.
+    #[test]
+    fn derived_bounds_decide_per_element_and_report_the_fraction_used() {
+        let bound = |v: &[f64]| vec![("w".to_string(), Tensor::from_slice(v))];
+        let mut a = trace(&[1.0, 2.0]);
+        a.allowed = vec![bound(&[1e-2, 1e-3])];
+        a.allowed_finals = bound(&[1e-2, 1e-2]);
+        let b = trace(&[1.005, 2.0]);
+        let tol = Tolerance::default();
+        let c = Comparer::new("a", "b", &tol, None).derived(true).finish(&a, &b, true);
+        assert!(c.derived);
+        assert_eq!(c.verdict, Verdict::WithinTolerance);
+        approx::assert_relative_eq!(c.worst_fraction, 0.5, max_relative = 1e-4);
+        // The same difference in the element allowed only 1e-3 is five times over.
+        let b = trace(&[1.0, 2.005]);
+        let c = Comparer::new("a", "b", &tol, None).derived(true).finish(&a, &b, true);
+        assert_eq!(c.steps[0].verdict, Verdict::Diverged);
+        approx::assert_relative_eq!(c.steps[0].worst_fraction, 5.0, max_relative = 1e-3);
+        // Without derived bounds the fixed tolerance decides (0.005 is far past 16 ulp).
+        let c = Comparer::new("a", "b", &tol, None).finish(&a, &b, true);
+        assert!(!c.derived);
+        assert!(c.worst_fraction > 100.0, "{}", c.worst_fraction);
+    }
+
+    /// A tensor the bounds do not cover must match exactly (its bound is zero).
+    #[test]
+    fn an_element_without_a_bound_must_be_identical() {
+        let mut a = trace(&[1.0]);
+        a.allowed = vec![vec![("other".to_string(), Tensor::from_slice(&[1.0f64]))]];
+        let y = f32::from_bits(1.0f32.to_bits() + 1);
+        let c = Comparer::new("a", "b", &Tolerance::default(), None).derived(true).finish(&a, &trace(&[y]), true);
+        assert_eq!(c.steps[0].verdict, Verdict::Diverged);
+    }
+
     #[test]
     fn nan_or_inf_diverges_even_when_both_runs_agree() {
         for bad in [f32::NAN, f32::INFINITY] {

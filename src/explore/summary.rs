@@ -31,7 +31,14 @@ impl ExploreReport {
             let _ = writeln!(s, "    of which ResNet {:>5}", t.resnet_cases);
             let _ =
                 writeln!(s, "  worst case used  {:>6} of its allowed difference (1 is the edge)", fraction(t.max_used));
-            let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent);
+            let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent - t.blew_up);
+            if t.blew_up > 0 {
+                let _ = writeln!(
+                    s,
+                    "  training blew up {:>6} (NaN/Inf in both runs: drawn out, proves nothing)",
+                    t.blew_up
+                );
+            }
             let _ = writeln!(s, "  not equivalent   {:>6}{}", t.not_equivalent, reasons(t));
         }
         let bugs: Vec<&Tally> = self.tallies.iter().filter(|t| t.bug.is_some()).collect();

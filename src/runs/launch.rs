@@ -53,6 +53,7 @@ pub fn rank_collective<'a>(cfg: &TrainConfig, mpi: &'a Mpi) -> Result<Box<dyn Co
         return Ok(Box::new(mpi));
     }
     let rank = mpi.rank();
+    crate::device::deterministic_kernels();
     let gpus = crate::device::cuda_gpus().map_err(|problem| Error::Rank { rank, problem })?;
     let local = crate::device::local_rank().unwrap_or(rank);
     if local >= gpus {

@@ -13,6 +13,8 @@ fn accumulation_and_ddp_agree_on_random_configurations() {
     let reg = tmp.path().join("regressions.txt");
     let out = ddp_verify(&[
         "explore",
+        "--model",
+        "linear",
         "--cases",
         &cases(),
         "--max-gpus",
@@ -30,7 +32,19 @@ fn accumulation_and_ddp_agree_on_random_configurations() {
 
 #[test]
 fn every_injected_bug_is_caught_wherever_it_changes_the_math() {
-    let out = ddp_verify(&["explore", "--cases", &cases(), "--max-gpus", "3", "--seed", "3", "--inject", "all"]);
+    let out = ddp_verify(&[
+        "explore",
+        "--model",
+        "linear",
+        "--cases",
+        &cases(),
+        "--max-gpus",
+        "3",
+        "--seed",
+        "3",
+        "--inject",
+        "all",
+    ]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     for bug in ["no-loss-scale", "double-scale", "contiguous-split", "no-set-epoch", "no-padding", "stale-zero-grad"] {

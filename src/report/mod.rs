@@ -122,7 +122,7 @@ pub(crate) fn row(g: &GroupDiff) -> String {
 pub fn fraction(x: f64) -> String {
     match x {
         0.0 => "0".into(),
-        x if x.is_infinite() => "-".into(),
+        x if x.is_infinite() => "inf".into(),
         x if (0.01..1000.0).contains(&x) => format!("{x:.2}"),
         x => format!("{x:.1e}"),
     }

@@ -14,12 +14,15 @@ const TOP: f64 = 60.0;
 const BOTTOM: f64 = 50.0;
 /// Differences of exactly zero are drawn on this floor, as hollow markers.
 const FLOOR: f64 = 1e-10;
+/// Anything further past its allowance (a planted bug reaches 1e45; a zero tolerance makes it
+/// infinite) is drawn on this ceiling.
+const CEIL: f64 = 1e12;
 const COLORS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
 
 pub fn svg(o: &Outcome) -> String {
     let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
     let points = |c: &Comparison| -> Vec<f64> {
-        c.steps.iter().chain([&c.finals]).map(|g: &GroupDiff| g.worst_fraction).collect()
+        c.steps.iter().chain([&c.finals]).map(|g: &GroupDiff| g.worst_fraction.min(CEIL)).collect()
     };
     // Each point is the worst element's |Δ| over what it was allowed: the line is at 1.
     let rtol = 1.0;

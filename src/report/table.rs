@@ -100,7 +100,11 @@ impl Exporter for Table {
                 "  {:<34}  {:>10}  {:>10}  {:>8}  {:>8}  verdict",
                 "worst buffers", "max |Δ|", "max rel", "max ulp", "used"
             );
-            for d in worst_tensors(b, 3) {
+            // Buffers are reported, not judged: furthest apart in ulps, not in allowance used
+            // (an integer counter that differs at all has used an infinite one).
+            let mut furthest: Vec<&TensorDiff> = b.tensors.iter().collect();
+            furthest.sort_by_key(|d| std::cmp::Reverse((d.verdict, d.max_ulps)));
+            for &d in furthest.iter().take(3) {
                 let mut line = tensor_row(d);
                 if !o.runs.buffers_counted && d.verdict == Verdict::Diverged {
                     line = line.replace("DIVERGED", "differs (expected)");

@@ -19,7 +19,8 @@ fn bad_flags_exit_2_with_one_line_naming_the_flag_and_the_fix() {
     assert_refused(&["--acc-steps", "3", "--gpus", "2"], "--acc-steps: 3 is not a multiple of --gpus 2");
     assert_refused(&["--gpus", "0"], "--gpus");
     assert_refused(&["--batch-size", "0"], "--batch-size");
-    assert_refused(&["--data-size", "1", "--gpus", "2"], "--data-size");
+    // N < W pads by repetition as torch does; with drop_last every shard is empty.
+    assert_refused(&["--data-size", "1", "--gpus", "2", "--drop-last"], "--drop-last");
     assert_refused(
         &["--data-size", "4", "--batch-size", "4", "--acc-steps", "4", "--epochs", "1"],
         "no optimizer step",

@@ -94,12 +94,12 @@ fn junit_parses_as_xml_with_one_case_per_step_and_the_final_weights() {
 }
 
 #[test]
-fn plot_is_svg_with_a_marker_per_step_and_the_tolerance_line() {
+fn plot_is_svg_with_a_marker_per_step_and_the_allowance_line() {
     let o = diverged();
     let svg = ddp_verify::report::plot::svg(&o);
     insta::assert_snapshot!("plot_diverged", svg);
     let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
     let markers = doc.descendants().filter(|n| n.has_tag_name("circle") && n.attribute("r") == Some("3.5")).count();
     assert_eq!(markers, 3 * (o.runs.steps.len() + 1), "a marker per step and final weights, for 3 comparisons");
-    assert!(svg.contains("tolerance rel 0e0"), "the tolerance line is labelled");
+    assert!(svg.contains("allowed (1e0)"), "the allowance line is labelled");
 }

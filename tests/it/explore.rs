@@ -1,29 +1,22 @@
 //! explore on real MPI ranks: random configs agree, and every planted bug is caught
 //! wherever it changes the math. PROPTEST_CASES sets the cases per pass.
 
-use crate::util::{ddp_verify, stderr, stdout};
+use crate::util::{ddp_verify, flags, stderr, stdout};
 
 fn cases() -> String {
     std::env::var("PROPTEST_CASES").unwrap_or_else(|_| "40".into())
+}
+
+/// explore over linear configurations on 3 ranks, with `extra` flags.
+fn explore_linear(extra: &str) -> std::process::Output {
+    ddp_verify(&flags(&format!("explore --model linear --cases {} --max-gpus 3 {extra}", cases())))
 }
 
 #[test]
 fn accumulation_and_ddp_agree_on_random_configurations() {
     let tmp = tempfile::tempdir().unwrap();
     let reg = tmp.path().join("regressions.txt");
-    let out = ddp_verify(&[
-        "explore",
-        "--model",
-        "linear",
-        "--cases",
-        &cases(),
-        "--max-gpus",
-        "3",
-        "--seed",
-        "7",
-        "--regressions",
-        reg.to_str().unwrap(),
-    ]);
+    let out = explore_linear(&format!("--seed 7 --regressions {}", reg.display()));
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert!(text.contains("\nEQUIVALENT on every case"), "{text}");
@@ -32,19 +25,7 @@ fn accumulation_and_ddp_agree_on_random_configurations() {
 
 #[test]
 fn every_injected_bug_is_caught_wherever_it_changes_the_math() {
-    let out = ddp_verify(&[
-        "explore",
-        "--model",
-        "linear",
-        "--cases",
-        &cases(),
-        "--max-gpus",
-        "3",
-        "--seed",
-        "3",
-        "--inject",
-        "all",
-    ]);
+    let out = explore_linear("--seed 3 --inject all");
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     for bug in ["no-loss-scale", "double-scale", "contiguous-split", "no-set-epoch", "no-padding", "stale-zero-grad"] {

@@ -3,11 +3,7 @@
 //! examples: DDP replays the control's rounding, so a correct run uses at most half of its
 //! allowance (the bound is twice what rounding explains).
 
-use crate::util::{ddp_verify, stderr, stdout};
-
-fn flags(s: &str) -> Vec<&str> {
-    s.split_whitespace().collect()
-}
+use crate::util::{ddp_verify, flags, stderr, stdout};
 
 /// Runs ddp-verify with a JSON report; (exit code, the accumulation-vs-DDP comparison).
 fn judged(args: &[&str]) -> (Option<i32>, serde_json::Value) {
@@ -107,10 +103,14 @@ fn explore_on_resnets_has_no_false_alarm_and_catches_every_bug() {
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     let bugs = ["no-loss-scale", "double-scale", "contiguous-split", "no-set-epoch", "no-padding", "stale-zero-grad"];
+    // The table's rows (the notes below it start with a bug's name too): the margin column.
+    let mut margins = 0;
     for row in text.lines().filter(|l| bugs.iter().any(|b| l.trim_start().starts_with(&format!("{b} ")))) {
-        let margin = row.split_whitespace().nth(7).unwrap();
-        if let Some(m) = margin.strip_suffix('x').and_then(|m| m.parse::<f64>().ok()) {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        if let Some(m) = cols.get(7).and_then(|m| m.strip_suffix('x')).and_then(|m| m.parse::<f64>().ok()) {
             assert!(m >= 100.0, "{row}");
+            margins += 1;
         }
     }
+    assert_eq!(margins, bugs.len(), "every bug caught somewhere, with its margin: {text}");
 }

@@ -11,6 +11,11 @@ pub fn ddp_verify(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(args).output().expect("ddp-verify runs")
 }
 
+/// Flags written as one string, split on whitespace (no argument here contains a space).
+pub fn flags(s: &str) -> Vec<&str> {
+    s.split_whitespace().collect()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

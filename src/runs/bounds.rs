@@ -139,11 +139,11 @@ impl Bounds {
         // unscaled here and so already the partial over W.
         let terms = control.unwrap_or(grads);
         for (partial, g) in self.partials[rank].iter_mut().zip(terms) {
-            if g.defined() {
-                *partial = Some(match partial.take() {
-                    Some(p) => p + g,
-                    None => g,
-                });
+            match partial {
+                _ if !g.defined() => {}
+                // In place, as `.grad` accumulates on a rank.
+                Some(p) => *p += g,
+                None => *partial = Some(g),
             }
         }
         Ok(())
@@ -159,43 +159,68 @@ impl Bounds {
             let w = work(w).abs();
             let g = if g.defined() { work(g) } else { w.zeros_like() };
             let a = match (self.control[i].take(), self.partial_mag[i].take()) {
-                (Some(c), Some(mag)) => self.allowed(&c, &mag, &g),
+                (Some(c), Some(mag)) => self.allowed(c, mag, &g),
                 _ => w.zeros_like() + self.tiny,
             };
             // SGD: d = g + wd·w; buf = μ·buf + d; w -= lr·buf. Each run rounds d and buf
-            // itself (three operations of at most |buf| each, on both sides).
-            let d_mag = g.abs() + &w * self.weight_decay;
+            // itself (three operations of at most |buf| each, on both sides). In place: a
+            // resnet18 step is 11M elements per buffer.
+            let mut d_mag = g.abs();
+            if self.weight_decay != 0.0 {
+                d_mag += &w * self.weight_decay;
+            }
             let b = match self.buf_mag[i].take() {
-                Some(b) => b * self.momentum + d_mag,
+                Some(mut b) => {
+                    b *= self.momentum;
+                    b += d_mag;
+                    b
+                }
                 None => d_mag,
             };
-            let carried_w = match (&self.weight_err[i], self.lockstep) {
-                (Some(f), false) => f * self.weight_decay,
-                _ => w.zeros_like(),
+            let mut e = match self.buf_err[i].take() {
+                Some(mut e) => {
+                    e *= self.momentum;
+                    e += &a;
+                    e
+                }
+                None => a.copy(),
             };
-            let carried_buf = match self.buf_err[i].take() {
-                Some(e) => e * self.momentum,
-                None => w.zeros_like(),
-            };
-            let e = carried_buf + &a + carried_w + &b * (6.0 * self.u);
+            if let (Some(f), false, true) = (&self.weight_err[i], self.lockstep, self.weight_decay != 0.0) {
+                e += f * self.weight_decay;
+            }
+            e += &b * (6.0 * self.u);
             self.buf_mag[i] = Some(b);
             self.buf_err[i] = Some(e);
-            allowed.push((names[i].clone(), a.to_kind(Kind::Double)));
+            allowed.push((names[i].clone(), a));
         }
         allowed
     }
 
     /// HEADROOM times the farthest DDP's gradient can be from accumulation's `g`: the
     /// all-reduce adds the same partials as the control's total `c` in another order, so
-    /// before rounding to the dtype it lies within c ± 2γ(W−1)·Σ|partial| (`mag`; twice,
-    /// for the control's own additions), and rounding is monotone, so after it, between
-    /// the two ends rounded. Worked in float64.
-    fn allowed(&self, c: &Tensor, mag: &Tensor, g: &Tensor) -> Tensor {
-        let (c, mag, g) = (c.to_kind(Kind::Double), mag.to_kind(Kind::Double), g.to_kind(Kind::Double));
-        let reach = mag * (2.0 * gamma(self.world.saturating_sub(1), self.reduce_u));
-        let end = |t: Tensor| (t.to_kind(self.dtype).to_kind(Kind::Double) - &g).abs();
-        let floor = end(&c - &reach).maximum(&end(&c + &reach));
-        (floor * HEADROOM + self.tiny).to_kind(g_kind(self.dtype))
+    /// both lie within γ(W−1)·Σ|partial| (`mag`) of the exact sum, within `reach` of each
+    /// other. Where the reduction then rounds back to a narrow dtype (bfloat16, float16 on
+    /// the host), rounding is monotone, so DDP's result lies between the two ends of
+    /// c ± reach rounded (widened by float32's own rounding of them).
+    fn allowed(&self, mut c: Tensor, mut mag: Tensor, g: &Tensor) -> Tensor {
+        let narrow = matches!(self.dtype, Kind::BFloat16 | Kind::Half);
+        let mut reach = {
+            mag *= 2.0 * gamma(self.world.saturating_sub(1), self.reduce_u);
+            mag
+        };
+        let mut floor = if narrow {
+            reach += c.abs() * f64::from(f32::EPSILON);
+            let end = |t: Tensor| (t.to_kind(self.dtype).to_kind(Kind::Float) - g).abs();
+            end(&c - &reach).maximum(&end(&c + &reach))
+        } else {
+            c -= g;
+            let _ = c.abs_();
+            c += reach;
+            c
+        };
+        floor *= HEADROOM;
+        floor += self.tiny;
+        floor
     }
 
     /// After the optimizer step: the weights it made. Each run rounds lr·buf and the update.
@@ -205,7 +230,10 @@ impl Bounds {
             let rounding = (work(w).abs() + b * self.lr) * (2.0 * self.u);
             let update = e * self.lr + rounding;
             self.weight_err[i] = Some(match (self.weight_err[i].take(), self.lockstep) {
-                (Some(f), false) => f + update,
+                (Some(mut f), false) => {
+                    f += update;
+                    f
+                }
                 _ => update,
             });
         }
@@ -220,7 +248,7 @@ impl Bounds {
                     Some(f) => f * HEADROOM,
                     None => work(w).zeros_like(),
                 };
-                (n.clone(), (f + self.tiny).to_kind(Kind::Double))
+                (n.clone(), f + self.tiny)
             })
             .collect()
     }
@@ -238,26 +266,16 @@ impl Bounds {
                     let _ = q.g_mul_scalar_(inv);
                 }
                 let q = work(&q);
-                let mag = q.abs();
-                self.control[i] = Some(match self.control[i].take() {
-                    Some(c) => c + &q,
-                    None => q,
-                });
-                self.partial_mag[i] = Some(match self.partial_mag[i].take() {
-                    Some(m) => m + mag,
-                    None => mag,
-                });
+                match &mut self.partial_mag[i] {
+                    Some(m) => *m += q.abs(),
+                    none => *none = Some(q.abs()),
+                }
+                match &mut self.control[i] {
+                    Some(c) => *c += q,
+                    none => *none = Some(q),
+                }
             }
         }
-    }
-}
-
-/// The kind bounds are kept in: float64 for float64 runs, else float32.
-fn g_kind(dtype: Kind) -> Kind {
-    if dtype == Kind::Double {
-        Kind::Double
-    } else {
-        Kind::Float
     }
 }
 
@@ -266,11 +284,12 @@ fn gamma(n: usize, u: f64) -> f64 {
     nu / (1.0 - nu).max(0.5)
 }
 
-/// A copy to do bound arithmetic in: float32 for the narrow dtypes (their rounding and
-/// float16's range would distort the bound itself), else the tensor's own kind.
+/// The tensor to do bound arithmetic with: a float32 copy for the narrow dtypes (their
+/// rounding and float16's range would distort the bound itself), else the tensor itself,
+/// detached (callers never write into it).
 fn work(t: &Tensor) -> Tensor {
     match t.kind() {
         Kind::BFloat16 | Kind::Half => t.detach().to_kind(Kind::Float),
-        _ => t.detach().copy(),
+        _ => t.detach(),
     }
 }

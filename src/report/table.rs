@@ -65,8 +65,12 @@ impl Exporter for Table {
                 o.runs.left, o.runs.left_steps, o.runs.right, o.runs.right_steps
             );
         }
-        let _ =
-            writeln!(s, "\nfinal weights (differences measured at each weight's largest magnitude during training)");
+        let how = if o.runs.derived {
+            "each element against the bound carried through SGD"
+        } else {
+            "differences measured at each weight's largest magnitude during training"
+        };
+        let _ = writeln!(s, "\nfinal weights ({how})");
         if wide {
             let _ = writeln!(
                 s,

@@ -65,18 +65,42 @@ impl Bug {
     }
 
     /// True when the buggy run sees other samples per step, or other scaling, than the
-    /// correct one: only then must the gate fire. (Per-step sample multisets decide it: the
-    /// linear model's gradient depends on nothing else.)
+    /// correct one: only then must the gate fire.
     pub fn changes_math(self, cfg: &TrainConfig) -> bool {
-        let correct = step_samples(cfg, |e| correct_order(cfg, e));
-        match self {
-            Bug::NoLossScale => cfg.acc_steps > 1,
-            Bug::DoubleScale => cfg.gpus > 1,
-            Bug::StaleZeroGrad => crate::sampler::optimizer_steps(cfg) > 1,
-            Bug::ContiguousSplit | Bug::NoPadding => correct != step_samples(cfg, |e| accumulation_with(self, cfg, e)),
-            Bug::NoSetEpoch => correct != step_samples(cfg, |_| correct_order(cfg, 0)),
+        self.effect(cfg) == Effect::Math
+    }
+
+    /// What the bug does to this configuration's computation, from the sampling plans.
+    pub fn effect(self, cfg: &TrainConfig) -> Effect {
+        let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
+        let plans =
+            |order: &dyn Fn(u64) -> Vec<MicroBatch>| (step_samples(cfg, order, true), step_samples(cfg, order, false));
+        let correct = plans(&|e| correct_order(cfg, e));
+        let buggy = match self {
+            Bug::NoLossScale => return whether(cfg.acc_steps > 1),
+            Bug::DoubleScale => return whether(cfg.gpus > 1),
+            Bug::StaleZeroGrad => return whether(crate::sampler::optimizer_steps(cfg) > 1),
+            Bug::ContiguousSplit | Bug::NoPadding => plans(&|e| accumulation_with(self, cfg, e)),
+            Bug::NoSetEpoch => plans(&|_| correct_order(cfg, 0)),
+        };
+        match (correct.0 != buggy.0, correct.1 != buggy.1) {
+            (true, _) => Effect::Math,
+            (false, true) => Effect::Order,
+            (false, false) => Effect::None,
         }
     }
+}
+
+/// What a planted bug does to one configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Nothing: both plans are the same, so the gate must stay quiet.
+    None,
+    /// The same samples in the same micro-batches, added in another order: only rounding
+    /// changes, which the derived bound (exact about DDP's order) may or may not notice.
+    Order,
+    /// Other samples, groupings or scaling: the gate must fire.
+    Math,
 }
 
 fn correct_order(cfg: &TrainConfig, epoch: u64) -> Vec<MicroBatch> {
@@ -88,17 +112,24 @@ fn correct_order(cfg: &TrainConfig, epoch: u64) -> Vec<MicroBatch> {
 /// it. For the linear model a step's gradient depends on its multiset of samples alone;
 /// with BatchNorm it also depends on how they are grouped into micro-batches, so for
 /// ResNets each step is its sorted list of sorted micro-batches.
-fn step_samples(cfg: &TrainConfig, order: impl Fn(u64) -> Vec<MicroBatch>) -> Vec<Vec<Vec<i64>>> {
+/// `math`: as sets (what the mathematics sees); else exactly, in order (what rounding sees).
+fn step_samples(cfg: &TrainConfig, order: &dyn Fn(u64) -> Vec<MicroBatch>, math: bool) -> Vec<Vec<Vec<i64>>> {
     let mut steps = Vec::new();
     let mut window: Vec<Vec<i64>> = Vec::new();
     let max = cfg.max_steps.unwrap_or(usize::MAX);
     for epoch in 0..cfg.epochs as u64 {
         for (i, mb) in order(epoch).iter().enumerate() {
             let mut m = mb.indices.clone();
-            m.sort_unstable();
+            if math {
+                m.sort_unstable();
+            }
             window.push(m);
             if (i + 1) % cfg.acc_steps == 0 && steps.len() < max {
                 let mut step = std::mem::take(&mut window);
+                if !math {
+                    steps.push(step);
+                    continue;
+                }
                 if !cfg.model.is_resnet() {
                     let mut all: Vec<i64> = step.concat();
                     all.sort_unstable();

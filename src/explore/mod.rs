@@ -16,7 +16,7 @@ use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestR
 use crate::compare::{diagnose, Comparer, Diagnosis, Verdict};
 use crate::config::{Dtype, ModelKind, ToleranceOverrides, TrainConfig};
 use crate::error::{Error, Result};
-use crate::inject::Bug;
+use crate::inject::{Bug, Effect};
 use crate::runs::{accumulation, launch, pool::RankPool};
 
 pub struct ExploreOptions {
@@ -147,6 +147,10 @@ pub struct Tally {
     pub min_margin: Option<f64>,
     pub reasons: BTreeMap<&'static str, usize>,
     pub changes_math: usize,
+    /// Configurations the bug only reorders (the same sums, other rounding), and on how
+    /// many of them the gate fired anyway.
+    pub reordered: usize,
+    pub reordered_fired: usize,
     pub caught: usize,
     pub missed: usize,
     pub false_alarms: usize,
@@ -231,6 +235,8 @@ enum Outcome {
     Missed,
     /// The bug cannot change the math yet the gate fired.
     FalseAlarm,
+    /// The bug reorders the same sums: rounding alone, counted neither way.
+    Reordered,
     /// An honest draw whose training blew up: a bad draw, not a verdict on the gate.
     BlewUp,
 }
@@ -242,11 +248,12 @@ fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Outcome {
         None if diverged && blew_up => Outcome::BlewUp,
         None if diverged => Outcome::Failure,
         None => Outcome::Fine,
-        Some(b) => match (b.changes_math(cfg), diverged) {
-            (true, true) => Outcome::Caught,
-            (true, false) => Outcome::Missed,
-            (false, true) => Outcome::FalseAlarm,
-            (false, false) => Outcome::Fine,
+        Some(b) => match (b.effect(cfg), diverged) {
+            (Effect::Math, true) => Outcome::Caught,
+            (Effect::Math, false) => Outcome::Missed,
+            (Effect::None, true) => Outcome::FalseAlarm,
+            (Effect::None, false) => Outcome::Fine,
+            (Effect::Order, _) => Outcome::Reordered,
         },
     }
 }
@@ -340,6 +347,10 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             }
             Outcome::Missed => tally.missed += 1,
             Outcome::FalseAlarm => tally.false_alarms += 1,
+            Outcome::Reordered => {
+                tally.reordered += 1;
+                tally.reordered_fired += usize::from(case.verdict == Verdict::Diverged);
+            }
             _ => {}
         }
         outcome
@@ -373,7 +384,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         let case = runner.evaluate(&cfg)?;
         let outcome = record(&mut tally, &cfg, &case);
         let rank = |o: Outcome| match o {
-            Outcome::Fine | Outcome::BlewUp => 0,
+            Outcome::Fine | Outcome::BlewUp | Outcome::Reordered => 0,
             Outcome::Caught => 1,
             _ => 2,
         };

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::{ExploreReport, Tally};
+use crate::inject::Bug;
 use crate::report::fraction;
 
 impl ExploreReport {
@@ -74,6 +75,18 @@ impl ExploreReport {
                 s,
                 "  margin: the smallest factor by which a caught case's worst difference exceeded what it was allowed"
             );
+            let reordered: Vec<String> = bugs
+                .iter()
+                .filter(|t| t.reordered > 0)
+                .map(|t| format!("{} {} (fired on {})", t.bug.map_or("", Bug::name), t.reordered, t.reordered_fired))
+                .collect();
+            if !reordered.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "  only reordered (the same sums added in another order: rounding, counted neither way): {}",
+                    reordered.join(", ")
+                );
+            }
             let _ =
                 writeln!(s, "\n  configs a bug cannot change (counted out of \"changes math\"):\n{}", notes.join("\n"));
         }

@@ -109,7 +109,7 @@ def main():
             ratio = ref["median"] / ours["median"]
             results["configs"][name] = {"flags": flags, "reference_s": ref, "ddp_verify_s": ours, "speedup": ratio}
             rows.append((name, ref, ours, ratio))
-    _, text = timed([TOOL, "explore", "--cases", "500", "--max-gpus", "4", "--seed", "1"])
+    _, text = timed([TOOL, "explore", "--model", "linear", "--cases", "500", "--max-gpus", "4", "--seed", "1"])
     per_min = float(re.search(r"\(([\d.]+) per minute", text).group(1))
     results["explore"] = {"cases": 500, "max_gpus": 4, "configs_per_minute": per_min}
 

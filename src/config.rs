@@ -358,7 +358,7 @@ impl TrainConfig {
         if let Some(path) = self.init.as_deref().filter(|p| !p.is_file()) {
             return Err(Error::bad_file(
                 path,
-                "--init file does not exist",
+                format!("--init {}", crate::error::what_is(path)),
                 "pass a state_dict saved with safetensors",
             ));
         }

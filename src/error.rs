@@ -32,6 +32,18 @@ pub enum Error {
     Io { context: String, source: std::io::Error },
 }
 
+/// What stands at `path`, in words, when it is not the regular file (or directory) asked
+/// for: "does not exist", "is a directory", or what else it is.
+pub fn what_is(path: &std::path::Path) -> &'static str {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
+        Err(_) => "cannot be read",
+        Ok(m) if m.is_dir() => "is a directory",
+        Ok(m) if m.is_file() => "is a regular file",
+        Ok(_) => "is not a regular file (a device, pipe or socket)",
+    }
+}
+
 impl From<tch::TchError> for Error {
     /// An operation without a deterministic CUDA kernel is a limit of the input (the model on
     /// that device), not a failure: exit 2 with libtorch's own first line.

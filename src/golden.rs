@@ -61,7 +61,7 @@ impl Golden {
         if !dir.is_dir() {
             return Err(Error::bad_flag(
                 "--golden",
-                format!("{} is not a directory", dir.display()),
+                format!("{} {}, not a golden's directory", dir.display(), crate::error::what_is(dir)),
                 format!("pass a golden such as golden/article, or record one with --golden {} --bless", dir.display()),
             ));
         }
@@ -168,28 +168,68 @@ pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace)
         date: Some(utc_now()),
         sample: None,
     };
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "golden".into());
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
-    let tmp = parent.join(format!(".{name}.bless-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir(&tmp).map_err(|e| Error::io(format!("creating {}", tmp.display()), e))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    // Only the golden's own three files are written, each to a temporary name in the same
+    // directory and then renamed over the old one: nothing else there is ever touched.
     let json = serde_json::to_string_pretty(&meta).expect("header serialises") + "\n";
-    let written = std::fs::write(tmp.join(FILES[0]), json)
-        .map_err(|e| Error::io("writing the golden header", e))
-        .and_then(|()| accumulation.save(&tmp.join(FILES[1])))
-        .and_then(|()| ddp.save(&tmp.join(FILES[2])));
-    if let Err(e) = written {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
+    let tmp = |f: &str| dir.join(format!(".{f}.bless-{}", std::process::id()));
+    let written = accumulation
+        .save(&tmp(FILES[1]))
+        .and_then(|()| ddp.save(&tmp(FILES[2])))
+        .and_then(|()| std::fs::write(tmp(FILES[0]), json).map_err(|e| Error::io("writing the golden header", e)));
+    let renamed = written.and_then(|()| {
+        // The header last: a golden whose header is new has its new traces.
+        for f in [FILES[1], FILES[2], FILES[0]] {
+            std::fs::rename(tmp(f), dir.join(f))
+                .map_err(|e| Error::io(format!("moving the new {f} into {}", dir.display()), e))?;
+        }
+        Ok(())
+    });
+    if renamed.is_err() {
+        for f in FILES {
+            let _ = std::fs::remove_file(tmp(f));
+        }
     }
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    if dir.exists() {
-        std::fs::rename(dir, &old)
-            .map_err(|e| Error::io(format!("moving the old golden {} aside", dir.display()), e))?;
+    renamed
+}
+
+/// Before anything runs: `--bless` may write into `dir` only if it is new, empty, or holds a
+/// golden (its three files, with a header this tool reads, and nothing else), because it
+/// replaces those files. Anything else is somebody's and is refused, untouched.
+pub fn check_blessable(dir: &Path) -> Result<()> {
+    let fix = "point --golden at a new or empty directory, or at an existing golden";
+    let meta = match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::bad_file(dir, format!("--golden cannot be read ({e})"), fix)),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        return Err(Error::bad_file(dir, "--golden for --bless must be a directory, and this is not one", fix));
     }
-    std::fs::rename(&tmp, dir).map_err(|e| Error::io(format!("moving the new golden into {}", dir.display()), e))?;
-    let _ = std::fs::remove_dir_all(&old);
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::bad_file(dir, format!("--golden cannot be listed ({e})"), fix))?;
+    for entry in entries {
+        let name = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?.file_name();
+        let name = name.to_string_lossy();
+        if !FILES.contains(&name.as_ref()) {
+            return Err(Error::bad_file(
+                dir,
+                format!("holds {name}, which is not a golden's; --bless replaces a golden's own files only"),
+                fix,
+            ));
+        }
+    }
+    let header = dir.join(FILES[0]);
+    if header.exists() {
+        let text = std::fs::read_to_string(&header).unwrap_or_default();
+        if serde_json::from_str::<GoldenMeta>(&text).is_err() {
+            return Err(Error::bad_file(
+                &header,
+                "is not a golden header this tool reads; --bless will not replace it",
+                fix,
+            ));
+        }
+    }
     Ok(())
 }
 

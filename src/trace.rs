@@ -46,7 +46,7 @@ impl Trace {
     pub fn load(path: &Path) -> Result<Self> {
         let fix = "regenerate it with fixtures/make_golden.sh or point to another file";
         if !path.is_file() {
-            return Err(Error::bad_file(path, "no such file", fix));
+            return Err(Error::bad_file(path, crate::error::what_is(path), fix));
         }
         let tensors = Tensor::read_safetensors(path)
             .map_err(|e| Error::bad_file(path, format!("not a readable safetensors file ({e})"), fix))?;

@@ -136,6 +136,7 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
 pub fn prepare(cfg: &Config) -> Result<Option<Golden>> {
     cfg.validate()?;
     crate::data::check_fits(&cfg.train)?;
+    crate::models::check_init(&cfg.train)?;
     if let Some(dir) = &cfg.save_trace {
         check_writable(dir, cfg.force)?;
     }
@@ -153,6 +154,9 @@ pub fn prepare(cfg: &Config) -> Result<Option<Golden>> {
         }
         if cfg.train.inject.is_some() {
             return Err(Error::bad_flag("--bless", "refusing to bless a run with an injected bug", "drop --inject"));
+        }
+        if let Some(dir) = &cfg.golden {
+            golden::check_blessable(dir)?;
         }
         return Ok(None);
     }

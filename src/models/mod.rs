@@ -25,6 +25,21 @@ pub trait Model {
     fn loss(&self, batch: &Batch) -> Tensor;
 }
 
+/// Reads `--init` into a blank model of the right layout: every name, shape and dtype
+/// checked, before any rank starts training (a rank that failed alone would leave the
+/// others waiting in a collective).
+pub fn check_init(cfg: &TrainConfig) -> Result<()> {
+    let spec = match cfg.model {
+        ModelKind::Linear => return Ok(()),
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
+    };
+    match &cfg.init {
+        Some(path) => ResNet::blank(spec).load_state(path),
+        None => Ok(()),
+    }
+}
+
 /// The model `cfg` names, in its dtype, on `device`, from `--init` or our seeded
 /// initialisation (drawn on the CPU, as PyTorch draws it, then moved).
 /// `blank`: every value will be overwritten before use, so skip drawing or loading them.

@@ -30,6 +30,10 @@ pub enum Error {
 
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
+
+    /// A signal stopped the run; every rank was stopped first (exit 128 + the signal).
+    #[error("interrupted by signal {signal}; every rank was stopped")]
+    Interrupted { signal: i32 },
 }
 
 /// What stands at `path`, in words, when it is not the regular file (or directory) asked
@@ -70,6 +74,7 @@ impl From<ddp_verify_launch::LaunchError> for Error {
             L::Launcher { problem, fix } => Error::Launcher { problem, fix },
             L::Rank { rank, problem } => Error::Rank { rank, problem },
             L::Io { context, source } => Error::Io { context, source },
+            L::Interrupted { signal } => Error::Interrupted { signal },
         }
     }
 }
@@ -81,6 +86,7 @@ impl Error {
         match self {
             Error::BadFlag { .. } | Error::BadFile { .. } | Error::FollowerStopped => 2,
             Error::Launcher { .. } | Error::Rank { .. } | Error::Torch(_) | Error::Io { .. } => 3,
+            Error::Interrupted { signal } => u8::try_from(128 + signal).unwrap_or(130),
         }
     }
 

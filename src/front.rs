@@ -33,8 +33,8 @@ fn launcher(problem: String, fix: &str) -> LaunchError {
     LaunchError::Launcher { problem, fix: fix.into() }
 }
 
-/// One line, exit 3, like every launcher failure of the core.
+/// One line, exit 3 (128 + the signal when interrupted), like every launcher failure of the core.
 fn fail(e: LaunchError) -> ! {
     eprintln!("ddp-verify: {e}");
-    launch::exit_now(3)
+    launch::exit_now(e.exit_code())
 }

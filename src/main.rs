@@ -18,6 +18,9 @@ fn main() -> ExitCode {
 
 fn exit_code() -> u8 {
     ddp_verify::profile::mark("main");
+    if launch::inside_mpi_world() {
+        ddp_verify_launch::die_with_parent();
+    }
     let args = match cli::Cli::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => {
@@ -76,7 +79,7 @@ fn run(args: cli::Cli) -> Result<u8> {
                 // then run this same command as those ranks. (`ddp-verify` usually starts
                 // them itself and this binary only ever runs inside the world.)
                 verify::prepare(&cfg)?;
-                let timeout = std::time::Duration::from_secs_f64(cfg.timeout_s);
+                let timeout = std::time::Duration::try_from_secs_f64(cfg.timeout_s).unwrap_or(std::time::Duration::MAX);
                 return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
             }
             let Some(outcome) = verify::verify_in_world(&cfg)? else {

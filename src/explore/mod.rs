@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 
+use crate::collective::Collective as _;
 use crate::compare::{diagnose, Comparer, Diagnosis, Verdict};
 use crate::config::{Dtype, ModelKind, ToleranceOverrides, TrainConfig};
 use crate::error::{Error, Result};
@@ -266,6 +267,7 @@ pub fn command(opts: &ExploreOptions) -> Result<u8> {
         return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1), None);
     }
     let rank = launch::init_rank()?;
+    launch::fault_hooks(rank.comm.rank());
     let pool = RankPool::new(rank.world());
     if opts.max_gpus > pool.size() {
         return Err(Error::bad_flag(

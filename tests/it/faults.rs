@@ -100,3 +100,55 @@ fn inf_in_the_weights_is_not_equivalent_even_when_both_runs_agree() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("first differ at final weights, linear.weight: non-finite"), "{text}");
 }
+
+/// A closed terminal, QUIT or TERM: exit 128 + the signal, and no rank left behind.
+#[test]
+fn hangup_quit_and_term_stop_every_rank() {
+    for sig in [libc::SIGHUP, libc::SIGQUIT, libc::SIGTERM] {
+        let dir = tempfile::tempdir().unwrap();
+        let child = start_stalled(dir.path(), &["--timeout", "120"]);
+        let pids = rank_pids(dir.path());
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let (code, err, secs) = finish(child, Instant::now());
+        assert_eq!(code, Some(128 + sig), "signal {sig}: {err}");
+        assert!(secs < 15.0, "took {secs} s");
+        assert_all_gone(&pids);
+    }
+}
+
+/// No handler sees a KILL: the ranks notice that the process that started them is gone.
+#[test]
+fn killing_the_command_with_sigkill_leaves_no_rank_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = start_stalled(dir.path(), &["--timeout", "120"]);
+    let pids = rank_pids(dir.path());
+    child.kill().unwrap();
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && pids.iter().any(|p| Path::new(&format!("/proc/{p}")).exists()) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_all_gone(&pids);
+}
+
+/// explore starts its ranks once; Ctrl-C must stop them too (and exit 130).
+#[test]
+fn ctrl_c_stops_explore_and_its_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("regressions.txt");
+    let child = Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+        .args(["explore", "--model", "linear", "--cases", "100000", "--max-gpus", "2", "--regressions"])
+        .arg(&reg)
+        .env("DDP_VERIFY_TEST_PID_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pids = rank_pids(dir.path());
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let (code, err, secs) = finish(child, Instant::now());
+    assert_eq!(code, Some(130), "{err}");
+    assert!(secs < 15.0, "took {secs} s");
+    assert_all_gone(&pids);
+}

@@ -11,11 +11,23 @@ pub enum LaunchError {
 
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
+
+    /// A signal asked us to stop (Ctrl-C, TERM, HUP, QUIT); every rank was stopped first.
+    #[error("interrupted by signal {signal}; every rank was stopped")]
+    Interrupted { signal: i32 },
 }
 
 pub type Result<T, E = LaunchError> = std::result::Result<T, E>;
 
 impl LaunchError {
+    /// 128 + the signal for an interruption, as a shell reports it (130 for Ctrl-C); else 3.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LaunchError::Interrupted { signal } => u8::try_from(128 + signal).unwrap_or(130),
+            _ => 3,
+        }
+    }
+
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         LaunchError::Io { context: context.into(), source }
     }

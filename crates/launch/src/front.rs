@@ -61,7 +61,8 @@ pub fn plan(args: &[OsString]) -> Option<Plan> {
         Some(t) => t.parse::<f64>().ok().filter(|t| t.is_finite() && *t > 0.0)?,
         None => DEFAULT_TIMEOUT_S,
     };
-    Some(Plan { gpus, timeout: Duration::from_secs_f64(timeout) })
+    // A timeout beyond what a Duration holds (1e20 s) is as good as none.
+    Some(Plan { gpus, timeout: Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX) })
 }
 
 #[cfg(test)]
@@ -73,7 +74,8 @@ mod tests {
     }
 
     fn ranks(gpus: usize, timeout: f64) -> Option<Plan> {
-        Some(Plan { gpus, timeout: Duration::from_secs_f64(timeout) })
+        // A timeout beyond what a Duration holds (1e20 s) is as good as none.
+        Some(Plan { gpus, timeout: Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX) })
     }
 
     #[test]

@@ -51,25 +51,60 @@ pub fn relaunch(
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let mut cmd = mpirun(np, exe)?;
     cmd.args(args).env(RESULT_ENV, &result).env(LAUNCHED_AT_ENV, now.to_string());
-    let how = match timeout {
+    // Open MPI's session directory and shared-memory segments go in our own temporary
+    // directory, removed when we return, also after a rank or mpirun was killed.
+    for (var, value) in
+        [("OMPI_MCA_orte_tmpdir_base", dir.path()), ("OMPI_MCA_btl_vader_backing_directory", dir.path())]
+    {
+        if std::env::var_os(var).is_none() {
+            cmd.env(var, value);
+        }
+    }
+    // SAFETY: prctl is async-signal-safe; between fork and exec nothing else runs.
+    // mpirun is told to stop (and so to stop its ranks) when this process dies, even of
+    // a KILL that no handler sees.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let supervised = match timeout {
+        // A verification: must finish in time; Open MPI's banners read, not shown.
         Some(timeout) => {
             let child = cmd.stderr(Stdio::piped()).process_group(0).spawn().map_err(cannot_start)?;
-            Supervised::new(child, timeout).finished()?;
-            String::new()
+            Supervised::new(child, Some(timeout))
         }
+        // explore: no deadline, and stderr left to rank 0's progress line.
         None => {
             let progress = if std::io::stderr().is_terminal() { "1" } else { "" };
-            let status = cmd.env(PROGRESS_ENV, progress).status().map_err(cannot_start)?;
-            format!(" (mpirun {status})")
+            let child = cmd.env(PROGRESS_ENV, progress).process_group(0).spawn().map_err(cannot_start)?;
+            Supervised::new(child, None)
         }
     };
+    let done = supervised.finished();
     profile::mark("ranks done");
+    // Rank 0's verdict stands even when mpirun then complained about the others.
     match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
         Some(code) => Ok(code),
-        None => Err(LaunchError::Launcher {
-            problem: format!("the ranks stopped before rank 0 finished{how}"),
+        None => Err(done.err().unwrap_or_else(|| LaunchError::Launcher {
+            problem: "the ranks stopped before rank 0 finished".into(),
             fix: "see the rank's message above".into(),
-        }),
+        })),
+    }
+}
+
+/// For a rank: die with the process that started it (mpirun, or Open MPI's daemon), so a
+/// killed launcher never leaves ranks running, hung ones included.
+pub fn die_with_parent() {
+    // SAFETY: plain syscalls on this process.
+    unsafe {
+        let parent = libc::getppid();
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        // The parent may have died before the call: then we were reparented already.
+        if libc::getppid() != parent {
+            libc::_exit(3);
+        }
     }
 }
 

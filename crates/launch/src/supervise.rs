@@ -12,34 +12,42 @@ use crate::error::{LaunchError as Error, Result};
 pub(crate) struct Supervised {
     child: Child,
     group: i32,
-    deadline: Instant,
-    timeout: Duration,
+    /// A verification's deadline and --timeout; none for explore.
+    deadline: Option<(Instant, Duration)>,
     watcher: Option<std::thread::JoinHandle<Option<RankDeath>>>,
 }
 
 impl Supervised {
-    /// Takes over a started mpirun (spawned in a process group of its own, stderr piped).
-    pub(crate) fn new(mut child: Child, timeout: Duration) -> Self {
+    /// Takes over a started mpirun (spawned in a process group of its own; its stderr read
+    /// for rank deaths when piped).
+    pub(crate) fn new(mut child: Child, timeout: Option<Duration>) -> Self {
         let group = child.id() as i32;
         CHILD_GROUP.store(group, Ordering::SeqCst);
         install_interrupt_handler();
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let watcher = std::thread::spawn(move || watch_stderr(stderr));
-        Supervised { child, group, deadline: Instant::now() + timeout, timeout, watcher: Some(watcher) }
+        let watcher = child.stderr.take().map(|stderr| std::thread::spawn(move || watch_stderr(stderr)));
+        let deadline = timeout.map(|t| (Instant::now().checked_add(t).unwrap_or_else(far_future), t));
+        Supervised { child, group, deadline, watcher }
     }
 
     /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death.
-    pub(crate) fn finished(&mut self) -> Result<()> {
+    pub(crate) fn finished(mut self) -> Result<()> {
         let status = loop {
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
                 break status;
             }
-            if Instant::now() >= self.deadline {
+            let signal = INTERRUPTED.load(Ordering::SeqCst);
+            if signal != 0 {
+                // The handler sent mpirun a TERM; give its teardown a moment, then make sure.
+                stop_group(self.group, &mut self.child);
+                return Err(Error::Interrupted { signal });
+            }
+            if let Some((deadline, timeout)) = self.deadline.filter(|(d, _)| Instant::now() >= *d) {
+                let _ = deadline;
                 stop_group(self.group, &mut self.child);
                 return Err(Error::Launcher {
                     problem: format!(
                         "the DDP ranks did not finish within --timeout {} s (a rank hung?); every rank was stopped",
-                        self.timeout.as_secs_f64()
+                        timeout.as_secs_f64()
                     ),
                     fix: "raise --timeout if the run is only slow".into(),
                 });
@@ -110,33 +118,41 @@ fn parse_death(line: &str) -> Option<RankDeath> {
 
 /// The process group of the mpirun under way, for the interrupt handler.
 static CHILD_GROUP: AtomicI32 = AtomicI32::new(0);
+/// The signal that asked us to stop, once one did (0 until then).
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_interrupt(sig: libc::c_int) {
+    // Only async-signal-safe calls here: TERM mpirun, whose teardown stops the ranks, and
+    // note the signal. The waiting loop then stops what is left, our temporary directory
+    // (Open MPI's session files and shared memory) is removed on the way out, and the exit
+    // code is 128 + the signal. A second signal while stopping exits at once.
     let group = CHILD_GROUP.load(Ordering::SeqCst);
-    // Only async-signal-safe calls here (kill, waitpid, nanosleep, _exit): TERM mpirun, whose
-    // teardown stops the ranks, and give it up to 5 s to finish before exiting ourselves.
     unsafe {
         if group > 0 {
             libc::kill(-group, libc::SIGTERM);
-            let pause = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
-            for _ in 0..250 {
-                if libc::waitpid(group, std::ptr::null_mut(), libc::WNOHANG) != 0 {
-                    break;
-                }
-                libc::nanosleep(&pause, std::ptr::null_mut());
-            }
         }
-        libc::_exit(128 + sig);
+        if INTERRUPTED.swap(sig, Ordering::SeqCst) != 0 || group <= 0 {
+            if group > 0 {
+                libc::kill(-group, libc::SIGKILL);
+            }
+            libc::_exit(128 + sig);
+        }
     }
 }
 
-/// Ctrl-C (or a TERM) stops mpirun's whole group before we exit.
+/// Ctrl-C, TERM, a closed terminal (HUP) or QUIT stops mpirun's whole group before we exit.
 fn install_interrupt_handler() {
     let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
     unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::signal(sig, handler);
+        }
     }
+}
+
+/// A deadline no run reaches (a --timeout too large for the clock).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 86_400)
 }
 
 fn signal_group(group: i32, sig: libc::c_int) {

@@ -14,6 +14,8 @@ mod explore;
 mod faults;
 #[path = "it/golden_cases.rs"]
 mod golden_cases;
+#[path = "it/no_harm.rs"]
+mod no_harm;
 #[path = "it/properties.rs"]
 mod properties;
 #[path = "it/readers.rs"]

@@ -1,0 +1,85 @@
+//! Nothing that is not ours is touched, bad input never hangs or panics (issue 15).
+
+use std::time::Instant;
+
+use crate::util::{ddp_verify, flags, repo, stderr};
+
+fn tree(dir: &std::path::Path) -> Vec<String> {
+    let mut all: Vec<String> =
+        walk(dir).into_iter().map(|p| p.strip_prefix(dir).unwrap().display().to_string()).collect();
+    all.sort();
+    all
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flat_map(|e| {
+            let p = e.unwrap().path();
+            let mut v = vec![p.clone()];
+            if p.is_dir() {
+                v.extend(walk(&p));
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn bless_never_touches_a_directory_or_file_that_is_not_a_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let foreign = tmp.path().join("x");
+    std::fs::create_dir_all(foreign.join("src")).unwrap();
+    std::fs::write(foreign.join("src/m.rs"), "a").unwrap();
+    let file = tmp.path().join("gf");
+    std::fs::write(&file, "hi").unwrap();
+    let header = tmp.path().join("h");
+    std::fs::create_dir(&header).unwrap();
+    std::fs::write(header.join("config.json"), "{\"someone\": \"else\"}").unwrap();
+    let before = tree(tmp.path());
+    for target in [&foreign, &file, &header, &tmp.path().to_path_buf()] {
+        let out = ddp_verify(&["--golden", target.to_str().unwrap(), "--bless"]);
+        assert_eq!(out.status.code(), Some(2), "{}: {}", target.display(), stderr(&out));
+        assert!(stderr(&out).starts_with(&format!("ddp-verify: {}", target.display())), "{}", stderr(&out));
+        assert_eq!(tree(tmp.path()), before, "{} was touched", target.display());
+        assert_eq!(std::fs::read_to_string(foreign.join("src/m.rs")).unwrap(), "a");
+    }
+    // A new directory, then the golden it became, can be blessed.
+    let fresh = tmp.path().join("new");
+    for _ in 0..2 {
+        let out = ddp_verify(&["--golden", fresh.to_str().unwrap(), "--bless"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(tree(&fresh), ["accumulation.safetensors", "config.json", "ddp.safetensors"]);
+    }
+}
+
+/// Rank 0 reads --init before the others wait on it: exit 2 within seconds, naming the file.
+#[test]
+fn a_bad_init_with_two_ranks_is_refused_within_seconds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("init.txt");
+    std::fs::write(&text, "not safetensors").unwrap();
+    let empty = tmp.path().join("empty.safetensors");
+    std::fs::write(&empty, "").unwrap();
+    let sgd = repo("golden/sgd/cases.safetensors");
+    let sgd = if sgd.exists() { sgd } else { text.clone() };
+    for init in [&text, &empty, &sgd] {
+        let started = Instant::now();
+        let args = format!("--model resnet-tiny --gpus 2 --acc-steps 2 --timeout 60 --init {}", init.display());
+        let out = ddp_verify(&flags(&args));
+        assert_eq!(out.status.code(), Some(2), "{}: {}", init.display(), stderr(&out));
+        assert!(stderr(&out).contains(&init.display().to_string()), "{}", stderr(&out));
+        assert!(started.elapsed().as_secs_f64() < 15.0, "{} took {:?}", init.display(), started.elapsed());
+    }
+    for (init, what) in [("/dev/null", "not a regular file"), ("/", "is a directory")] {
+        let out = ddp_verify(&flags(&format!("--model resnet-tiny --init {init}")));
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains(what), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_timeout_too_large_for_a_clock_is_no_timeout_not_a_panic() {
+    let out = ddp_verify(&flags("--timeout 1e20"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

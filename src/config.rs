@@ -414,7 +414,7 @@ impl TrainConfig {
             0 => self.batch_size.min(shard),
             r => r,
         };
-        if smallest * side * side == 1 {
+        if smallest.saturating_mul(side).saturating_mul(side) == 1 {
             let why = if smallest == self.batch_size {
                 format!("each micro-batch holds {smallest} sample")
             } else {

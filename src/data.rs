@@ -66,31 +66,90 @@ impl Data {
     }
 }
 
-/// Every process (the launcher and each rank) holds the whole data set: refuse, before
-/// anything starts, a size this machine cannot hold rather than fail inside libtorch.
+/// What each rank process costs before any data or model: libtorch and Open MPI (measured
+/// about 110 MiB).
+const RANK_BASELINE_BYTES: f64 = 110.0 * MIB;
+/// Copies of the parameters a run holds: weights, gradients, momentum, peaks, and the
+/// derived bound's buffers (`runs::Bounds`), with room for libtorch's temporaries.
+const PARAMETER_COPIES: f64 = 10.0;
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Refuses, before any rank starts, what this machine cannot hold, rather than fail in
+/// libtorch's allocator or ask the kernel for W processes it has no room for: W ranks,
+/// each holding the whole data set, the sampler's index lists and the model, plus the
+/// accumulation run on rank 0 (with the bound's W partial sums). Names the flag whose
+/// part is largest, with the figures.
 pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
     let row = if cfg.model.is_resnet() { 3.0 * (cfg.image_size as f64).powi(2) } else { cfg.features as f64 };
     // Drawn in float32, then cast: both copies live at once.
     let width = if cfg.dtype == Dtype::Float32 { 4.0 } else { 4.0 + cfg.dtype.kind().elt_size_in_bytes() as f64 };
-    let bytes = (cfg.data_size as f64) * row * width;
-    let processes = (cfg.gpus + 1) as f64;
+    let n = cfg.data_size as f64;
+    let (w, runs) = (cfg.gpus as f64, (cfg.gpus + 1) as f64);
+    let data = n * row * width + n * 8.0 * 4.0;
+    let params = crate::models::parameter_count(cfg) * cfg.dtype.kind().elt_size_in_bytes() as f64;
+    let parts = [
+        ("--gpus", w * RANK_BASELINE_BYTES),
+        ("--data-size", runs * data),
+        (if cfg.model.is_resnet() { "--classes" } else { "--features" }, (runs * PARAMETER_COPIES + w) * params),
+    ];
+    let total: f64 = parts.iter().map(|(_, b)| b).sum();
     let available = available_bytes().unwrap_or(f64::INFINITY);
-    if bytes * processes > 0.8 * available {
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        return Err(Error::bad_flag(
-            "--data-size",
+    if total <= 0.8 * available {
+        return Ok(());
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let (flag, _) = parts.iter().copied().fold(("--gpus", 0.0), |a, b| if b.1 > a.1 { b } else { a });
+    let (problem, fix) = match flag {
+        "--gpus" => (
+            format!("{} ranks need about {:.1} GiB before any data (110 MiB each)", cfg.gpus, gib(parts[0].1)),
+            "use fewer --gpus",
+        ),
+        "--data-size" => (
             format!(
-                "{} samples of {} values is {:.1} GiB of data in each of {} processes, but only {:.1} GiB is available",
+                "{} samples of {} values is {:.1} GiB of data in each of {} processes",
                 cfg.data_size,
                 row,
-                gib(bytes),
-                cfg.gpus + 1,
-                gib(available)
+                gib(data),
+                cfg.gpus + 1
             ),
             "use a smaller --data-size (or --features, --image-size)",
-        ));
+        ),
+        _ => (
+            format!(
+                "the model's {:.3e} parameters take about {:.1} GiB over the {} runs",
+                crate::models::parameter_count(cfg),
+                gib(parts[2].1),
+                cfg.gpus + 1
+            ),
+            if cfg.model.is_resnet() { "use fewer --classes" } else { "use fewer --features" },
+        ),
+    };
+    Err(Error::bad_flag(
+        flag,
+        format!("{problem}: about {:.1} GiB in all, but only {:.1} GiB is available", gib(total), gib(available)),
+        fix,
+    ))
+}
+
+/// `split` holds the index lists of one epoch in one process, and with `--json` their text:
+/// refuse sizes this machine cannot hold (a billion samples is about 50 GiB).
+pub fn check_split_fits(cfg: &TrainConfig) -> Result<()> {
+    let bytes = cfg.data_size as f64 * (8.0 * 4.0 + 2.0 * 24.0);
+    let available = available_bytes().unwrap_or(f64::INFINITY);
+    if bytes <= 0.8 * available {
+        return Ok(());
     }
-    Ok(())
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    Err(Error::bad_flag(
+        "--data-size",
+        format!(
+            "listing {} samples takes about {:.1} GiB, but only {:.1} GiB is available",
+            cfg.data_size,
+            gib(bytes),
+            gib(available)
+        ),
+        "use a smaller --data-size",
+    ))
 }
 
 /// MemAvailable from /proc/meminfo, in bytes.

@@ -15,7 +15,10 @@ fn main() {
         Ok(exe) => exe.with_file_name("ddp-verify-core"),
         Err(e) => fail(launcher(format!("cannot locate the ddp-verify executable ({e})"), "run it by its path")),
     };
-    if let Some(plan) = launch::front::plan(&args) {
+    // Up to a few ranks, starting them at once and letting rank 0 validate costs less than
+    // loading libtorch once more here. Beyond that, the core validates every flag (and
+    // whether W ranks fit in memory) before starting any, then starts them itself.
+    if let Some(plan) = launch::front::plan(&args).filter(|p| p.gpus <= launch::front::VALIDATE_FIRST_ABOVE) {
         match launch::relaunch(plan.gpus, &core, args, Some(plan.timeout)) {
             Ok(code) => launch::exit_now(code),
             Err(e) => fail(e),

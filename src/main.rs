@@ -64,6 +64,7 @@ fn run(args: cli::Cli) -> Result<u8> {
         Some(cli::Command::Split(split)) => {
             let train = split.train();
             train.validate_split()?;
+            ddp_verify::data::check_split_fits(&train)?;
             let plan = SplitPlan::new(&train, split.epoch);
             if split.json {
                 println!("{}", serde_json::to_string(&plan).expect("plan serialises"));

@@ -41,7 +41,7 @@ impl SamplerSpec {
     /// `list(DistributedSampler(..., rank=r))` after `set_epoch(epoch)`, for every rank.
     pub fn shards(&self, epoch: u64) -> Vec<Vec<i64>> {
         let n = self.data_size;
-        let total = self.num_samples() * self.world;
+        let total = self.num_samples().saturating_mul(self.world);
         let mut indices: Vec<i64> = if self.shuffle {
             // torch: g = Generator(); g.manual_seed(seed + epoch); randperm(n, generator=g).
             let perm = crate::data::seeded(self.seed.wrapping_add(epoch), || {

@@ -25,6 +25,15 @@ pub trait Model {
     fn loss(&self, batch: &Batch) -> Tensor;
 }
 
+/// How many values the model learns, without building it.
+pub fn parameter_count(cfg: &TrainConfig) -> f64 {
+    match cfg.model {
+        ModelKind::Linear => cfg.features as f64,
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64).parameter_count(),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64).parameter_count(),
+    }
+}
+
 /// Reads `--init` into a blank model of the right layout: every name, shape and dtype
 /// checked, before any rank starts training (a rank that failed alone would leave the
 /// others waiting in a collective).
@@ -58,4 +67,22 @@ pub fn build(cfg: &TrainConfig, device: Device, blank: bool) -> Result<Box<dyn M
         model.load_state(path)?;
     }
     Ok(Box::new(model.to(kind, device)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The count the memory check uses is the built model's, without building it.
+    #[test]
+    fn parameter_counts_match_the_built_models() {
+        for model in [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::Resnet18] {
+            for classes in [2, 10] {
+                let cfg = TrainConfig { model, classes, ..TrainConfig::article() };
+                let built = build(&cfg, Device::Cpu, true).unwrap();
+                let numel: i64 = built.parameters().iter().map(|(_, p)| p.numel() as i64).sum();
+                assert_eq!(parameter_count(&cfg), numel as f64, "{model:?} with {classes} classes");
+            }
+        }
+    }
 }

@@ -32,6 +32,26 @@ impl ResNetSpec {
     }
 }
 
+impl ResNetSpec {
+    /// Learnable values, counted without allocating them (for the memory check): the 7x7
+    /// stem, two 3x3 convolutions per block, a 1x1 downsample where the shape changes,
+    /// BatchNorm's weight and bias after each, and the classifier.
+    pub fn parameter_count(&self) -> f64 {
+        let w = self.widths.map(|x| x as f64);
+        let (mut n, mut inplanes) = (3.0 * w[0] * 49.0 + 2.0 * w[0], w[0]);
+        for (stage, (&planes, &blocks)) in w.iter().zip(&self.blocks).enumerate() {
+            for b in 0..blocks {
+                n += inplanes * planes * 9.0 + planes * planes * 9.0 + 4.0 * planes;
+                if b == 0 && (stage > 0 || inplanes != planes) {
+                    n += inplanes * planes + 2.0 * planes;
+                }
+                inplanes = planes;
+            }
+        }
+        n + w[3] * self.num_classes as f64 + self.num_classes as f64
+    }
+}
+
 /// BatchNorm2d's defaults.
 const BN_MOMENTUM: f64 = 0.1;
 const BN_EPS: f64 = 1e-5;

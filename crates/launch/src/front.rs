@@ -12,6 +12,9 @@ use std::time::Duration;
 pub const DEFAULT_GPUS: usize = 2;
 /// `--timeout` in seconds when not given (the core's flag uses this same constant).
 pub const DEFAULT_TIMEOUT_S: f64 = 600.0;
+/// Above this many ranks the core validates everything before any rank starts: a bad flag
+/// should not first cost W processes of about 110 MiB each.
+pub const VALIDATE_FIRST_ABOVE: usize = 4;
 /// A verification the front starts itself.
 #[derive(Debug, PartialEq)]
 pub struct Plan {

@@ -15,6 +15,7 @@ pub mod golden;
 pub mod inject;
 pub mod models;
 pub mod optim;
+pub mod outputs;
 pub mod report;
 pub mod runs;
 pub mod sampler;

@@ -147,10 +147,20 @@ pub struct TraceWriter {
     offset: usize,
 }
 
+/// Unfinished (an error on the way): its partial bytes are of no use to anyone. After
+/// `finish` there is nothing left to remove.
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.part);
+    }
+}
+
 impl TraceWriter {
     pub fn create(path: &Path) -> Result<Self> {
         let part = path.with_extension("safetensors.part");
         let file = File::create(&part).map_err(|e| Error::io(format!("creating {}", part.display()), e))?;
+        // A killed rank runs no destructor: the launcher removes what is left of it.
+        ddp_verify_launch::register_partial(&part);
         let header = serde_json::Map::new();
         Ok(TraceWriter { path: path.into(), part, data: BufWriter::new(file), header, offset: 0 })
     }

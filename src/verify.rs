@@ -80,7 +80,8 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, golden: Option<Golden>) -> Resu
     let steps = crate::sampler::optimizer_steps(&cfg.train) as f64;
     let mut keep = None;
     // --save-trace streams each step to disk as it comes.
-    let mut writers = match &cfg.save_trace {
+    // Rank 0 alone writes: the others would open the same files.
+    let mut writers = match cfg.save_trace.as_ref().filter(|_| comm.rank() == 0) {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
             Some([TraceWriter::create(&dir.join(TRACE_FILES[0]))?, TraceWriter::create(&dir.join(TRACE_FILES[1]))?])
@@ -164,6 +165,7 @@ pub fn prepare(cfg: &Config) -> Result<Option<Golden>> {
 }
 
 fn check_writable(dir: &Path, force: bool) -> Result<()> {
+    crate::outputs::check_dir("--save-trace", dir, true)?;
     if force {
         return Ok(());
     }

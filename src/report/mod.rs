@@ -69,20 +69,14 @@ impl ReportTarget {
     }
 }
 
-/// Refuses, before anything runs, report files that exist (without --force) or cannot be
-/// created.
+/// Refuses, before anything runs, report files that exist (without --force), cannot be
+/// created, or are asked for twice.
 pub fn check_targets(targets: &[ReportTarget], plot: Option<&PathBuf>, force: bool) -> Result<()> {
-    for path in targets.iter().filter_map(ReportTarget::file).chain(plot) {
-        if path.exists() && !force {
-            return Err(Error::bad_file(
-                path,
-                "--report-file/--plot would overwrite this file",
-                "choose another path or pass --force",
-            ));
-        }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
-            return Err(Error::bad_file(dir, "--report-file/--plot: no such directory", "create it first"));
-        }
+    let files = targets.iter().filter_map(ReportTarget::file).map(|p| ("--report-file", p.as_path()));
+    let all: Vec<(&'static str, &std::path::Path)> = files.chain(plot.map(|p| ("--plot", p.as_path()))).collect();
+    crate::outputs::check_distinct(all.iter().copied())?;
+    for (flag, path) in all {
+        crate::outputs::check_file(flag, path, force)?;
     }
     Ok(())
 }
@@ -99,8 +93,11 @@ pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
                 std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))?
             }
             None => {
+                // A verdict nobody could read is a failure, not a pass (`> /dev/full`).
                 let mut out = std::io::stdout().lock();
-                let _ = out.write_all(text.as_bytes());
+                out.write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .map_err(|e| Error::io("writing the report to standard output", e))?;
             }
         }
     }

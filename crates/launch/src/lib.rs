@@ -69,6 +69,9 @@ pub fn relaunch(
             Ok(())
         });
     }
+    // The ranks' standard output (the reports) passes through us, so a failed write of the
+    // verdict (a full disk, `> /dev/full`) is an error, not a silent pass.
+    cmd.stdout(Stdio::piped());
     let supervised = match timeout {
         // A verification: must finish in time; Open MPI's banners read, not shown.
         Some(timeout) => {
@@ -82,8 +85,12 @@ pub fn relaunch(
             Supervised::new(child, None)
         }
     };
+    let (supervised, forward) = supervised.forwarding_stdout();
     let done = supervised.finished();
+    let forwarded = forward.join().unwrap_or(Ok(()));
+    remove_partials(&result);
     profile::mark("ranks done");
+    forwarded.map_err(|e| LaunchError::io("writing the report to standard output", e))?;
     // Rank 0's verdict stands even when mpirun then complained about the others.
     match std::fs::read_to_string(&result).ok().and_then(|s| s.trim().parse().ok()) {
         Some(code) => Ok(code),
@@ -110,6 +117,27 @@ pub fn die_with_parent() {
 
 fn cannot_start(e: std::io::Error) -> LaunchError {
     LaunchError::Launcher { problem: format!("cannot start mpirun ({e})"), fix: "check the Open MPI install".into() }
+}
+
+/// A file a rank is writing and will finish or remove itself; should the ranks be stopped
+/// first (a killed rank runs no cleanup), [`relaunch`] removes it once they are gone.
+pub fn register_partial(path: &Path) {
+    use std::io::Write;
+    let Some(result) = std::env::var_os(RESULT_ENV) else { return };
+    let list = PathBuf::from(format!("{}.partial", PathBuf::from(result).display()));
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    // One write of the whole line: appends from several processes do not interleave.
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(list) {
+        let _ = f.write_all(format!("{}\n", path.display()).as_bytes());
+    }
+}
+
+/// Removes what [`register_partial`] listed and is still there.
+fn remove_partials(result: &Path) {
+    let list = PathBuf::from(format!("{}.partial", result.display()));
+    for line in std::fs::read_to_string(list).unwrap_or_default().lines() {
+        let _ = std::fs::remove_file(line);
+    }
 }
 
 /// Rank 0 under [`relaunch`]: records the exit code and returns true; false elsewhere.

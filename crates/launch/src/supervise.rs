@@ -29,6 +29,31 @@ impl Supervised {
         Supervised { child, group, deadline, watcher }
     }
 
+    /// Copies mpirun's piped standard output to ours on a thread; the first failed write is
+    /// what the thread returns (it reads on to the end, so no rank blocks on a full pipe).
+    pub(crate) fn forwarding_stdout(mut self) -> (Self, std::thread::JoinHandle<std::io::Result<()>>) {
+        let from = self.child.stdout.take();
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let Some(mut from) = from else { return Ok(()) };
+            let (mut buf, mut failed) = (vec![0u8; 1 << 16], None);
+            let mut out = std::io::stdout();
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if failed.is_none() {
+                    if let Err(e) = out.write_all(&buf[..n]).and_then(|()| out.flush()) {
+                        failed = Some(e);
+                    }
+                }
+            }
+            failed.map_or(Ok(()), Err)
+        });
+        (self, thread)
+    }
+
     /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death.
     pub(crate) fn finished(mut self) -> Result<()> {
         let status = loop {

@@ -333,6 +333,20 @@ impl ExploreArgs {
                 vec![Some(parse_bug(name).map_err(|e| Error::bad_flag("--inject", e, "pass one of those, or all"))?)]
             }
         };
+        // Read and writable before any rank starts: a finding must not be lost at the end.
+        ddp_verify::explore::read_regressions(Some(&self.regressions))?;
+        ddp_verify::outputs::check_dir(
+            "--regressions",
+            self.regressions.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")),
+            true,
+        )?;
+        if self.regressions.is_dir() {
+            return Err(Error::bad_file(
+                &self.regressions,
+                "--regressions names a directory, not a file",
+                "pass a file path",
+            ));
+        }
         let tolerance = self.tolerance.overrides();
         for dtype in Dtype::ALL {
             tolerance.tolerance(dtype, false).validate()?;

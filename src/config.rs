@@ -451,14 +451,14 @@ impl TrainConfig {
         positive("--data-size", self.data_size)?;
         positive("--features", self.features)?;
         if !self.acc_steps.is_multiple_of(self.gpus) {
-            let lo = (self.acc_steps / self.gpus).max(1) * self.gpus;
+            let lo = (self.acc_steps / self.gpus).max(1).saturating_mul(self.gpus);
             return Err(Error::bad_flag(
                 "--acc-steps",
                 format!(
                     "{} is not a multiple of --gpus {} (each rank accumulates K/W micro-batches)",
                     self.acc_steps, self.gpus
                 ),
-                format!("use --acc-steps {lo} or {}", lo + self.gpus),
+                format!("use --acc-steps {lo} or {}", lo.saturating_add(self.gpus)),
             ));
         }
         // N < W is fine, as in torch: DistributedSampler pads by repeating the indices (or,

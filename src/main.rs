@@ -54,13 +54,25 @@ fn exit_code() -> u8 {
     }
 }
 
+/// Test hook (`DDP_VERIFY_TEST_VALIDATE_ONLY=1`): stop after every check made before a
+/// rank starts, so the flag fuzzer covers parsing, lowering and validation without training.
+fn validate_only() -> bool {
+    std::env::var_os("DDP_VERIFY_TEST_VALIDATE_ONLY").is_some()
+}
+
 fn run(args: cli::Cli) -> Result<u8> {
     match args.command {
         Some(cli::Command::Devices { gpus }) => {
             print!("{}", ddp_verify::device::describe(gpus));
             Ok(0)
         }
-        Some(cli::Command::Explore(explore)) => explore::command(&explore.options()?),
+        Some(cli::Command::Explore(explore)) => {
+            let options = explore.options()?;
+            if validate_only() {
+                return Ok(0);
+            }
+            explore::command(&options)
+        }
         Some(cli::Command::Split(split)) => {
             let train = split.train();
             train.validate_split()?;
@@ -80,6 +92,9 @@ fn run(args: cli::Cli) -> Result<u8> {
                 // then run this same command as those ranks. (`ddp-verify` usually starts
                 // them itself and this binary only ever runs inside the world.)
                 verify::prepare(&cfg)?;
+                if validate_only() {
+                    return Ok(0);
+                }
                 let timeout = std::time::Duration::try_from_secs_f64(cfg.timeout_s).unwrap_or(std::time::Duration::MAX);
                 return launch::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
             }

@@ -360,7 +360,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
 
     if bug.is_none() {
         let (fit, too_big): (Vec<_>, Vec<_>) =
-            read_regressions(opts.regressions.as_ref()).into_iter().partition(|c| c.gpus <= opts.max_gpus);
+            read_regressions(opts.regressions.as_ref())?.into_iter().partition(|c| c.gpus <= opts.max_gpus);
         tally.skipped_regressions = too_big.len();
         for cfg in fit {
             let case = runner.evaluate(&cfg)?;
@@ -408,7 +408,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             config.inject = bug;
             let diagnosis = runner.evaluate(&config)?.diagnosis;
             if outcome == Outcome::Failure {
-                append_regression(opts.regressions.as_ref(), &config);
+                append_regression(opts.regressions.as_ref(), &config)?;
             }
             let what = match outcome {
                 Outcome::Failure => "not equivalent",
@@ -460,25 +460,43 @@ fn shrink<T: ValueTree<Value = TrainConfig>>(
     Ok(best)
 }
 
-fn read_regressions(path: Option<&PathBuf>) -> Vec<TrainConfig> {
-    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else { return Vec::new() };
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| serde_json::from_str::<TrainConfig>(l).ok())
-        .filter(|c| c.validate().is_ok())
-        .collect()
+/// The regressions file's configurations; a line that is not one is refused (exit 2), never
+/// skipped in silence. Configurations today's rules refuse are left out.
+pub fn read_regressions(path: Option<&PathBuf>) -> Result<Vec<TrainConfig>> {
+    let Some(path) = path.filter(|p| p.exists()) else { return Ok(Vec::new()) };
+    let fix = "fix or delete the file (explore writes one configuration as JSON per line)";
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::bad_file(path, format!("--regressions cannot be read ({e})"), fix))?;
+    let mut configs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let cfg: TrainConfig = serde_json::from_str(line).map_err(|e| {
+            Error::bad_file(path, format!("--regressions line {} is not a configuration ({e})", i + 1), fix)
+        })?;
+        if cfg.validate().is_ok() {
+            configs.push(cfg);
+        }
+    }
+    Ok(configs)
 }
 
-fn append_regression(path: Option<&PathBuf>, cfg: &TrainConfig) {
-    let Some(path) = path else { return };
+/// Appends a minimal failing configuration; a failure to write it is an error, not a
+/// finding lost in silence.
+fn append_regression(path: Option<&PathBuf>, cfg: &TrainConfig) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let io = |e| Error::io(format!("appending to {}", path.display()), e);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let _ = std::fs::create_dir_all(dir);
+        std::fs::create_dir_all(dir).map_err(io)?;
     }
     let fresh = !path.exists();
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        if fresh {
-            let _ = writeln!(f, "# Minimal configurations ddp-verify explore found not equivalent; replayed first.");
-        }
-        let _ = writeln!(f, "{}", serde_json::to_string(cfg).expect("config serialises"));
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+    let mut text = String::new();
+    if fresh {
+        text.push_str("# Minimal configurations ddp-verify explore found not equivalent; replayed first.\n");
     }
+    text.push_str(&serde_json::to_string(cfg).expect("config serialises"));
+    text.push('\n');
+    f.write_all(text.as_bytes()).map_err(io)
 }

@@ -151,7 +151,17 @@ pub(crate) fn summary(c: &Comparison) -> String {
     } else {
         format!("{} vs {} steps", c.left_steps, c.right_steps)
     };
-    format!("{steps}, max {} ulp: {}", ulps(worst), c.verdict.label())
+    // NaN or Inf (or a missing tensor) has no ulp distance: say what it was instead.
+    let problem = c
+        .steps
+        .iter()
+        .chain([&c.finals])
+        .flat_map(|g| &g.tensors)
+        .find_map(|t| t.problem.as_ref().map(|p| format!("{}: {p}", t.name)));
+    match problem {
+        Some(p) => format!("{steps}: {} ({p})", c.verdict.label()),
+        None => format!("{steps}, max {} ulp: {}", ulps(worst), c.verdict.label()),
+    }
 }
 
 pub(crate) fn verdict_line(o: &Outcome) -> String {

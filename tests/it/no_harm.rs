@@ -83,3 +83,84 @@ fn a_timeout_too_large_for_a_clock_is_no_timeout_not_a_panic() {
     let out = ddp_verify(&flags("--timeout 1e20"));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+/// Random values for every numeric and path flag (zero, huge, negative, NaN, garbage): the
+/// parser, the lowering to a config and every check before launch answer exit 0 or a
+/// one-line exit 2, never a panic.
+mod fuzz {
+    use proptest::prelude::*;
+    use std::process::Command;
+
+    const FLAGS: [&str; 21] = [
+        "--data-size",
+        "--features",
+        "--gpus",
+        "--acc-steps",
+        "--batch-size",
+        "--epochs",
+        "--seed",
+        "--lr",
+        "--momentum",
+        "--weight-decay",
+        "--max-steps",
+        "--image-size",
+        "--classes",
+        "--timeout",
+        "--max-ulps",
+        "--rtol",
+        "--atol",
+        "--dtype",
+        "--model",
+        "--init",
+        "--golden",
+    ];
+    const VALUES: [&str; 18] = [
+        "0",
+        "1",
+        "2",
+        "3",
+        "-1",
+        "7",
+        "1e20",
+        "NaN",
+        "inf",
+        "-inf",
+        "18446744073709551615",
+        "1099511627776",
+        "0.5",
+        "x",
+        "",
+        "float16",
+        "resnet-tiny",
+        "/dev/null",
+    ];
+
+    fn args() -> impl Strategy<Value = Vec<String>> {
+        let pair = (0..FLAGS.len(), 0..VALUES.len()).prop_map(|(f, v)| [FLAGS[f].to_string(), VALUES[v].to_string()]);
+        (prop::collection::vec(pair, 0..5), prop_oneof![Just(""), Just("split"), Just("explore")]).prop_map(
+            |(pairs, sub)| {
+                let mut a: Vec<String> = if sub.is_empty() { Vec::new() } else { vec![sub.to_string()] };
+                a.extend(pairs.into_iter().flatten());
+                a
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(crate::util::proptest_config(24))]
+        #[test]
+        fn random_flag_values_are_accepted_or_refused_in_one_line(a in args()) {
+            let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify-core"))
+                .args(&a)
+                .env("DDP_VERIFY_TEST_VALIDATE_ONLY", "1")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            prop_assert!(!err.contains("panicked"), "{a:?}: {err}");
+            prop_assert!(matches!(out.status.code(), Some(0 | 2)), "{a:?}: {:?} {err}", out.status);
+            if out.status.code() == Some(2) {
+                prop_assert_eq!(err.trim_end().lines().count(), 1, "{:?}: {}", a, err);
+            }
+        }
+    }
+}

@@ -38,6 +38,11 @@ const TRACE_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "
 pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     let rank = launch::init_rank()?;
     crate::profile::mark("mpi initialised");
+    let result = in_world(cfg, &rank);
+    rank.fail_all(result)
+}
+
+fn in_world(cfg: &Config, rank: &launch::MpiRank) -> Result<Option<Outcome>> {
     let is_root = rank.comm.rank() == 0;
     launch::fault_hooks(rank.comm.rank());
     // Rank 0 alone validates and reads the golden; it tells the others whether to go on,
@@ -50,6 +55,7 @@ pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
         return Err(Error::FollowerStopped);
     }
     let comm = launch::rank_collective(&cfg.train, &rank.comm)?;
+    launch::failure_hook(rank.comm.rank())?;
     crate::profile::mark("prepared");
     if cfg.train.lockstep {
         return lockstep(cfg, comm.as_ref(), golden);

@@ -277,12 +277,12 @@ pub fn command(opts: &ExploreOptions) -> Result<u8> {
         ));
     }
     if !pool.is_leader() {
-        pool.follow()?;
+        // A rank that fails stops every rank at once, instead of leaving rank 0 waiting.
+        rank.fail_all(pool.follow())?;
         return Ok(0);
     }
-    let report = explore(opts, &pool);
+    let report = rank.fail_all(explore(opts, &pool))?;
     pool.stop();
-    let report = report?;
     print!("{}", report.to_text());
     let code = if report.passed() { 0 } else { 1 };
     // Under our own launcher every rank exits 0 and the code travels by file.

@@ -24,6 +24,28 @@ impl MpiRank {
     pub fn world(&self) -> mpi::topology::SimpleCommunicator {
         self.universe.world()
     }
+
+    /// A rank's failure ends every rank at once: a rank that returned and finalised MPI
+    /// would leave the others waiting in a collective until --timeout. Says what failed
+    /// (where this rank speaks for it), leaves rank 0's exit code for the launcher, and
+    /// aborts the world. A world of one rank, or a rank told to stop by rank 0, just returns.
+    pub fn fail_all<T>(&self, result: Result<T>) -> Result<T> {
+        use std::io::Write;
+        let e = match result {
+            Err(e) if self.comm.world_size() > 1 && !matches!(e, Error::FollowerStopped) => e,
+            other => return other,
+        };
+        let rank = self.comm.rank();
+        if e.reported_by(Some(rank)) {
+            eprintln!("ddp-verify: {e}");
+        }
+        if rank == 0 {
+            leave_exit_code(e.exit_code());
+        }
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        mpi::traits::Communicator::abort(&self.universe.world(), i32::from(e.exit_code()))
+    }
 }
 
 /// Initialises MPI and pins this rank to one intra-op thread (see [`pin_threads`]).
@@ -74,11 +96,24 @@ pub fn fault_hooks(rank: usize) {
     if let Some(dir) = std::env::var_os("DDP_VERIFY_TEST_PID_DIR") {
         let _ = std::fs::write(Path::new(&dir).join(format!("rank{rank}.pid")), std::process::id().to_string());
     }
-    if std::env::var("DDP_VERIFY_TEST_STALL").ok().and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+    if chosen("DDP_VERIFY_TEST_STALL", rank) {
         loop {
             std::thread::sleep(Duration::from_secs(3600));
         }
     }
+}
+
+/// `DDP_VERIFY_TEST_FAIL=<r>`: rank r fails once the others are past the go-ahead, as a
+/// rank that meets an error in the middle of training would.
+pub fn failure_hook(rank: usize) -> Result<()> {
+    match chosen("DDP_VERIFY_TEST_FAIL", rank) {
+        true => Err(Error::Rank { rank, problem: "failing on purpose (DDP_VERIFY_TEST_FAIL)".into() }),
+        false => Ok(()),
+    }
+}
+
+fn chosen(var: &str, rank: usize) -> bool {
+    std::env::var(var).ok().and_then(|r| r.parse::<usize>().ok()) == Some(rank)
 }
 
 /// Runs this same command again as `np` MPI ranks; see [`ddp_verify_launch::relaunch`].

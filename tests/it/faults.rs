@@ -152,3 +152,23 @@ fn ctrl_c_stops_explore_and_its_ranks() {
     assert!(secs < 15.0, "took {secs} s");
     assert_all_gone(&pids);
 }
+
+/// A rank that fails mid-run (rank 0 or another) stops every rank at once: exit 3 within
+/// seconds naming it, not a wait for --timeout in a collective the failed rank never joins.
+#[test]
+fn a_rank_that_fails_stops_every_rank_at_once() {
+    for mode in MODES {
+        for rank in ["0", "1"] {
+            let started = Instant::now();
+            let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+                .args([mode, &["--timeout", "120"][..]].concat())
+                .env("DDP_VERIFY_TEST_FAIL", rank)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{mode:?} rank {rank}: {err}");
+            assert!(err.starts_with(&format!("ddp-verify: rank {rank}: failing on purpose")), "{err}");
+            assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+        }
+    }
+}

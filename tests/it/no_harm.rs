@@ -164,3 +164,49 @@ mod fuzz {
         }
     }
 }
+
+/// Where an output cannot go is said before anything runs, naming the flag; a report that
+/// cannot be written at the end is a failure, not a silent pass.
+#[test]
+fn unwritable_outputs_are_refused_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("f");
+    std::fs::write(&file, "x").unwrap();
+    let r = tmp.path().join("r.json");
+    let cases: [(Vec<String>, &str); 5] = [
+        (vec!["--save-trace".into(), "/proc/x".into()], "--save-trace"),
+        (vec!["--save-trace".into(), file.display().to_string()], "--save-trace"),
+        (vec!["--report".into(), "json".into(), "--report-file".into(), "/proc/x".into()], "--report-file"),
+        (vec!["--plot".into(), "/proc/x.svg".into()], "--plot"),
+        (
+            flags(&format!("--report json --report-file {0} --report junit --report-file {0}", r.display()))
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "one output would overwrite the other",
+        ),
+    ];
+    for (args, what) in cases {
+        let started = Instant::now();
+        let out = ddp_verify(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(what), "{args:?}: {}", stderr(&out));
+        assert!(started.elapsed().as_secs_f64() < 5.0, "{args:?}");
+    }
+    assert!(!r.exists());
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ddp-verify")).stdout(full).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+/// A bad flag with many ranks is found before any rank starts, and so is a W that cannot fit.
+#[test]
+fn many_ranks_are_validated_before_any_starts() {
+    for (args, flag) in [("--gpus 64 --acc-steps 3", "--acc-steps"), ("--gpus 5000 --acc-steps 5000", "--gpus")] {
+        let started = Instant::now();
+        let out = ddp_verify(&flags(args));
+        assert_eq!(out.status.code(), Some(2), "{args}: {}", stderr(&out));
+        assert!(stderr(&out).starts_with(&format!("ddp-verify: {flag}:")), "{}", stderr(&out));
+        assert!(started.elapsed().as_secs_f64() < 5.0, "{args} took {:?}", started.elapsed());
+    }
+}

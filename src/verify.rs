@@ -38,11 +38,6 @@ const TRACE_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "
 pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     let rank = launch::init_rank()?;
     crate::profile::mark("mpi initialised");
-    let result = in_world(cfg, &rank);
-    rank.fail_all(result)
-}
-
-fn in_world(cfg: &Config, rank: &launch::MpiRank) -> Result<Option<Outcome>> {
     let is_root = rank.comm.rank() == 0;
     launch::fault_hooks(rank.comm.rank());
     // Rank 0 alone validates and reads the golden; it tells the others whether to go on,
@@ -54,6 +49,13 @@ fn in_world(cfg: &Config, rank: &launch::MpiRank) -> Result<Option<Outcome>> {
     if go[0] == 0.0 {
         return Err(Error::FollowerStopped);
     }
+    // Past the go-ahead every rank is in the collectives: a failure must end them all.
+    let result = go_ahead(cfg, &rank, golden);
+    rank.fail_all(result)
+}
+
+fn go_ahead(cfg: &Config, rank: &launch::MpiRank, golden: Option<Golden>) -> Result<Option<Outcome>> {
+    let is_root = rank.comm.rank() == 0;
     let comm = launch::rank_collective(&cfg.train, &rank.comm)?;
     launch::failure_hook(rank.comm.rank())?;
     crate::profile::mark("prepared");

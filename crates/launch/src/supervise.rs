@@ -125,7 +125,8 @@ fn watch_stderr(stderr: std::process::ChildStderr) -> Option<RankDeath> {
         }
         if let Some(d) = parse_death(&line) {
             death.get_or_insert(d);
-        } else if !in_banner && !line.trim().is_empty() {
+        } else if !in_banner && !line.trim().is_empty() && !line.contains("ORTE_ERROR_LOG") {
+            // ORTE_ERROR_LOG lines are Open MPI's own bookkeeping while it tears a job down.
             eprintln!("{line}");
         }
     }

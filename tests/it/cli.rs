@@ -160,14 +160,7 @@ fn a_missing_mpirun_is_a_launcher_failure_with_exit_3() {
     assert!(err.contains("mpirun is not on PATH") && err.contains("openmpi-bin"), "{err}");
 }
 
-fn run_env(args: &[&str], ci: Option<&str>) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ddp-verify"));
-    cmd.args(args).env_remove("CI");
-    if let Some(v) = ci {
-        cmd.env("CI", v);
-    }
-    cmd.output().unwrap()
-}
+use crate::util::ddp_verify_with_ci as run_env;
 
 #[test]
 fn bless_records_a_golden_that_later_runs_check_and_ci_never_writes_one() {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::util::{ddp_verify, flags, repo, stderr};
+use crate::util::{ddp_verify, ddp_verify_with_ci, flags, repo, stderr};
 
 fn tree(dir: &std::path::Path) -> Vec<String> {
     let mut all: Vec<String> =
@@ -38,7 +38,7 @@ fn bless_never_touches_a_directory_or_file_that_is_not_a_golden() {
     std::fs::write(header.join("config.json"), "{\"someone\": \"else\"}").unwrap();
     let before = tree(tmp.path());
     for target in [&foreign, &file, &header, &tmp.path().to_path_buf()] {
-        let out = ddp_verify(&["--golden", target.to_str().unwrap(), "--bless"]);
+        let out = ddp_verify_with_ci(&["--golden", target.to_str().unwrap(), "--bless"], None);
         assert_eq!(out.status.code(), Some(2), "{}: {}", target.display(), stderr(&out));
         assert!(stderr(&out).starts_with(&format!("ddp-verify: {}", target.display())), "{}", stderr(&out));
         assert_eq!(tree(tmp.path()), before, "{} was touched", target.display());
@@ -47,7 +47,7 @@ fn bless_never_touches_a_directory_or_file_that_is_not_a_golden() {
     // A new directory, then the golden it became, can be blessed.
     let fresh = tmp.path().join("new");
     for _ in 0..2 {
-        let out = ddp_verify(&["--golden", fresh.to_str().unwrap(), "--bless"]);
+        let out = ddp_verify_with_ci(&["--golden", fresh.to_str().unwrap(), "--bless"], None);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert_eq!(tree(&fresh), ["accumulation.safetensors", "config.json", "ddp.safetensors"]);
     }

@@ -11,6 +11,17 @@ pub fn ddp_verify(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(args).output().expect("ddp-verify runs")
 }
 
+/// ddp-verify with the `CI` variable as given (None: unset, as on a developer's machine,
+/// where --bless is allowed), whatever the test itself runs under.
+pub fn ddp_verify_with_ci(args: &[&str], ci: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ddp-verify"));
+    cmd.args(args).env_remove("CI");
+    if let Some(v) = ci {
+        cmd.env("CI", v);
+    }
+    cmd.output().expect("ddp-verify runs")
+}
+
 /// Flags written as one string, split on whitespace (no argument here contains a space).
 pub fn flags(s: &str) -> Vec<&str> {
     s.split_whitespace().collect()

@@ -14,12 +14,14 @@
 //! rounding, element by element.
 //!
 //! **Higham's bound for what the control cannot replay:** the all-reduce's own summation
-//! order, |control − DDP| ≤ γ(W−1)·Σ_r|partial_r|, with γ(n) = n·u/(1−n·u) and u the unit
-//! roundoff of the reduction (float32 for bfloat16/float16 on the host, which adds in float32
-//! and rounds once, plus that one rounding).
+//! order. Both sums lie within γ(W−1)·Σ_r|partial_r| of the exact one, with
+//! γ(n) = n·u/(1−n·u) and u the unit roundoff of the reduction's additions (float32 for
+//! bfloat16/float16 on the host, which adds in float32 and rounds back once; rounding is
+//! monotone, so there DDP's result lies between the two ends of that interval rounded).
 //!
-//! Each element may then differ by 2·(floor + Higham): twice what rounding can explain. DDP
-//! run correctly lands at most halfway there. The bound then follows the optimizer (momentum
+//! Each element may then differ by twice the farthest DDP's result can be from
+//! accumulation's: |accumulation − control| plus that reach. DDP run correctly lands at
+//! most halfway there. The bound then follows the optimizer (momentum
 //! carries a step's difference on, SGD's own rounding adds to it) to the final weights.
 
 use tch::{Kind, Tensor};
@@ -119,7 +121,11 @@ impl Bounds {
         let fresh = params.iter().all(|p| !p.grad().defined());
         let grads: Vec<Tensor> = if fresh {
             scaled.f_backward()?;
-            params.iter().map(|p| p.grad().copy()).collect()
+            // Copied only where they are DDP's terms (times W): `.grad` grows on.
+            match control {
+                None => params.iter().map(|p| p.grad().copy()).collect(),
+                Some(_) => Vec::new(),
+            }
         } else {
             let grads = Tensor::f_run_backward(&[&scaled], params, false, false)?;
             for (p, g) in params.iter().zip(&grads) {

@@ -408,6 +408,11 @@ impl TrainConfig {
         if self.classes < 2 {
             return Err(Error::bad_flag("--classes", "must be at least 2", "pass e.g. --classes 10"));
         }
+        // Tensor sizes are i64: a count past that would wrap (and slip past the memory check).
+        if i64::try_from(self.classes).is_err() || i64::try_from(self.image_size).is_err() {
+            let flag = if i64::try_from(self.classes).is_err() { "--classes" } else { "--image-size" };
+            return Err(Error::bad_flag(flag, "is larger than any tensor can be", "pass a realistic size"));
+        }
         let side = crate::models::smallest_feature_map(self.image_size);
         let shard = crate::sampler::SamplerSpec::from_train(self).num_samples();
         let smallest = match shard % self.batch_size {

@@ -210,3 +210,18 @@ fn many_ranks_are_validated_before_any_starts() {
         assert!(started.elapsed().as_secs_f64() < 5.0, "{args} took {:?}", started.elapsed());
     }
 }
+
+/// Sizes past what a tensor (or this machine) holds: one line, exit 2, before any rank starts.
+#[test]
+fn sizes_no_tensor_can_hold_are_refused() {
+    for (args, flag) in [
+        ("--model resnet-tiny --classes 18446744073709551615", "--classes"),
+        ("--model resnet-tiny --classes 1000000000", "--classes"),
+        ("--model resnet-tiny --image-size 1099511627776", "--data-size"),
+        ("split --data-size 18446744073709551615", "--data-size"),
+    ] {
+        let out = ddp_verify(&flags(args));
+        assert_eq!(out.status.code(), Some(2), "{args}: {}", stderr(&out));
+        assert!(stderr(&out).starts_with(&format!("ddp-verify: {flag}:")), "{args}: {}", stderr(&out));
+    }
+}

@@ -93,11 +93,7 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
         (if cfg.model.is_resnet() { "--classes" } else { "--features" }, (runs * PARAMETER_COPIES + w) * params),
     ];
     let total: f64 = parts.iter().map(|(_, b)| b).sum();
-    let available = available_bytes().unwrap_or(f64::INFINITY);
-    if total <= 0.8 * available {
-        return Ok(());
-    }
-    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let Some(available) = too_much(total) else { return Ok(()) };
     let (flag, _) = parts.iter().copied().fold(("--gpus", 0.0), |a, b| if b.1 > a.1 { b } else { a });
     let (problem, fix) = match flag {
         "--gpus" => (
@@ -135,11 +131,7 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
 /// refuse sizes this machine cannot hold (a billion samples is about 50 GiB).
 pub fn check_split_fits(cfg: &TrainConfig) -> Result<()> {
     let bytes = cfg.data_size as f64 * (8.0 * 4.0 + 2.0 * 24.0);
-    let available = available_bytes().unwrap_or(f64::INFINITY);
-    if bytes <= 0.8 * available {
-        return Ok(());
-    }
-    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let Some(available) = too_much(bytes) else { return Ok(()) };
     Err(Error::bad_flag(
         "--data-size",
         format!(
@@ -150,6 +142,16 @@ pub fn check_split_fits(cfg: &TrainConfig) -> Result<()> {
         ),
         "use a smaller --data-size",
     ))
+}
+
+/// The bytes available, when `bytes` would take more than 80% of them.
+fn too_much(bytes: f64) -> Option<f64> {
+    let available = available_bytes().unwrap_or(f64::INFINITY);
+    (bytes > 0.8 * available).then_some(available)
+}
+
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
 }
 
 /// MemAvailable from /proc/meminfo, in bytes.

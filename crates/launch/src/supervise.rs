@@ -66,8 +66,7 @@ impl Supervised {
                 stop_group(self.group, &mut self.child);
                 return Err(Error::Interrupted { signal });
             }
-            if let Some((deadline, timeout)) = self.deadline.filter(|(d, _)| Instant::now() >= *d) {
-                let _ = deadline;
+            if let Some((_, timeout)) = self.deadline.filter(|(d, _)| Instant::now() >= *d) {
                 stop_group(self.group, &mut self.child);
                 return Err(Error::Launcher {
                     problem: format!(

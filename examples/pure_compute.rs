@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use ddp_verify::collective::Idle;
-use ddp_verify::runs::{accumulation_run, ddp_run, DdpStart, Run};
+use ddp_verify::dist::Idle;
+use ddp_verify::train::{accumulation_run, ddp_run, DdpStart, Run};
 use ddp_verify::{Result, TrainConfig};
 
 fn steps(mut run: Run) -> Result<f64> {
@@ -23,7 +23,7 @@ fn steps(mut run: Run) -> Result<f64> {
 fn main() -> anyhow::Result<()> {
     let json = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: pure_compute '<TrainConfig JSON>'"))?;
     let cfg: TrainConfig = serde_json::from_str(&json)?;
-    cfg.validate()?;
+    ddp_verify::plan::checks::check_train(&cfg)?;
     tch::set_num_threads(1);
     let accumulation = steps(accumulation_run(&cfg)?)?;
     let mut ranks = Vec::new();

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub use ddp_verify_cli::Exit;
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -82,11 +84,11 @@ impl From<ddp_verify_launch::LaunchError> for Error {
 impl Error {
     /// Exit codes: 0 equivalent, 1 not equivalent (not an error), 2 bad usage or input,
     /// 3 a rank or the launcher failed.
-    pub fn exit_code(&self) -> u8 {
+    pub fn exit(&self) -> Exit {
         match self {
-            Error::BadFlag { .. } | Error::BadFile { .. } | Error::FollowerStopped => 2,
-            Error::Launcher { .. } | Error::Rank { .. } | Error::Torch(_) | Error::Io { .. } => 3,
-            Error::Interrupted { signal } => u8::try_from(128 + signal).unwrap_or(130),
+            Error::BadFlag { .. } | Error::BadFile { .. } | Error::FollowerStopped => Exit::BadInput,
+            Error::Launcher { .. } | Error::Rank { .. } | Error::Torch(_) | Error::Io { .. } => Exit::Failed,
+            Error::Interrupted { signal } => Exit::Interrupted { signal: *signal },
         }
     }
 

@@ -1,28 +1,26 @@
 //! ddp-verify: proves that data-parallel training (DDP) and gradient accumulation give the
 //! same per-step gradients and final weights.
 //!
-//! Data flows one way: [`config::Config`] → [`sampler`] plan → the two [`runs`] emitting
-//! [`trace::Trace`]s → [`compare`] → [`report`].
+//! Data flows one way, each module using only those listed after it:
+//! [`lower`] (flags → [`spec::Config`], every check) → [`jobs`] (the commands) →
+//! [`report`] → [`judge`] (comparisons, bounds, verdict, diagnosis) → [`train`] (data,
+//! models, SGD, the runs) → [`dist`] (collectives, MPI world, devices) → [`evidence`]
+//! (traces, goldens) → [`plan`] (sampler, step plans, bug effects) → [`spec`] (plain data)
+//! → [`error`], [`outputs`]. `tests/it/architecture.rs` holds the code to this order.
 
-pub mod collective;
-pub mod compare;
-pub mod config;
-pub mod data;
-pub mod device;
+pub mod dist;
 pub mod error;
-pub mod explore;
-pub mod golden;
-pub mod inject;
-pub mod models;
-pub mod optim;
+pub mod evidence;
+pub mod jobs;
+pub mod judge;
+pub mod lower;
 pub mod outputs;
+pub mod plan;
 pub mod report;
-pub mod runs;
-pub mod sampler;
-pub mod trace;
-pub mod verify;
+pub mod spec;
+pub mod train;
 
-pub use config::{Config, Tolerance, TrainConfig};
 /// Phase marks for `DDP_VERIFY_PROFILE` (bench/profile.sh).
 pub use ddp_verify_launch::profile;
-pub use error::{Error, Result};
+pub use error::{Error, Exit, Result};
+pub use spec::{Config, Tolerance, TrainConfig};

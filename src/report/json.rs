@@ -3,9 +3,9 @@
 use serde_json::{json, Value};
 
 use super::Exporter;
-use crate::compare::Verdict;
-use crate::trace::Params;
-use crate::verify::Outcome;
+use crate::evidence::Params;
+use crate::judge::Outcome;
+use crate::judge::Verdict;
 
 /// Bumped whenever a field changes meaning or disappears.
 pub const JSON_SCHEMA_VERSION: u32 = 1;
@@ -30,7 +30,7 @@ pub fn json(o: &Outcome) -> Value {
     let mut v = json!({
         "schema_version": JSON_SCHEMA_VERSION,
         "tool_version": env!("CARGO_PKG_VERSION"),
-        "libtorch_version": crate::golden::LIBTORCH_VERSION,
+        "libtorch_version": crate::evidence::golden::LIBTORCH_VERSION,
         "config": o.config.train,
         "device": o.config.train.device.name(),
         "device_note": o.config.device_note,

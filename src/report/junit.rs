@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use super::{fraction, num, ulps, Exporter};
-use crate::compare::{Comparison, GroupDiff, Verdict};
-use crate::verify::Outcome;
+use crate::judge::Outcome;
+use crate::judge::{Comparison, GroupDiff, Verdict};
 
 pub struct Junit;
 

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use super::{fraction, num, summary, ulps, values, verdict_line, Exporter};
-use crate::compare::{GroupDiff, Verdict};
-use crate::verify::Outcome;
+use crate::judge::Outcome;
+use crate::judge::{GroupDiff, Verdict};
 
 pub struct Markdown;
 

@@ -11,11 +11,9 @@ mod table;
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
-
-use crate::compare::{Comparison, GroupDiff, Verdict};
 use crate::error::{Error, Result};
-use crate::verify::Outcome;
+use crate::judge::{Comparison, GroupDiff, Outcome, Verdict};
+use crate::spec::{Format, ReportTarget};
 
 pub use json::JSON_SCHEMA_VERSION;
 
@@ -23,50 +21,19 @@ pub trait Exporter {
     fn render(&self, o: &Outcome) -> String;
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    Table,
-    Json,
-    Markdown,
-    Junit,
-}
-
-impl Format {
-    pub const NAMES: [&'static str; 4] = ["table", "json", "markdown", "junit"];
-
-    pub fn parse(s: &str) -> Option<Format> {
-        match s {
-            "table" => Some(Format::Table),
-            "json" => Some(Format::Json),
-            "markdown" | "md" => Some(Format::Markdown),
-            "junit" => Some(Format::Junit),
-            _ => None,
-        }
-    }
-
-    pub fn exporter(self) -> Box<dyn Exporter> {
-        match self {
-            Format::Table => Box::new(table::Table),
-            Format::Json => Box::new(json::Json),
-            Format::Markdown => Box::new(markdown::Markdown),
-            Format::Junit => Box::new(junit::Junit),
-        }
+/// The exporter for `format`.
+pub fn exporter(format: Format) -> Box<dyn Exporter> {
+    match format {
+        Format::Table => Box::new(table::Table),
+        Format::Json => Box::new(json::Json),
+        Format::Markdown => Box::new(markdown::Markdown),
+        Format::Junit => Box::new(junit::Junit),
     }
 }
 
-/// One `--report FORMAT [--report-file PATH]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReportTarget {
-    pub format: Format,
-    /// None (or `-`) is stdout.
-    pub path: Option<PathBuf>,
-}
-
-impl ReportTarget {
-    fn file(&self) -> Option<&PathBuf> {
-        self.path.as_ref().filter(|p| p.as_os_str() != "-")
-    }
+/// `o` as `format` renders it.
+pub fn render(format: Format, o: &Outcome) -> String {
+    exporter(format).render(o)
 }
 
 /// Refuses, before anything runs, report files that exist (without --force), cannot be
@@ -87,7 +54,7 @@ pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
         std::fs::write(path, plot::svg(o)).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
     }
     for t in targets {
-        let text = t.format.exporter().render(o);
+        let text = render(t.format, o);
         match t.file() {
             Some(path) => {
                 std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))?
@@ -126,9 +93,9 @@ pub fn fraction(x: f64) -> String {
 }
 
 /// Worst first: diverged before passed, then by the fraction of the allowance used.
-pub(crate) fn worst_first(ds: &mut [&crate::compare::TensorDiff]) {
+pub(crate) fn worst_first(ds: &mut [&crate::judge::TensorDiff]) {
     ds.sort_by(|a, b| {
-        let key = |d: &crate::compare::TensorDiff| (d.verdict, d.worst_fraction, d.max_ulps);
+        let key = |d: &crate::judge::TensorDiff| (d.verdict, d.worst_fraction, d.max_ulps);
         key(b).partial_cmp(&key(a)).unwrap_or(std::cmp::Ordering::Equal)
     });
 }
@@ -239,7 +206,7 @@ pub(crate) fn mode(o: &Outcome) -> String {
              buffers, so each step's difference is that step's arithmetic alone ({why})"
         )
     } else if t.model.is_resnet() {
-        let note = if t.dtype == crate::config::Dtype::Float64 {
+        let note = if t.dtype == crate::spec::Dtype::Float64 {
             "float64 rounding is 2^29 times finer than float32's, so equivalent runs stay close"
         } else {
             "in float32 rounding differences grow step by step, so later steps may drift (use --lockstep or --dtype float64)"
@@ -251,8 +218,8 @@ pub(crate) fn mode(o: &Outcome) -> String {
 }
 
 /// " (bfloat16)" after the linear model's name; nothing for its float32 default.
-pub(crate) fn dtype_note(t: &crate::config::TrainConfig) -> String {
-    if t.dtype == crate::config::Dtype::Float32 {
+pub(crate) fn dtype_note(t: &crate::spec::TrainConfig) -> String {
+    if t.dtype == crate::spec::Dtype::Float32 {
         String::new()
     } else {
         format!(" ({})", t.dtype.name())
@@ -262,14 +229,14 @@ pub(crate) fn dtype_note(t: &crate::config::TrainConfig) -> String {
 /// The collective engine the DDP ranks used.
 pub(crate) fn engine(o: &Outcome) -> &'static str {
     match o.config.train.device {
-        crate::device::DeviceKind::Cpu => "Open MPI",
-        crate::device::DeviceKind::Cuda => "NCCL",
+        crate::spec::DeviceKind::Cpu => "Open MPI",
+        crate::spec::DeviceKind::Cuda => "NCCL",
     }
 }
 
 /// Why BatchNorm buffers differ between the runs, with the counters as evidence.
 pub(crate) fn buffer_explanation(o: &Outcome) -> String {
-    let count = |p: &crate::trace::Params| {
+    let count = |p: &crate::evidence::Params| {
         p.iter().find(|(n, _)| n.ends_with("num_batches_tracked")).and_then(|(_, t)| i64::try_from(t).ok())
     };
     let (a, d) = (count(&o.accumulation.buffers), count(&o.ddp.buffers));

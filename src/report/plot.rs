@@ -3,8 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::compare::{Comparison, GroupDiff};
-use crate::verify::Outcome;
+use crate::judge::Outcome;
+use crate::judge::{Comparison, GroupDiff};
 
 const W: f64 = 760.0;
 const H: f64 = 380.0;

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use super::{num, row, summary, ulps, values, verdict_line, Exporter};
-use crate::compare::{GroupDiff, TensorDiff, Verdict};
-use crate::verify::Outcome;
+use crate::judge::Outcome;
+use crate::judge::{GroupDiff, TensorDiff, Verdict};
 
 pub struct Table;
 

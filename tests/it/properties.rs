@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use ddp_verify::sampler::{accumulation_order, rank_batches, SamplerSpec};
+use ddp_verify::plan::sampler::{accumulation_order, rank_batches, SamplerSpec};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]

@@ -3,8 +3,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ddp_verify::golden::Golden;
-use ddp_verify::trace::Trace;
+use ddp_verify::evidence::golden::Golden;
+use ddp_verify::evidence::Trace;
+use ddp_verify::train::models;
 use ddp_verify::{Error, TrainConfig};
 use proptest::prelude::*;
 
@@ -54,7 +55,7 @@ proptest! {
         prop_assert!(result.is_ok(), "the reader panicked on {:?}", d);
         if let Ok(Err(e)) = result {
             prop_assert!(matches!(e, Error::BadFile { .. }), "{e}");
-            prop_assert_eq!(e.exit_code(), 2);
+            prop_assert_eq!(e.exit().code(), 2);
         }
     }
 
@@ -67,10 +68,10 @@ proptest! {
         }
         let header = std::fs::read(src.join("config.json")).unwrap();
         std::fs::write(dir.path().join("config.json"), apply(header, &d)).unwrap();
-        let result = catch_unwind(AssertUnwindSafe(|| Golden::load(dir.path(), &TrainConfig::article())));
+        let result = catch_unwind(AssertUnwindSafe(|| Golden::load(dir.path(), &TrainConfig::article(), &models::shapes(&TrainConfig::article()).unwrap())));
         prop_assert!(result.is_ok(), "the golden reader panicked on {:?}", d);
         if let Ok(Err(e)) = result {
-            prop_assert_eq!(e.exit_code(), 2, "{}", e);
+            prop_assert_eq!(e.exit().code(), 2, "{}", e);
         }
     }
 }

@@ -3,10 +3,12 @@
 
 use std::path::PathBuf;
 
-use ddp_verify::golden::{Golden, GoldenMeta};
-use ddp_verify::report::Format;
-use ddp_verify::trace::Trace;
-use ddp_verify::verify::{assemble, Outcome};
+use ddp_verify::evidence::golden::{Golden, GoldenMeta};
+use ddp_verify::evidence::Trace;
+use ddp_verify::jobs::verify::assemble;
+use ddp_verify::judge::Outcome;
+use ddp_verify::spec::Format;
+use ddp_verify::train::models;
 use ddp_verify::{Config, Tolerance};
 
 /// PyTorch's accumulation and DDP traces of a golden case, compared with each other and the
@@ -14,7 +16,7 @@ use ddp_verify::{Config, Tolerance};
 fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
     let dir = PathBuf::from(format!("golden/{case}"));
     let meta: GoldenMeta = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let golden = Golden::load(&dir, &meta.train).unwrap();
+    let golden = Golden::load(&dir, &meta.train, &models::shapes(&meta.train).unwrap()).unwrap();
     let acc = Trace::load(&dir.join("accumulation.safetensors")).unwrap();
     let ddp = Trace::load(&dir.join("ddp.safetensors")).unwrap();
     let cfg = Config {
@@ -41,7 +43,7 @@ fn diverged() -> Outcome {
 }
 
 fn render(f: Format, o: &Outcome) -> String {
-    f.exporter().render(o)
+    ddp_verify::report::render(f, o)
 }
 
 #[test]

@@ -2,9 +2,9 @@
 //! fixtures/resnet_check.py): state_dict names and shapes, and one train-mode
 //! forward/backward of resnet-tiny from torchvision's own initial state.
 
-use ddp_verify::compare::{compare, Verdict};
-use ddp_verify::models::{Model, ResNet, ResNetSpec};
-use ddp_verify::trace::Trace;
+use ddp_verify::evidence::Trace;
+use ddp_verify::judge::{compare, Verdict};
+use ddp_verify::train::models::{Model, ResNet, ResNetSpec};
 use ddp_verify::Tolerance;
 use tch::{Kind, Tensor};
 
@@ -64,7 +64,7 @@ fn strip(set: &[(String, Tensor)], prefix: &str) -> Vec<(String, Tensor)> {
 fn resnet_tiny_forward_and_backward_match_torchvision() {
     // One intra-op thread, as every training process and fixtures/make_golden.sh use: the
     // thread count decides how some kernels split their sums.
-    ddp_verify::runs::launch::pin_threads();
+    ddp_verify::dist::world::pin_threads();
     let model = ResNet::new(ResNetSpec::tiny(10), 0);
     model.load_state(&repo("golden/resnet/tiny/state.safetensors")).unwrap();
     let batch = Tensor::read_safetensors(repo("golden/resnet/tiny/batch.safetensors")).unwrap();
@@ -110,7 +110,7 @@ fn a_state_file_with_a_missing_or_misshapen_tensor_is_refused() {
     let without_fc: Vec<_> = state.iter().filter(|(n, _)| n != "fc.bias").map(|(n, t)| (n.clone(), t.copy())).collect();
     Tensor::write_safetensors(&without_fc, &path).unwrap();
     let e = model.load_state(&path).unwrap_err();
-    assert!(e.to_string().contains("has no tensor fc.bias") && e.exit_code() == 2, "{e}");
+    assert!(e.to_string().contains("has no tensor fc.bias") && e.exit().code() == 2, "{e}");
     let misshapen: Vec<_> = state
         .iter()
         .map(|(n, t)| (n.clone(), if n == "fc.bias" { Tensor::zeros([3], tch::kind::FLOAT_CPU) } else { t.copy() }))

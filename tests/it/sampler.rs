@@ -1,7 +1,7 @@
 //! The sampler port against `torch.utils.data.DistributedSampler` itself
 //! (golden/sampler/cases.json, made by fixtures/sampler_cases.py).
 
-use ddp_verify::sampler::{accumulation_order, SamplerSpec};
+use ddp_verify::plan::sampler::{accumulation_order, SamplerSpec};
 
 use crate::util::json_file;
 

@@ -1,6 +1,6 @@
 //! The optimizer against `torch.optim.SGD` (golden/sgd, made by fixtures/sgd_cases.py).
 
-use ddp_verify::optim::Sgd;
+use ddp_verify::train::optim::Sgd;
 use tch::Tensor;
 
 use crate::util::{json_file, repo};

@@ -21,10 +21,10 @@ pub type Result<T, E = LaunchError> = std::result::Result<T, E>;
 
 impl LaunchError {
     /// 128 + the signal for an interruption, as a shell reports it (130 for Ctrl-C); else 3.
-    pub fn exit_code(&self) -> u8 {
+    pub fn exit(&self) -> crate::Exit {
         match self {
-            LaunchError::Interrupted { signal } => u8::try_from(128 + signal).unwrap_or(130),
-            _ => 3,
+            LaunchError::Interrupted { signal } => crate::Exit::Interrupted { signal: *signal },
+            _ => crate::Exit::Failed,
         }
     }
 

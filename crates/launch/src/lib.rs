@@ -4,7 +4,6 @@
 //! libtorch's static initialisation once more in a process that computes nothing.
 
 mod error;
-pub mod front;
 pub mod profile;
 mod supervise;
 
@@ -14,8 +13,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+pub use ddp_verify_cli::Exit;
 pub use error::{LaunchError, Result};
 use supervise::Supervised;
+
+/// Above this many ranks the core validates everything before any rank starts: a bad flag
+/// should not first cost W processes of about 110 MiB each. Up to it, starting the ranks at
+/// once and letting rank 0 validate costs less than loading libtorch once more.
+pub const VALIDATE_FIRST_ABOVE: usize = 4;
 
 /// True when Open MPI, PMIx or a PMI launcher started this process.
 pub fn inside_mpi_world() -> bool {
@@ -140,11 +145,18 @@ fn remove_partials(result: &Path) {
     }
 }
 
-/// Rank 0 under [`relaunch`]: records the exit code and returns true; false elsewhere.
-pub fn leave_exit_code(code: u8) -> bool {
-    match std::env::var_os(RESULT_ENV) {
-        Some(path) => std::fs::write(path, code.to_string()).is_ok(),
-        None => false,
+/// The code this process ends with. A rank under [`relaunch`] hands `exit` to the launcher
+/// through a file and ends with 0, so mpirun's banners about non-zero exits never show.
+/// Rank 0 speaks for the world; another rank only when it failed (its success must not
+/// overwrite rank 0's verdict). Anywhere else the process ends with `exit`'s own code.
+pub fn hand_back(exit: Exit) -> u8 {
+    let speaks = env_rank().unwrap_or(0) == 0 || exit != Exit::Equivalent;
+    let handed = speaks
+        && std::env::var_os(RESULT_ENV).is_some_and(|path| std::fs::write(path, exit.code().to_string()).is_ok());
+    if handed {
+        0
+    } else {
+        exit.code()
     }
 }
 

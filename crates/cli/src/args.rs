@@ -1,0 +1,284 @@
+//! The flags, as clap sees them. Plain values only: lowering them into the library's
+//! validated `Config` happens in `ddp-verify-core` (`src/lower.rs`).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{defaults as d, names, EXIT_CODES};
+
+#[derive(Parser)]
+#[command(
+    name = "ddp-verify",
+    version,
+    about = "Proves that DDP over W ranks and gradient accumulation over K micro-batches give the same model.",
+    args_conflicts_with_subcommands = true,
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Print each rank's DistributedSampler indices and the accumulation order.
+    Split(SplitArgs),
+    /// Run many random configurations both ways on ranks started once; shrink failures.
+    Explore(ExploreArgs),
+    /// Show what --device can use here: CUDA driver and GPUs, NCCL, and what auto picks.
+    Devices {
+        /// DDP ranks that would share this machine.
+        #[arg(long, default_value_t = d::GPUS)]
+        gpus: usize,
+    },
+}
+
+#[derive(Args)]
+pub struct SplitShape {
+    /// N: samples in the data set.
+    #[arg(long, default_value_t = d::DATA_SIZE)]
+    pub data_size: usize,
+    /// W: DDP ranks (one per GPU, or one CPU process each).
+    #[arg(long, default_value_t = d::GPUS)]
+    pub gpus: usize,
+    /// B: micro-batch size per rank.
+    #[arg(long, default_value_t = d::BATCH_SIZE)]
+    pub batch_size: usize,
+    /// K: micro-batches per optimizer step in the single-device run; a multiple of --gpus.
+    #[arg(long, default_value_t = d::ACC_STEPS)]
+    pub acc_steps: usize,
+    /// Shuffle with randperm seeded by seed + epoch, as DistributedSampler(shuffle=True).
+    #[arg(long)]
+    pub shuffle: bool,
+    /// Drop the tail that does not divide evenly instead of padding by repetition.
+    #[arg(long)]
+    pub drop_last: bool,
+    #[arg(long, default_value_t = d::SEED)]
+    pub seed: u64,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub shape: SplitShape,
+    /// D: input features of the linear model [default: --data-size, as in the article].
+    #[arg(long)]
+    pub features: Option<usize>,
+    #[arg(long, default_value_t = d::EPOCHS)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = d::LR)]
+    pub lr: f64,
+    #[arg(long, default_value_t = d::MOMENTUM)]
+    pub momentum: f64,
+    #[command(flatten)]
+    pub net: NetArgs,
+    #[command(flatten)]
+    pub tolerance: ToleranceArgs,
+    /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
+    #[arg(long, value_name = "DIR")]
+    pub save_trace: Option<PathBuf>,
+    /// Also check both runs against PyTorch's traces in DIR (e.g. golden/article).
+    #[arg(long, value_name = "DIR")]
+    pub golden: Option<PathBuf>,
+    /// Report format: table, json, markdown or junit; repeat for several.
+    #[arg(long, value_name = "FORMAT", value_parser = names::format)]
+    pub report: Vec<String>,
+    /// File for the report at the same position (`-` = stdout); repeat in --report's order.
+    #[arg(long, value_name = "PATH")]
+    pub report_file: Vec<PathBuf>,
+    /// Draw each comparison's per-step divergence (log scale, tolerance line) as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Record (or replace) the golden in --golden DIR from this run; refused when CI is set.
+    #[arg(long, requires = "golden")]
+    pub bless: bool,
+    /// Seconds the DDP ranks may take before all are stopped (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S)]
+    pub timeout: f64,
+    /// Let --save-trace replace existing files.
+    #[arg(long)]
+    pub force: bool,
+    /// Plant a known bug in one run, to watch the gate fire.
+    #[arg(long, value_name = "BUG", value_parser = names::bug)]
+    pub inject: Option<String>,
+}
+
+/// The model and how it is trained, beyond the sampling shape.
+#[derive(Args)]
+pub struct NetArgs {
+    /// linear (the seed article's), resnet18 (torchvision's) or resnet-tiny (widths 8-16-32-64, one block per stage).
+    #[arg(long, value_name = "MODEL", default_value = d::MODEL, value_parser = names::model)]
+    pub model: String,
+    /// S: ResNet inputs are S x S images (torch.rand(N, 3, S, S)).
+    #[arg(long, default_value_t = d::IMAGE_SIZE)]
+    pub image_size: usize,
+    /// C: ResNet classes (labels torch.randint(0, C, (N,))).
+    #[arg(long, default_value_t = d::CLASSES)]
+    pub classes: usize,
+    #[arg(long, default_value_t = d::WEIGHT_DECAY)]
+    pub weight_decay: f64,
+    /// Stop both runs after this many optimizer steps.
+    #[arg(long, value_name = "M")]
+    pub max_steps: Option<usize>,
+    /// float32, float64, bfloat16 or float16, for data, model, gradients and optimizer (made in float32, then cast).
+    #[arg(long, default_value = d::DTYPE, value_parser = names::dtype)]
+    pub dtype: String,
+    /// Restart DDP from the accumulation run's weights and buffers before every step [default for ResNets].
+    #[arg(long, conflicts_with = "free_running")]
+    pub lockstep: bool,
+    /// Let both runs train on their own [default for the linear model]; deep nets drift in float32.
+    #[arg(long)]
+    pub free_running: bool,
+    /// Initial ResNet state: a PyTorch state_dict saved with safetensors (BatchNorm buffers included).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub init: Option<PathBuf>,
+    /// Count a BatchNorm buffer mismatch between the runs as NOT EQUIVALENT.
+    #[arg(long)]
+    pub strict_buffers: bool,
+    /// SyncBatchNorm in the DDP run: refused, it is never equivalent to accumulation (see the message).
+    #[arg(long)]
+    pub sync_bn: bool,
+    /// auto (CUDA when a driver, a GPU per rank and NCCL are present, else CPU), cpu, or cuda
+    /// (accumulation on cuda:0, DDP rank r on cuda:<local rank>, NCCL all-reduce).
+    #[arg(long, value_name = "DEVICE", default_value = d::DEVICE, value_parser = names::device)]
+    pub device: String,
+}
+
+#[derive(Args)]
+pub struct ToleranceArgs {
+    /// Largest distance in ulps (of the run's dtype) that counts as equal [default: 16].
+    #[arg(long)]
+    pub max_ulps: Option<u32>,
+    /// Largest relative difference that counts as equal [default: 1e-6 for float32; float64: 2e-15 in lockstep, 1e-7 free-running; bfloat16 6.6e-2; float16 8.2e-3].
+    #[arg(long)]
+    pub rtol: Option<f64>,
+    /// Absolute difference that counts as equal; only matters for values near zero [default: 1e-7; float64: 2e-16, 1e-10; bfloat16 6.6e-3; float16 8.2e-4].
+    #[arg(long)]
+    pub atol: Option<f64>,
+}
+
+#[derive(Args)]
+pub struct ExploreArgs {
+    /// Random configurations per pass (one pass per injected bug).
+    #[arg(long, default_value_t = d::EXPLORE_CASES)]
+    pub cases: usize,
+    /// Largest W drawn; that many ranks are started once and reused.
+    #[arg(long, default_value_t = d::EXPLORE_MAX_GPUS)]
+    pub max_gpus: usize,
+    /// Draw configurations of: linear, resnet-tiny (lockstep in every dtype, and float64
+    /// free-running), or all (a ResNet one draw in four).
+    #[arg(long, value_name = "MODEL|all", default_value = d::EXPLORE_MODEL)]
+    pub model: String,
+    /// Seed of the random draws [default: a fresh one, printed for replay].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Plant BUG in every case, or `all` for one pass per known bug: no-loss-scale,
+    /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad.
+    #[arg(long, value_name = "BUG|all")]
+    pub inject: Option<String>,
+    #[command(flatten)]
+    pub tolerance: ToleranceArgs,
+    /// Minimal failing configs are appended here and replayed first next time.
+    #[arg(long, value_name = "FILE", default_value = d::REGRESSIONS)]
+    pub regressions: PathBuf,
+}
+
+#[derive(Args)]
+pub struct SplitArgs {
+    #[command(flatten)]
+    pub shape: SplitShape,
+    /// The epoch passed to set_epoch (changes the shuffle).
+    #[arg(long, default_value_t = d::SPLIT_EPOCH)]
+    pub epoch: u64,
+    /// Print JSON: {"shards": [...], "accumulation_order": [...], ...}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What the launcher needs to start a verification's ranks itself.
+#[derive(Debug, PartialEq)]
+pub struct Verification {
+    pub gpus: usize,
+    pub timeout: Duration,
+}
+
+impl Verification {
+    /// `Some` for the main command (no subcommand, no --help or --version) when these flags
+    /// parse and give a usable --gpus and --timeout. Anything else goes to the core, which
+    /// says what is wrong; rank 0 validates every flag before any training either way.
+    pub fn of(args: &[OsString]) -> Option<Verification> {
+        let cli =
+            Cli::try_parse_from(std::iter::once(OsString::from("ddp-verify")).chain(args.iter().cloned())).ok()?;
+        if cli.command.is_some() {
+            return None;
+        }
+        let (gpus, timeout) = (cli.run.shape.gpus, cli.run.timeout);
+        if gpus == 0 || !(timeout.is_finite() && timeout > 0.0) {
+            return None;
+        }
+        // A timeout beyond what a Duration holds (1e20 s) is as good as none.
+        Some(Verification { gpus, timeout: Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(line: &str) -> Option<Verification> {
+        Verification::of(&line.split_whitespace().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    fn ranks(gpus: usize, timeout: f64) -> Option<Verification> {
+        Some(Verification { gpus, timeout: Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX) })
+    }
+
+    #[test]
+    fn verifications_are_started_by_the_launcher_with_their_gpus_and_timeout() {
+        assert_eq!(of(""), ranks(d::GPUS, d::TIMEOUT_S));
+        assert_eq!(of("--acc-steps 2 --gpus 2"), ranks(2, d::TIMEOUT_S));
+        assert_eq!(of("--model=resnet-tiny --gpus=3 --timeout 20"), ranks(3, 20.0));
+        assert_eq!(of("--shuffle --gpus 4 --lockstep --acc-steps 4"), ranks(4, d::TIMEOUT_S));
+        assert_eq!(of("--model resnet18 --bless --golden g --lr 0.1"), ranks(2, d::TIMEOUT_S));
+        assert_eq!(of("--timeout 1e30"), Some(Verification { gpus: 2, timeout: Duration::MAX }));
+    }
+
+    #[test]
+    fn everything_else_goes_to_the_core() {
+        for line in [
+            "explore --cases 10",
+            "split --gpus 3",
+            "devices",
+            "--model resnet18 --help",
+            "--version",
+            "-h",
+            "--gpus 0",
+            "--gpus two",
+            "--gpus 2 --gpus 3",
+            "--acc-steps 2 --gpus",
+            "--timeout -1",
+            "--timeout nan",
+            "--model resnet18 stray",
+            "--model resnet50",
+        ] {
+            assert_eq!(of(line), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn the_flags_are_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn format_aliases_name_a_format() {
+        assert_eq!(names::format("md"), Ok("markdown".to_string()));
+        assert!(names::format("html").unwrap_err().contains("known: table, json, markdown, junit"));
+    }
+}

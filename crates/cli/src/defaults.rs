@@ -1,0 +1,35 @@
+//! Every flag's default, once. The flags below use these; so do the library's article
+//! configuration (`TrainConfig::article`), golden headers and the tests.
+
+/// N: the seed article's 8 samples.
+pub const DATA_SIZE: usize = 8;
+/// W: two ranks, the article's `torchrun --nproc_per_node 2`.
+pub const GPUS: usize = 2;
+/// B: micro-batch size per rank.
+pub const BATCH_SIZE: usize = 4;
+/// K: micro-batches per optimizer step in the single-device run.
+pub const ACC_STEPS: usize = 2;
+pub const SEED: u64 = 0;
+pub const EPOCHS: usize = 2;
+pub const LR: f64 = 0.01;
+pub const MOMENTUM: f64 = 0.9;
+pub const WEIGHT_DECAY: f64 = 0.0;
+/// S: CIFAR-sized images.
+pub const IMAGE_SIZE: usize = 32;
+/// C: CIFAR-10's classes.
+pub const CLASSES: usize = 10;
+pub const MODEL: &str = "linear";
+pub const DTYPE: &str = "float32";
+pub const DEVICE: &str = "auto";
+/// Seconds the ranks of a verification may take.
+pub const TIMEOUT_S: f64 = 600.0;
+/// `split --epoch`.
+pub const SPLIT_EPOCH: u64 = 0;
+/// `explore --cases`.
+pub const EXPLORE_CASES: usize = 100;
+/// `explore --max-gpus`.
+pub const EXPLORE_MAX_GPUS: usize = 3;
+/// `explore --model`.
+pub const EXPLORE_MODEL: &str = "all";
+/// `explore --regressions`.
+pub const REGRESSIONS: &str = "proptest-regressions/explore.txt";

@@ -1,0 +1,15 @@
+//! ddp-verify's command line, defined once for both binaries: the launcher (`ddp-verify`,
+//! no libtorch) reads `--gpus` and `--timeout` from it to start the ranks, and every rank
+//! (`ddp-verify-core`) parses the same flags before lowering them to a validated config.
+//! Values that name things (models, dtypes, bugs...) stay strings here, checked against
+//! [`names`]; the library turns them into its own types.
+
+mod args;
+pub mod defaults;
+mod exit;
+pub mod names;
+
+pub use args::{Cli, Command, ExploreArgs, NetArgs, RunArgs, SplitArgs, SplitShape, ToleranceArgs, Verification};
+/// `Cli::try_parse()` needs the trait in scope; the core takes it from here.
+pub use clap::Parser;
+pub use exit::{Exit, EXIT_CODES};

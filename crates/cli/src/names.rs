@@ -1,0 +1,40 @@
+//! The words a flag's value may be, once: the library's enums take their names from here
+//! (by position), and the flags check against them so a typo is refused while parsing.
+
+pub const MODELS: [&str; 3] = ["linear", "resnet18", "resnet-tiny"];
+pub const DTYPES: [&str; 4] = ["float32", "float64", "bfloat16", "float16"];
+pub const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
+pub const FORMATS: [&str; 4] = ["table", "json", "markdown", "junit"];
+/// Other spellings a report format is also known by.
+pub const FORMAT_ALIASES: [(&str, &str); 1] = [("md", "markdown")];
+pub const BUGS: [&str; 6] =
+    ["no-loss-scale", "double-scale", "contiguous-split", "no-set-epoch", "no-padding", "stale-zero-grad"];
+
+/// `s` if it is one of `names`, else the one-line complaint clap shows after the flag.
+pub fn check(what: &str, s: &str, names: &[&str]) -> Result<String, String> {
+    match names.contains(&s) {
+        true => Ok(s.to_string()),
+        false => Err(format!("unknown {what} '{s}'; known: {}", names.join(", "))),
+    }
+}
+
+pub(crate) fn model(s: &str) -> Result<String, String> {
+    check("model", s, &MODELS)
+}
+
+pub(crate) fn dtype(s: &str) -> Result<String, String> {
+    check("dtype", s, &DTYPES)
+}
+
+pub(crate) fn device(s: &str) -> Result<String, String> {
+    check("device", s, &DEVICES)
+}
+
+pub(crate) fn bug(s: &str) -> Result<String, String> {
+    check("bug", s, &BUGS)
+}
+
+pub(crate) fn format(s: &str) -> Result<String, String> {
+    let s = FORMAT_ALIASES.iter().find(|(alias, _)| *alias == s).map_or(s, |(_, name)| name);
+    check("report format", s, &FORMATS)
+}

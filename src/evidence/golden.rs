@@ -1,0 +1,276 @@
+//! Golden traces: `DIR/config.json` (a header saying what made them) beside
+//! `DIR/accumulation.safetensors` and `DIR/ddp.safetensors`. The project's own goldens come
+//! from real PyTorch (`fixtures/`); users record theirs with `--bless`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Trace;
+use crate::error::{Error, Result};
+use crate::spec::TrainConfig;
+
+/// The libtorch this binary links, read from the wheel at build time.
+pub const LIBTORCH_VERSION: &str = env!("DDP_VERIFY_LIBTORCH_VERSION");
+pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GoldenMeta {
+    pub train: TrainConfig,
+    /// The PyTorch or libtorch version whose arithmetic made the numbers.
+    pub torch_version: String,
+    #[serde(default = "float32")]
+    pub dtype: String,
+    #[serde(default = "cpu")]
+    pub device: String,
+    /// Set on goldens blessed by ddp-verify itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_version: Option<String>,
+    #[serde(default)]
+    pub made_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    /// Each tensor holds only this many strided elements (`trace::sample`), which keeps
+    /// goldens of large models small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<usize>,
+}
+
+fn float32() -> String {
+    "float32".into()
+}
+
+fn cpu() -> String {
+    "cpu".into()
+}
+
+pub struct Golden {
+    pub dir: PathBuf,
+    pub meta: GoldenMeta,
+    pub accumulation: Trace,
+    pub ddp: Trace,
+}
+
+const FILES: [&str; 3] = ["config.json", "accumulation.safetensors", "ddp.safetensors"];
+
+impl Golden {
+    /// Loads a golden and refuses one made for another configuration, dtype, device or
+    /// libtorch, naming what differs, so a golden is never silently compared against the
+    /// wrong run. `shapes`: the model's parameters, named, with their shapes
+    /// (`train::models::shapes`), which the golden's tensors must match.
+    pub fn load(dir: &Path, train: &TrainConfig, shapes: &[(String, Vec<i64>)]) -> Result<Golden> {
+        if !dir.is_dir() {
+            return Err(Error::bad_flag(
+                "--golden",
+                format!("{} {}, not a golden's directory", dir.display(), crate::error::what_is(dir)),
+                format!("pass a golden such as golden/article, or record one with --golden {} --bless", dir.display()),
+            ));
+        }
+        let meta_path = dir.join(FILES[0]);
+        let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
+        let text = std::fs::read_to_string(&meta_path)
+            .map_err(|e| Error::bad_file(&meta_path, format!("cannot read ({e})"), fix))?;
+        let meta: GoldenMeta = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(&meta_path, format!("not a golden header ({e})"), fix))?;
+        if let Some((flag, golden, ours)) = first_difference(&meta.train, train) {
+            return Err(Error::bad_file(
+                dir,
+                format!("golden was made with {flag} {golden} but this run has {flag} {ours}"),
+                format!("pass the flags in {} or choose the golden for this config", meta_path.display()),
+            ));
+        }
+        check_compatible(dir, &meta, train)?;
+        let accumulation = Trace::load(&dir.join(FILES[1]))?;
+        let ddp = Trace::load(&dir.join(FILES[2]))?;
+        for (file, trace) in [(FILES[1], &accumulation), (FILES[2], &ddp)] {
+            check_layout(&dir.join(file), trace, train, shapes, meta.sample)?;
+        }
+        Ok(Golden { dir: dir.into(), meta, accumulation, ddp })
+    }
+}
+
+fn check_compatible(dir: &Path, meta: &GoldenMeta, train: &TrainConfig) -> Result<()> {
+    let refuse = |what: String| {
+        Err(Error::bad_file(dir, what, "re-record the golden with this build (--bless), or use the build that made it"))
+    };
+    // Another precision or device rounds differently: its numbers prove nothing here.
+    if meta.dtype != train.dtype.name() || meta.device != train.device.name() {
+        return refuse(format!(
+            "golden is {} on {}, this run is {} on {}",
+            meta.dtype,
+            meta.device,
+            train.dtype.name(),
+            train.device.name()
+        ));
+    }
+    let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    if LIBTORCH_VERSION != "unknown" && major_minor(&meta.torch_version) != major_minor(LIBTORCH_VERSION) {
+        return refuse(format!(
+            "golden was made with torch {} but this build links libtorch {LIBTORCH_VERSION}",
+            meta.torch_version
+        ));
+    }
+    if let Some(v) = &meta.tool_version {
+        if v.split('.').next() != TOOL_VERSION.split('.').next() {
+            return refuse(format!("golden was blessed by ddp-verify {v}, this is {TOOL_VERSION}"));
+        }
+    }
+    Ok(())
+}
+
+/// A golden must hold this model's parameters, with their shapes (or sample sizes), for
+/// every optimizer step the config makes: anything else is a broken file, refused before
+/// any run.
+fn check_layout(
+    path: &Path,
+    trace: &Trace,
+    train: &TrainConfig,
+    shapes: &[(String, Vec<i64>)],
+    sample: Option<usize>,
+) -> Result<()> {
+    let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
+    let shape = |size: &Vec<i64>| match sample {
+        Some(k) => vec![(size.iter().product::<i64>() as usize).min(k) as i64],
+        None => size.clone(),
+    };
+    let want: Vec<(&str, Vec<i64>)> = shapes.iter().map(|(n, size)| (n.as_str(), shape(size))).collect();
+    let steps = crate::plan::sampler::optimizer_steps(train);
+    if trace.steps.len() != steps {
+        return Err(Error::bad_file(
+            path,
+            format!("holds {} optimizer steps, the config makes {steps}", trace.steps.len()),
+            fix,
+        ));
+    }
+    for (what, params) in trace.steps.iter().map(|p| ("gradient", p)).chain([("final weight", &trace.finals)]) {
+        let got: Vec<(&str, Vec<i64>)> = params.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+        if got != want {
+            let problem = if got.len() > 4 || want.len() > 4 {
+                let diff = got.iter().zip(&want).find(|(g, w)| g != w);
+                format!(
+                    "{what} tensors differ from the model's ({} vs {} tensors; first difference {diff:?})",
+                    got.len(),
+                    want.len()
+                )
+            } else {
+                format!("{what} tensors are {got:?}, the model has {want:?}")
+            };
+            return Err(Error::bad_file(path, problem, fix));
+        }
+    }
+    Ok(())
+}
+
+/// Writes (or replaces) a golden from this run's traces, atomically: everything goes to a
+/// temporary directory beside DIR, which then takes DIR's place by rename.
+pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace) -> Result<()> {
+    let meta = GoldenMeta {
+        train: TrainConfig { inject: None, ..train.clone() },
+        torch_version: LIBTORCH_VERSION.into(),
+        dtype: train.dtype.name().into(),
+        device: train.device.name().into(),
+        tool_version: Some(TOOL_VERSION.into()),
+        made_by: "ddp-verify --bless".into(),
+        date: Some(utc_now()),
+        sample: None,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    // Only the golden's own three files are written, each to a temporary name in the same
+    // directory and then renamed over the old one: nothing else there is ever touched.
+    let json = serde_json::to_string_pretty(&meta).expect("header serialises") + "\n";
+    let tmp = |f: &str| dir.join(format!(".{f}.bless-{}", std::process::id()));
+    let written = accumulation
+        .save(&tmp(FILES[1]))
+        .and_then(|()| ddp.save(&tmp(FILES[2])))
+        .and_then(|()| std::fs::write(tmp(FILES[0]), json).map_err(|e| Error::io("writing the golden header", e)));
+    let renamed = written.and_then(|()| {
+        // The header last: a golden whose header is new has its new traces.
+        for f in [FILES[1], FILES[2], FILES[0]] {
+            std::fs::rename(tmp(f), dir.join(f))
+                .map_err(|e| Error::io(format!("moving the new {f} into {}", dir.display()), e))?;
+        }
+        Ok(())
+    });
+    if renamed.is_err() {
+        for f in FILES {
+            let _ = std::fs::remove_file(tmp(f));
+        }
+    }
+    renamed
+}
+
+/// Before anything runs: `--bless` may write into `dir` only if it is new, empty, or holds a
+/// golden (its three files, with a header this tool reads, and nothing else), because it
+/// replaces those files. Anything else is somebody's and is refused, untouched.
+pub fn check_blessable(dir: &Path) -> Result<()> {
+    let fix = "point --golden at a new or empty directory, or at an existing golden";
+    let meta = match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::bad_file(dir, format!("--golden cannot be read ({e})"), fix)),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        return Err(Error::bad_file(dir, "--golden for --bless must be a directory, and this is not one", fix));
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::bad_file(dir, format!("--golden cannot be listed ({e})"), fix))?;
+    for entry in entries {
+        let name = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?.file_name();
+        let name = name.to_string_lossy();
+        if !FILES.contains(&name.as_ref()) {
+            return Err(Error::bad_file(
+                dir,
+                format!("holds {name}, which is not a golden's; --bless replaces a golden's own files only"),
+                fix,
+            ));
+        }
+    }
+    let header = dir.join(FILES[0]);
+    if header.exists() {
+        let text = std::fs::read_to_string(&header).unwrap_or_default();
+        if serde_json::from_str::<GoldenMeta>(&text).is_err() {
+            return Err(Error::bad_file(
+                &header,
+                "is not a golden header this tool reads; --bless will not replace it",
+                fix,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// True when the `CI` variable says this is a CI run, as insta reads it.
+pub fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// The first field that differs, as (flag, golden value, our value).
+fn first_difference(golden: &TrainConfig, ours: &TrainConfig) -> Option<(String, String, String)> {
+    let g = serde_json::to_value(golden).ok()?;
+    let o = serde_json::to_value(TrainConfig { inject: None, ..ours.clone() }).ok()?;
+    let (g, o) = (g.as_object()?, o.as_object()?);
+    // `init` is a path, which differs between checkouts; the golden's layout check and the
+    // numbers themselves catch a wrong initial state. Fields at their default are left out
+    // of the JSON, so a key on one side only is a difference too.
+    let keys = g.keys().chain(o.keys().filter(|k| !g.contains_key(*k)));
+    let show = |v: Option<&serde_json::Value>| v.map_or("(default)".to_string(), |x| x.to_string());
+    keys.filter(|k| k.as_str() != "init")
+        .find(|k| g.get(*k) != o.get(*k))
+        .map(|k| (format!("--{}", k.replace('_', "-")), show(g.get(k)), show(o.get(k))))
+}
+
+/// Now as `YYYY-MM-DDTHH:MM:SSZ` (days-to-civil, Howard Hinnant's algorithm).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}

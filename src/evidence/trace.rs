@@ -1,0 +1,137 @@
+//! What one run emits: the gradient each optimizer step used, the final weights and the
+//! final BatchNorm buffers. On disk: safetensors with tensors `grads.<step>.<param>`,
+//! `final.<param>` and `buffer.<name>` (float32 or float64; int64 counters), the same layout
+//! the PyTorch scripts in `fixtures/` write.
+
+use std::collections::BTreeMap;
+
+use std::path::Path;
+
+use tch::{Kind, Tensor};
+
+use super::writer::TraceWriter;
+use crate::error::{Error, Result};
+
+/// Named tensors sorted by name.
+pub type Params = Vec<(String, Tensor)>;
+
+#[derive(Debug, Default)]
+pub struct Trace {
+    /// `steps[s]`: the gradients optimizer step `s` (counted from 0) applied.
+    pub steps: Vec<Params>,
+    pub finals: Params,
+    /// BatchNorm running statistics and counters at the end (empty for the linear model).
+    pub buffers: Params,
+    /// Largest magnitude each weight took during training (initial and after every step).
+    /// SGD rounds a weight at that scale, so final weights are compared there. Empty for
+    /// PyTorch's golden traces, which do not record it.
+    pub peaks: Params,
+    /// The accumulation run's: what rounding alone may make DDP's gradients differ by, per
+    /// step and element (`runs::Bounds`); empty for other traces.
+    pub allowed: Vec<Params>,
+    /// Likewise for the final weights.
+    pub allowed_finals: Params,
+}
+
+impl Trace {
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut w = TraceWriter::create(path)?;
+        for (s, grads) in self.steps.iter().enumerate() {
+            w.step(s, grads)?;
+        }
+        w.finish(self)
+    }
+
+    /// Reads a trace and checks its layout, so a corrupt file is refused, never half-compared.
+    pub fn load(path: &Path) -> Result<Self> {
+        let fix = "regenerate it with fixtures/make_golden.sh or point to another file";
+        if !path.is_file() {
+            return Err(Error::bad_file(path, crate::error::what_is(path), fix));
+        }
+        let tensors = Tensor::read_safetensors(path)
+            .map_err(|e| Error::bad_file(path, format!("not a readable safetensors file ({e})"), fix))?;
+        let mut steps: BTreeMap<usize, Params> = BTreeMap::new();
+        let mut finals = Params::new();
+        let mut peaks = Params::new();
+        let mut buffers = Params::new();
+        let float = tensors.iter().find(|(n, _)| n.starts_with("final.")).map_or(Kind::Float, |(_, t)| t.kind());
+        for (name, t) in tensors {
+            if let Some(b) = name.strip_prefix("buffer.") {
+                buffers.push((b.to_string(), t));
+                continue;
+            }
+            if t.kind() != float || !matches!(float, Kind::Float | Kind::Double | Kind::BFloat16 | Kind::Half) {
+                let problem = format!("tensor {name} is {:?}, expected one floating dtype like the rest", t.kind());
+                return Err(Error::bad_file(path, problem, fix));
+            }
+            if let Some(p) = name.strip_prefix("final.") {
+                finals.push((p.to_string(), t));
+            } else if let Some(p) = name.strip_prefix("peak.") {
+                peaks.push((p.to_string(), t));
+            } else if let Some((step, p)) = name.strip_prefix("grads.").and_then(|r| r.split_once('.')) {
+                let step: usize = step
+                    .parse()
+                    .map_err(|_| Error::bad_file(path, format!("tensor {name} has no step number"), fix))?;
+                steps.entry(step).or_default().push((p.to_string(), t));
+            } else {
+                return Err(Error::bad_file(path, format!("unexpected tensor {name}"), fix));
+            }
+        }
+        if finals.is_empty() {
+            return Err(Error::bad_file(path, "no final.<param> tensors", fix));
+        }
+        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, buffers, peaks, ..Trace::default() };
+        for (i, (s, mut grads)) in steps.into_iter().enumerate() {
+            if s != i {
+                return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
+            }
+            grads.sort_by(|a, b| a.0.cmp(&b.0));
+            trace.steps.push(grads);
+        }
+        trace.finals.sort_by(|a, b| a.0.cmp(&b.0));
+        trace.peaks.sort_by(|a, b| a.0.cmp(&b.0));
+        trace.buffers.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(trace)
+    }
+}
+
+impl Trace {
+    /// The same finals, buffers and peaks (shared, not copied), without the steps.
+    pub fn without_steps(&self) -> Trace {
+        let share = |p: &Params| p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        Trace {
+            steps: Vec::new(),
+            finals: share(&self.finals),
+            buffers: share(&self.buffers),
+            peaks: share(&self.peaks),
+            allowed: Vec::new(),
+            allowed_finals: share(&self.allowed_finals),
+        }
+    }
+}
+
+/// A detached copy of named tensors (parameters or their gradients).
+pub fn snapshot<'a>(named: impl IntoIterator<Item = (&'a String, Tensor)>) -> Params {
+    // Comparisons happen on the CPU; a GPU tensor's move to the CPU is its copy.
+    let host = |t: Tensor| {
+        if t.device() == tch::Device::Cpu {
+            t.detach().copy()
+        } else {
+            t.detach().to_device(tch::Device::Cpu)
+        }
+    };
+    named.into_iter().map(|(n, t)| (n.clone(), host(t))).collect()
+}
+
+/// At most `k` elements of `t`, flattened, at evenly strided positions `i * numel / k`
+/// (the same positions `fixtures/resnet_reference.py` keeps). Tensors of `k` elements or
+/// fewer are kept whole, so sampling twice changes nothing.
+pub fn sample(t: &Tensor, k: usize) -> Tensor {
+    let flat = t.flatten(0, -1);
+    let n = flat.numel();
+    if n <= k {
+        return flat;
+    }
+    let idx: Vec<i64> = (0..k).map(|i| (i * n / k) as i64).collect();
+    flat.index_select(0, &Tensor::from_slice(&idx))
+}

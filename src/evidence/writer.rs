@@ -1,0 +1,85 @@
+//! Saving a trace as safetensors, streamed step by step.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use tch::{Kind, Tensor};
+
+use super::trace::{Params, Trace};
+use crate::error::{Error, Result};
+
+/// Writes a trace as it is made, one step's gradients at a time, so saving never needs every
+/// step in memory. Tensor bytes go to `<path>.part` as they come; `finish` writes the
+/// safetensors header (which must come first and name every offset) and then copies them.
+pub struct TraceWriter {
+    path: PathBuf,
+    part: PathBuf,
+    data: BufWriter<File>,
+    header: serde_json::Map<String, serde_json::Value>,
+    offset: usize,
+}
+
+/// Unfinished (an error on the way): its partial bytes are of no use to anyone. After
+/// `finish` there is nothing left to remove.
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.part);
+    }
+}
+
+impl TraceWriter {
+    pub fn create(path: &Path) -> Result<Self> {
+        let part = path.with_extension("safetensors.part");
+        let file = File::create(&part).map_err(|e| Error::io(format!("creating {}", part.display()), e))?;
+        // A killed rank runs no destructor: the launcher removes what is left of it.
+        ddp_verify_launch::register_partial(&part);
+        let header = serde_json::Map::new();
+        Ok(TraceWriter { path: path.into(), part, data: BufWriter::new(file), header, offset: 0 })
+    }
+
+    /// Step `s`'s gradients, as `grads.<s>.<param>`.
+    pub fn step(&mut self, s: usize, grads: &Params) -> Result<()> {
+        grads.iter().try_for_each(|(n, t)| self.add(&format!("grads.{s}.{n}"), t))
+    }
+
+    /// The finals, buffers and peaks of `trace` (its steps were written with `step`), then
+    /// the file itself.
+    pub fn finish(mut self, trace: &Trace) -> Result<()> {
+        for (prefix, group) in [("final", &trace.finals), ("buffer", &trace.buffers), ("peak", &trace.peaks)] {
+            group.iter().try_for_each(|(n, t)| self.add(&format!("{prefix}.{n}"), t))?;
+        }
+        let err = |e| Error::io(format!("writing {}", self.path.display()), e);
+        self.data.flush().map_err(err)?;
+        let mut header = serde_json::to_string(&self.header).expect("header serialises").into_bytes();
+        // Pad with spaces to 8 bytes, as the safetensors library does, so the data is aligned.
+        header.resize(header.len().div_ceil(8) * 8, b' ');
+        let mut out = BufWriter::new(File::create(&self.path).map_err(err)?);
+        out.write_all(&(header.len() as u64).to_le_bytes()).map_err(err)?;
+        out.write_all(&header).map_err(err)?;
+        std::io::copy(&mut File::open(&self.part).map_err(err)?, &mut out).map_err(err)?;
+        out.flush().map_err(err)?;
+        std::fs::remove_file(&self.part).map_err(err)
+    }
+
+    fn add(&mut self, name: &str, t: &Tensor) -> Result<()> {
+        let dtype = match t.kind() {
+            Kind::Float => "F32",
+            Kind::Double => "F64",
+            Kind::BFloat16 => "BF16",
+            Kind::Half => "F16",
+            Kind::Int64 => "I64",
+            other => return Err(Error::Rank { rank: 0, problem: format!("cannot save {name} of kind {other:?}") }),
+        };
+        let t = t.contiguous();
+        let bytes = t.numel() * t.kind().elt_size_in_bytes();
+        let mut buf = vec![0u8; bytes];
+        t.f_copy_data_u8(&mut buf, t.numel())?;
+        self.data.write_all(&buf).map_err(|e| Error::io(format!("writing {}", self.part.display()), e))?;
+        let entry =
+            serde_json::json!({"dtype": dtype, "shape": t.size(), "data_offsets": [self.offset, self.offset + bytes]});
+        self.header.insert(name.to_string(), entry);
+        self.offset += bytes;
+        Ok(())
+    }
+}

@@ -1,0 +1,504 @@
+//! `ddp-verify explore`: random configurations through both runs on ranks started once,
+//! each failure shrunk by proptest to a minimal reproducing command, and planted bugs
+//! tallied against the configurations they can change.
+
+mod pool;
+mod summary;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+
+use self::pool::RankPool;
+use crate::dist::{world as launch, Collective as _};
+use crate::error::{Error, Exit, Result};
+use crate::judge::{diagnose, Comparer, Diagnosis, Verdict};
+use crate::plan::Effect;
+use crate::spec::{Bug, Dtype, ModelKind, ToleranceOverrides, TrainConfig};
+use crate::train::accumulation;
+
+pub struct ExploreOptions {
+    pub cases: usize,
+    pub max_gpus: usize,
+    /// The models configurations are drawn for (linear, resnet-tiny).
+    pub models: Vec<ModelKind>,
+    pub seed: u64,
+    /// One pass per entry; `None` is the honest run.
+    pub bugs: Vec<Option<Bug>>,
+    /// --max-ulps/--rtol/--atol, if given; else each case is held to its derived bounds.
+    pub tolerance: ToleranceOverrides,
+    /// Minimal failing configurations, replayed first and appended to (proptest's idea of
+    /// persisted regressions, stored as the configs themselves).
+    pub regressions: Option<PathBuf>,
+    pub progress: bool,
+}
+
+/// Random valid configurations of the given models (linear three times as often as a
+/// ResNet when both are asked for: it is 20 times faster).
+pub fn strategy(max_gpus: usize, models: &[ModelKind]) -> BoxedStrategy<TrainConfig> {
+    let linear = models.contains(&ModelKind::Linear);
+    let resnet = models.iter().any(|m| m.is_resnet());
+    match (linear, resnet) {
+        (true, true) => prop_oneof![3 => linear_strategy(max_gpus), 1 => resnet_strategy(max_gpus)].boxed(),
+        (false, true) => resnet_strategy(max_gpus).boxed(),
+        _ => linear_strategy(max_gpus).boxed(),
+    }
+}
+
+/// resnet-tiny: W 1-8, K a multiple of W up to 16, micro-batches BatchNorm accepts, every
+/// dtype in lockstep, and float64 free-running for at most 2 steps (its chaos grows 10^3 to
+/// 10^6-fold per step, so the fixed float64 bound holds for two).
+pub fn resnet_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
+    let w_max = max_gpus.clamp(1, 8);
+    (
+        (1..=w_max, 1usize..=16, 2usize..=4, 1usize..=64, prop_oneof![Just(8usize), Just(16)], 1usize..=2),
+        (any::<bool>(), any::<bool>(), 0u64..1000, 0.001f64..0.05, 0.0f64..0.95, prop_oneof![Just(0.0), 1e-4f64..1e-2]),
+        (0usize..5, 1usize..=4),
+    )
+        .prop_map(
+            |(
+                (gpus, local, batch_size, data_size, image_size, epochs),
+                (shuffle, drop_last, seed, lr, momentum, weight_decay),
+                (mode, steps),
+            )| {
+                // Mode 4 is float64 free-running; 0-3 are the dtypes in lockstep.
+                let free = mode == 4;
+                TrainConfig {
+                    model: ModelKind::ResnetTiny,
+                    data_size: data_size.max(gpus * batch_size),
+                    features: 8,
+                    seed,
+                    epochs,
+                    batch_size,
+                    acc_steps: (local.min(16 / gpus).max(1)) * gpus,
+                    gpus,
+                    lr,
+                    momentum,
+                    shuffle,
+                    drop_last,
+                    image_size,
+                    weight_decay,
+                    max_steps: Some(if free { steps.min(2) } else { steps }),
+                    dtype: if free { Dtype::Float64 } else { Dtype::ALL[mode] },
+                    lockstep: !free,
+                    ..TrainConfig::article()
+                }
+            },
+        )
+        .prop_filter("a valid config whose micro-batches BatchNorm accepts, planted bugs included", |c| {
+            crate::plan::checks::check_train(c).is_ok()
+                && std::iter::once(None)
+                    .chain(Bug::ALL.map(Some))
+                    .all(|b| crate::plan::bugs::micro_batches_hold(c, b, 2))
+        })
+}
+
+/// The linear model; K is drawn as a multiple of W so every draw is usable.
+pub fn linear_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
+    (
+        1..=max_gpus.max(1),
+        1usize..=4,
+        1usize..=48,
+        1usize..=16,
+        1usize..=8,
+        1usize..=3,
+        any::<bool>(),
+        any::<bool>(),
+        0u64..1000,
+        0.001f64..0.1,
+        0.0f64..0.95,
+    )
+        .prop_map(|(gpus, local, data_size, features, batch_size, epochs, shuffle, drop_last, seed, lr, momentum)| {
+            TrainConfig {
+                data_size,
+                features,
+                seed,
+                epochs,
+                batch_size,
+                acc_steps: local * gpus,
+                gpus,
+                lr,
+                momentum,
+                shuffle,
+                drop_last,
+                ..TrainConfig::article()
+            }
+        })
+        .prop_filter("a valid config with at least one optimizer step", |c| crate::plan::checks::check_train(c).is_ok())
+}
+
+/// What one bug (or the honest run) did over all cases.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub bug: Option<Bug>,
+    pub cases: usize,
+    pub replayed: usize,
+    /// Regressions that need more ranks than --max-gpus started.
+    pub skipped_regressions: usize,
+    pub not_equivalent: usize,
+    /// Honest draws whose training blew up (NaN or Inf in both runs): nothing can be proven
+    /// from them, so they count neither way.
+    pub blew_up: usize,
+    /// Cases of a ResNet among `cases`.
+    pub resnet_cases: usize,
+    /// Honest runs: the largest fraction of its allowance any case used (under 1 passes).
+    pub max_used: f64,
+    /// Planted bugs: the smallest factor by which a caught case exceeded its allowance.
+    pub min_margin: Option<f64>,
+    pub reasons: BTreeMap<&'static str, usize>,
+    pub changes_math: usize,
+    /// Configurations the bug only reorders (the same sums, other rounding), and on how
+    /// many of them the gate fired anyway.
+    pub reordered: usize,
+    pub reordered_fired: usize,
+    pub caught: usize,
+    pub missed: usize,
+    pub false_alarms: usize,
+    /// The shrunk case worth showing: a failure, a miss or false alarm, or else the
+    /// smallest config the bug was caught on.
+    pub example: Option<Example>,
+}
+
+#[derive(Debug)]
+pub struct Example {
+    pub what: &'static str,
+    pub config: TrainConfig,
+    pub diagnosis: Option<Diagnosis>,
+}
+
+#[derive(Debug, Default)]
+pub struct Timing {
+    pub total: f64,
+    pub start: Option<f64>,
+    pub ddp: f64,
+    pub comm: f64,
+    pub accumulation: f64,
+    pub compare: f64,
+    pub evaluations: usize,
+}
+
+pub struct ExploreReport {
+    pub seed: u64,
+    pub cases: usize,
+    pub max_gpus: usize,
+    /// The models configurations are drawn for (linear, resnet-tiny).
+    pub models: Vec<ModelKind>,
+    pub tallies: Vec<Tally>,
+    pub timing: Timing,
+}
+
+struct Case {
+    verdict: Verdict,
+    /// The worst difference over what it was allowed.
+    used: f64,
+    diagnosis: Option<Diagnosis>,
+}
+
+struct Runner<'a> {
+    pool: &'a RankPool,
+    tol: ToleranceOverrides,
+    timing: Timing,
+}
+
+impl Runner<'_> {
+    fn evaluate(&mut self, cfg: &TrainConfig) -> Result<Case> {
+        let t0 = Instant::now();
+        let (acc, ddp) = self.pool.lead(cfg)?;
+        let t1 = Instant::now();
+        let acc = match acc {
+            Some(acc) => acc,
+            None => accumulation(cfg)?,
+        };
+        let t2 = Instant::now();
+        let tol = self.tol.tolerance(cfg.dtype, cfg.lockstep);
+        let c =
+            Comparer::new("accumulation", "ddp", &tol, None).derived(self.tol.derive(cfg)).finish(&acc, &ddp, false);
+        let diagnosis = diagnose(&acc, &ddp, &c, cfg);
+        let t = &mut self.timing;
+        t.ddp += (t1 - t0).as_secs_f64();
+        t.accumulation += (t2 - t1).as_secs_f64();
+        t.compare += t2.elapsed().as_secs_f64();
+        t.evaluations += 1;
+        Ok(Case { verdict: c.verdict, used: c.worst_fraction, diagnosis })
+    }
+}
+
+/// How a case came out relative to what it should have.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Fine,
+    /// Honest run not equivalent: a real finding.
+    Failure,
+    /// The bug changed the math and the gate fired.
+    Caught,
+    /// The bug changed the math and the gate stayed quiet.
+    Missed,
+    /// The bug cannot change the math yet the gate fired.
+    FalseAlarm,
+    /// The bug reorders the same sums: rounding alone, counted neither way.
+    Reordered,
+    /// An honest draw whose training blew up: a bad draw, not a verdict on the gate.
+    BlewUp,
+}
+
+fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Outcome {
+    let diverged = case.verdict == Verdict::Diverged;
+    let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == "non-finite");
+    match bug {
+        None if diverged && blew_up => Outcome::BlewUp,
+        None if diverged => Outcome::Failure,
+        None => Outcome::Fine,
+        Some(b) => match (b.effect(cfg), diverged) {
+            (Effect::Math, true) => Outcome::Caught,
+            (Effect::Math, false) => Outcome::Missed,
+            (Effect::None, true) => Outcome::FalseAlarm,
+            (Effect::None, false) => Outcome::Fine,
+            (Effect::Order, _) => Outcome::Reordered,
+        },
+    }
+}
+
+/// `ddp-verify explore`: outside an MPI world, starts `max_gpus` ranks once by running this
+/// same command again under mpirun; inside one, rank 0 explores and prints while the other
+/// ranks serve its jobs. Returns the exit code.
+pub fn command(opts: &ExploreOptions) -> Result<Exit> {
+    if !launch::inside_mpi_world() {
+        return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1), None);
+    }
+    let rank = launch::init_rank()?;
+    launch::fault_hooks(rank.comm.rank());
+    let pool = RankPool::new(rank.world());
+    if opts.max_gpus > pool.size() {
+        return Err(Error::bad_flag(
+            "--max-gpus",
+            format!("{} ranks are needed but mpirun started {}", opts.max_gpus, pool.size()),
+            format!("pass --max-gpus {} or start mpirun -np {}", pool.size(), opts.max_gpus),
+        ));
+    }
+    if !pool.is_leader() {
+        // A rank that fails stops every rank at once, instead of leaving rank 0 waiting.
+        rank.fail_all(pool.follow())?;
+        return Ok(Exit::Equivalent);
+    }
+    let report = rank.fail_all(explore(opts, &pool))?;
+    pool.stop();
+    print!("{}", report.to_text());
+    Ok(if report.passed() { Exit::Equivalent } else { Exit::NotEquivalent })
+}
+
+/// Rank 0's side of explore; the other ranks run `pool.follow()`.
+pub fn explore(opts: &ExploreOptions, pool: &RankPool) -> Result<ExploreReport> {
+    let started = Instant::now();
+    let mut runner = Runner { pool, tol: opts.tolerance, timing: Timing::default() };
+    let strat = strategy(opts.max_gpus, &opts.models);
+    let mut tallies = Vec::new();
+    for (pass, &bug) in opts.bugs.iter().enumerate() {
+        tallies.push(explore_one(opts, &mut runner, &strat, bug, pass)?);
+    }
+    let mut timing = runner.timing;
+    timing.total = started.elapsed().as_secs_f64();
+    timing.start = launch::seconds_since_launch().map(|s| (s - timing.total).max(0.0));
+    timing.comm = pool.comm_seconds();
+    if opts.progress {
+        eprint!("\r{:60}\r", "");
+    }
+    Ok(ExploreReport {
+        seed: opts.seed,
+        cases: opts.cases,
+        max_gpus: opts.max_gpus,
+        models: opts.models.clone(),
+        tallies,
+        timing,
+    })
+}
+
+fn explore_one<S: Strategy<Value = TrainConfig>>(
+    opts: &ExploreOptions,
+    runner: &mut Runner,
+    strat: &S,
+    bug: Option<Bug>,
+    pass: usize,
+) -> Result<Tally> {
+    let mut tally = Tally { bug, ..Tally::default() };
+    let record = |tally: &mut Tally, cfg: &TrainConfig, case: &Case| {
+        let outcome = classify(bug, cfg, case);
+        tally.cases += 1;
+        tally.resnet_cases += usize::from(cfg.model.is_resnet());
+        if outcome == Outcome::BlewUp {
+            tally.blew_up += 1;
+            return outcome;
+        }
+        if bug.is_none() {
+            tally.max_used = tally.max_used.max(case.used);
+        }
+        if case.verdict == Verdict::Diverged {
+            tally.not_equivalent += 1;
+            let reason = case.diagnosis.as_ref().map_or("unexplained", |d| d.reason);
+            *tally.reasons.entry(reason).or_default() += 1;
+        }
+        if let Some(b) = bug {
+            tally.changes_math += usize::from(b.changes_math(cfg));
+        }
+        match outcome {
+            Outcome::Caught => {
+                tally.caught += 1;
+                tally.min_margin = Some(tally.min_margin.map_or(case.used, |m| m.min(case.used)));
+            }
+            Outcome::Missed => tally.missed += 1,
+            Outcome::FalseAlarm => tally.false_alarms += 1,
+            Outcome::Reordered => {
+                tally.reordered += 1;
+                tally.reordered_fired += usize::from(case.verdict == Verdict::Diverged);
+            }
+            _ => {}
+        }
+        outcome
+    };
+
+    if bug.is_none() {
+        let (fit, too_big): (Vec<_>, Vec<_>) =
+            read_regressions(opts.regressions.as_ref())?.into_iter().partition(|c| c.gpus <= opts.max_gpus);
+        tally.skipped_regressions = too_big.len();
+        for cfg in fit {
+            let case = runner.evaluate(&cfg)?;
+            tally.replayed += 1;
+            if record(&mut tally, &cfg, &case) == Outcome::Failure && tally.example.is_none() {
+                tally.example = Some(Example { what: "replayed failure", config: cfg, diagnosis: case.diagnosis });
+            }
+        }
+    }
+
+    let mut rng_seed = [0u8; 32];
+    rng_seed[..8].copy_from_slice(&opts.seed.to_le_bytes());
+    let mut test_runner =
+        TestRunner::new_with_rng(RunnerConfig::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &rng_seed));
+    // The tree to shrink and what it showed; a problem outranks a plain catch.
+    let mut keep: Option<(S::Tree, Outcome)> = None;
+    for i in 0..opts.cases {
+        let tree = strat.new_tree(&mut test_runner).map_err(|e| {
+            Error::bad_flag("--max-gpus", format!("no valid configuration could be drawn ({e})"), "raise --max-gpus")
+        })?;
+        let mut cfg = tree.current();
+        cfg.inject = bug;
+        let case = runner.evaluate(&cfg)?;
+        let outcome = record(&mut tally, &cfg, &case);
+        let rank = |o: Outcome| match o {
+            Outcome::Fine | Outcome::BlewUp | Outcome::Reordered => 0,
+            Outcome::Caught => 1,
+            _ => 2,
+        };
+        if rank(outcome) > keep.as_ref().map_or(0, |(_, o)| rank(*o)) {
+            keep = Some((tree, outcome));
+        }
+        if opts.progress {
+            progress(pass, bug, i + 1, opts.cases, tally.not_equivalent);
+        }
+    }
+    if let Some((mut tree, outcome)) = keep {
+        if tally.example.is_none() {
+            let config = shrink(&mut tree, |c| {
+                let mut c = c.clone();
+                c.inject = bug;
+                Ok(classify(bug, &c, &runner.evaluate(&c)?) == outcome)
+            })?;
+            let mut config = config;
+            config.inject = bug;
+            let diagnosis = runner.evaluate(&config)?.diagnosis;
+            if outcome == Outcome::Failure {
+                append_regression(opts.regressions.as_ref(), &config)?;
+            }
+            let what = match outcome {
+                Outcome::Failure => "not equivalent",
+                Outcome::Caught => "smallest config caught",
+                Outcome::Missed => "MISSED",
+                _ => "FALSE ALARM",
+            };
+            tally.example = Some(Example { what, config, diagnosis });
+        }
+    }
+    Ok(tally)
+}
+
+/// A one-line bar on stderr, redrawn in place (only when the launcher saw a terminal).
+fn progress(pass: usize, bug: Option<Bug>, done: usize, total: usize, failed: usize) {
+    const WIDTH: usize = 30;
+    let filled = WIDTH * done / total.max(1);
+    let label = bug.map_or("honest runs", Bug::name);
+    eprint!(
+        "\r[{}{}] {done}/{total} pass {} ({label}), {failed} not equivalent   ",
+        "#".repeat(filled),
+        ".".repeat(WIDTH - filled),
+        pass + 1
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// proptest's shrink loop: simplify while the property still shows, else complicate.
+fn shrink<T: ValueTree<Value = TrainConfig>>(
+    tree: &mut T,
+    mut still_shows: impl FnMut(&TrainConfig) -> Result<bool>,
+) -> Result<TrainConfig> {
+    let mut best = tree.current();
+    if !tree.simplify() {
+        return Ok(best);
+    }
+    for _ in 0..512 {
+        let c = tree.current();
+        let more = if still_shows(&c)? {
+            best = c;
+            tree.simplify()
+        } else {
+            tree.complicate()
+        };
+        if !more {
+            break;
+        }
+    }
+    Ok(best)
+}
+
+/// The regressions file's configurations; a line that is not one is refused (exit 2), never
+/// skipped in silence. Configurations today's rules refuse are left out.
+pub fn read_regressions(path: Option<&PathBuf>) -> Result<Vec<TrainConfig>> {
+    let Some(path) = path.filter(|p| p.exists()) else { return Ok(Vec::new()) };
+    let fix = "fix or delete the file (explore writes one configuration as JSON per line)";
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::bad_file(path, format!("--regressions cannot be read ({e})"), fix))?;
+    let mut configs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let cfg: TrainConfig = serde_json::from_str(line).map_err(|e| {
+            Error::bad_file(path, format!("--regressions line {} is not a configuration ({e})", i + 1), fix)
+        })?;
+        if crate::plan::checks::check_train(&cfg).is_ok() {
+            configs.push(cfg);
+        }
+    }
+    Ok(configs)
+}
+
+/// Appends a minimal failing configuration; a failure to write it is an error, not a
+/// finding lost in silence.
+fn append_regression(path: Option<&PathBuf>, cfg: &TrainConfig) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let io = |e| Error::io(format!("appending to {}", path.display()), e);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let fresh = !path.exists();
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+    let mut text = String::new();
+    if fresh {
+        text.push_str("# Minimal configurations ddp-verify explore found not equivalent; replayed first.\n");
+    }
+    text.push_str(&serde_json::to_string(cfg).expect("config serialises"));
+    text.push('\n');
+    f.write_all(text.as_bytes()).map_err(io)
+}

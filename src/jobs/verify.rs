@@ -1,0 +1,171 @@
+//! The main job: both runs, judged against each other (and the golden), then reported.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::dist::{world, Collective};
+use crate::error::{Error, Exit, Result};
+use crate::evidence::{golden, Golden, Params, Trace, TraceWriter, SAVED_FILES};
+use crate::judge::{Judging, Outcome, Verdict};
+use crate::spec::Config;
+use crate::train::{self, models, StepGrads};
+
+/// Set for the ranks by a process that ran the preflight before starting them.
+const PREFLIGHT_DONE: &str = "DDP_VERIFY_PREFLIGHT_DONE";
+
+/// `ddp-verify [flags]` in this process. Outside an MPI world (the core started directly,
+/// or above `VALIDATE_FIRST_ABOVE` ranks): `preflight` has passed; starts the W ranks and
+/// returns rank 0's exit. Inside one: this process is a rank (see [`verify_in_world`]);
+/// rank 0 writes the reports. `preflight` is run by rank 0 unless the starter ran it.
+pub fn command(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<()>) -> Result<Exit> {
+    if !world::inside_mpi_world() {
+        // No other thread runs yet; the ranks inherit the variable.
+        std::env::set_var(PREFLIGHT_DONE, "1");
+        let timeout = Duration::try_from_secs_f64(cfg.timeout_s).unwrap_or(Duration::MAX);
+        return world::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
+    }
+    let checked = std::env::var_os(PREFLIGHT_DONE).is_some();
+    let Some(outcome) = verify_in_world(cfg, |c| if checked { Ok(()) } else { preflight(c) })? else {
+        return Ok(Exit::Equivalent);
+    };
+    crate::profile::mark("outcome");
+    crate::report::write_all(&outcome, &cfg.reports)?;
+    crate::profile::mark("reported");
+    Ok(if outcome.verdict() == Verdict::Diverged { Exit::NotEquivalent } else { Exit::Equivalent })
+}
+
+/// Inside an MPI world (ours, started by `ddp-verify`, or a user's `mpirun`): every
+/// process is a DDP rank; rank 0 also runs accumulation on a thread of its own and returns
+/// the outcome, the others return None.
+pub fn verify_in_world(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<()>) -> Result<Option<Outcome>> {
+    let rank = world::init_rank()?;
+    crate::profile::mark("mpi initialised");
+    let is_root = rank.comm.rank() == 0;
+    world::fault_hooks(rank.comm.rank());
+    // Rank 0 alone checks and reads the golden; it tells the others whether to go on,
+    // so a refusal there never leaves them waiting in a collective.
+    let golden = if is_root { preflight(cfg).and_then(|()| load_golden(cfg)) } else { Ok(None) };
+    let mut go = [if golden.is_ok() { 1.0f32 } else { 0.0 }];
+    rank.comm.broadcast(&mut go, 0)?;
+    let golden = golden?;
+    if go[0] == 0.0 {
+        return Err(Error::FollowerStopped);
+    }
+    // Past the go-ahead every rank is in the collectives: a failure must end them all.
+    let result = go_ahead(cfg, &rank, golden);
+    rank.fail_all(result)
+}
+
+/// The golden to check against, unless there is none or this run records it.
+fn load_golden(cfg: &Config) -> Result<Option<Golden>> {
+    match &cfg.golden {
+        Some(dir) if !cfg.bless => Ok(Some(Golden::load(dir, &cfg.train, &models::shapes(&cfg.train)?)?)),
+        _ => Ok(None),
+    }
+}
+
+fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Result<Option<Outcome>> {
+    let is_root = rank.comm.rank() == 0;
+    let comm = world::rank_collective(&cfg.train, &rank.comm)?;
+    world::failure_hook(rank.comm.rank())?;
+    crate::profile::mark("prepared");
+    if cfg.train.lockstep {
+        return lockstep(cfg, comm.as_ref(), Judging::new(cfg, golden));
+    }
+    if !is_root {
+        train::ddp_rank(&cfg.train, comm.as_ref())?;
+        return Ok(None);
+    }
+    // Free-running, the two runs share nothing until compared: side by side.
+    let (accumulation, ddp) = std::thread::scope(|scope| {
+        let accumulation = scope.spawn(|| {
+            world::pin_threads();
+            train::accumulation(&cfg.train)
+        });
+        let ddp = train::ddp_rank(&cfg.train, comm.as_ref());
+        (accumulation.join().expect("the accumulation thread does not panic"), ddp)
+    });
+    after(cfg, assemble(cfg, accumulation?, ddp?, golden), false).map(Some)
+}
+
+/// Above this many bytes of gradients over all steps, lockstep compares each step as it
+/// comes and keeps none (unless blessing; `--save-trace` streams them to disk).
+const KEEP_STEPS_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
+
+/// Both runs in lockstep; every comparison streams step by step.
+fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result<Option<Outcome>> {
+    let steps = crate::plan::optimizer_steps(&cfg.train) as f64;
+    let mut keep = None;
+    // --save-trace streams each step to disk as it comes.
+    // Rank 0 alone writes: the others would open the same files.
+    let mut writers = match cfg.save_trace.as_ref().filter(|_| comm.rank() == 0) {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+            Some([TraceWriter::create(&dir.join(SAVED_FILES[0]))?, TraceWriter::create(&dir.join(SAVED_FILES[1]))?])
+        }
+        None => None,
+    };
+    let (mut kept_acc, mut kept_ddp) = (Vec::new(), Vec::new());
+    let mut sink = |s: usize, step: StepGrads| -> Result<()> {
+        let StepGrads { accumulation: a, ddp: d, allowed } = step;
+        judging.step(s, &a, &d, &allowed);
+        if let Some([wa, wd]) = writers.as_mut() {
+            wa.step(s, &a)?;
+            wd.step(s, &d)?;
+        }
+        // Decided on the first step's real size: both runs' gradients over every step.
+        let bytes = |p: &Params| p.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>();
+        if *keep.get_or_insert_with(|| cfg.bless || 2.0 * bytes(&a) as f64 * steps <= KEEP_STEPS_BYTES) {
+            kept_acc.push(a);
+            kept_ddp.push(d);
+        }
+        Ok(())
+    };
+    let Some((mut acc, mut ddp)) = train::lockstep(&cfg.train, comm, &mut sink)? else {
+        return Ok(None);
+    };
+    crate::profile::mark("runs finished");
+    if let Some([wa, wd]) = writers {
+        wa.finish(&acc)?;
+        wd.finish(&ddp)?;
+    }
+    acc.steps = kept_acc.into_iter().filter(|p| !p.is_empty()).collect();
+    ddp.steps = kept_ddp.into_iter().filter(|p| !p.is_empty()).collect();
+    let outcome = judging.finish(acc, ddp);
+    crate::profile::mark("diagnosed");
+    after(cfg, outcome, true).map(Some)
+}
+
+/// Blesses and saves what a finished outcome asks for (`streamed`: the traces of
+/// `--save-trace` are already written).
+fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
+    if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
+        // Only an equivalent pair of runs is worth recording as the reference.
+        if outcome.verdict() != Verdict::Diverged {
+            golden::bless(dir, &cfg.train, &outcome.accumulation, &outcome.ddp)?;
+        }
+    }
+    if let Some(dir) = &cfg.save_trace {
+        save(dir, &outcome, streamed)?;
+    }
+    Ok(outcome)
+}
+
+/// Judges two finished runs (and the golden); pure, so reports can be tested on
+/// committed traces.
+pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Outcome {
+    let mut judging = Judging::new(cfg, golden);
+    judging.steps_of(&accumulation, &ddp);
+    judging.finish(accumulation, ddp)
+}
+
+fn save(dir: &Path, o: &Outcome, streamed: bool) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    if !streamed {
+        o.accumulation.save(&dir.join(SAVED_FILES[0]))?;
+        o.ddp.save(&dir.join(SAVED_FILES[1]))?;
+    }
+    let path = dir.join(SAVED_FILES[2]);
+    std::fs::write(&path, crate::report::render(crate::spec::Format::Json, o))
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}

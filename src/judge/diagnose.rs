@@ -1,0 +1,192 @@
+//! Plain-words likely causes for a mismatch, from the shape of the evidence: a constant
+//! ratio between the runs' gradients, a gradient that still holds the previous step's, a
+//! mismatch that starts only in a later epoch, or different samples behind a step.
+
+use serde::Serialize;
+
+use super::{Comparison, Verdict};
+use crate::evidence::{Params, Trace};
+use crate::spec::TrainConfig;
+
+/// Under an explicit --max-ulps/--rtol/--atol, differences this small are rounding: 64 ulps
+/// of float32 or float64; in bfloat16 and float16 an ulp is so coarse that 8 already is.
+/// (Under the derived bounds a divergence is never rounding: they allow twice what it can do.)
+fn rounding_ulps(eps: f64) -> u64 {
+    if eps > 1e-6 {
+        8
+    } else {
+        64
+    }
+}
+
+/// What rounding can do to one value in the run's precision (`eps`), relative to it: the
+/// bounds below were set for float32 and float64; narrower types round more.
+fn slack(float32_bound: f64, eps: f64, ulps: f64) -> f64 {
+    float32_bound.max(ulps * eps)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Diagnosis {
+    /// Short and stable, for counting by reason.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// `train` says how steps map to epochs and in what precision the runs computed. A
+/// free-running deep net that parts the way chaos does is named as such, whatever else
+/// its evidence resembles.
+pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
+    let d = cause(a, b, c, train)?;
+    Some(chaos(c, train).unwrap_or(d))
+}
+
+/// A free-running deep net whose first step agrees to rounding and whose first differing
+/// step is still small: the signature of chaos, not of a bug (a wrong split or scale shows at step
+/// 0; a stale gradient or a missing set_epoch is recognised before this is asked).
+fn chaos(runs: &Comparison, t: &TrainConfig) -> Option<Diagnosis> {
+    if !t.model.is_resnet() || t.lockstep || runs.steps.first()?.verdict == Verdict::Diverged {
+        return None;
+    }
+    let s = runs.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    // Chaos starts from rounding and grows by orders of magnitude per step (measured about
+    // 1e3 in float32); a step that jumps straight to a 1% difference is something else.
+    if runs.steps[s].max_rel > 1e-2 {
+        return None;
+    }
+    let growth: Vec<String> = runs.steps.iter().take(s + 2).map(|g| format!("{:.0e}", g.max_rel)).collect();
+    Some(Diagnosis {
+        reason: "chaos",
+        detail: format!(
+            "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep BatchNorm net \
+             amplifies rounding, so equivalent free-running runs part like this; rerun with --lockstep (the default) \
+             or --dtype float64 to prove equivalence",
+            growth.join(" -> ")
+        ),
+    })
+}
+
+fn cause(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
+    let steps_per_epoch = crate::plan::sampler::steps_per_epoch(train);
+    let eps = train.dtype.epsilon();
+    if c.verdict != Verdict::Diverged {
+        return None;
+    }
+    if c.left_steps != c.right_steps {
+        return Some(Diagnosis {
+            reason: "step count",
+            detail: format!(
+                "{} made {} optimizer steps and {} made {}: the samplers give different numbers of micro-batches",
+                c.left, c.left_steps, c.right, c.right_steps
+            ),
+        });
+    }
+    let first_bad = c.steps.iter().chain([&c.finals]).flat_map(|g| &g.tensors).find_map(|t| t.problem.as_ref());
+    if let Some(p) = first_bad.filter(|p| p.starts_with("non-finite")) {
+        return Some(Diagnosis {
+            reason: "non-finite",
+            detail: format!(
+                "{p}: training blew up (learning rate too high, or bad data); nothing can be proven from NaN or Inf"
+            ),
+        });
+    }
+    let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    let ulps = c.steps[s].max_ulps;
+    if !c.derived && ulps <= rounding_ulps(eps) {
+        return Some(Diagnosis {
+            reason: "explicit tolerance",
+            detail: format!(
+                "step {s} differs by only {ulps} ulp, which floating-point rounding explains (e.g. the order W partial gradients are summed in); the explicit tolerance ({} ulp) is tighter than the arithmetic allows: drop --max-ulps/--rtol/--atol to judge by the bound derived from it",
+                c.tolerance.max_ulps
+            ),
+        });
+    }
+    let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else {
+        // Streamed: the gradients were compared as they came and not kept.
+        return Some(Diagnosis {
+            reason: "different gradients",
+            detail: format!(
+                "step {s}'s gradients differ by more than rounding (rerun with --save-trace to inspect them)"
+            ),
+        });
+    };
+    let (x, y) = (flat(xs), flat(ys));
+    // Stale first: it only starts after step 0, and for a model whose gradient does not
+    // depend on the weights it can also look like a constant ratio.
+    if s > 0 {
+        for (side, own, other) in [(&c.right, b, &x), (&c.left, a, &y)] {
+            let prev = flat(&own.steps[s - 1]);
+            let now = flat(&own.steps[s]);
+            let stale: Vec<f64> = prev.iter().zip(other).map(|(p, o)| p + o).collect();
+            if close(&now, &stale, eps) {
+                return Some(Diagnosis {
+                    reason: "stale gradients",
+                    detail: format!(
+                        "{side}'s gradient at step {s} is step {}'s plus this step's: gradients are not zeroed after optimizer.step()",
+                        s - 1
+                    ),
+                });
+            }
+        }
+    }
+    if let Some(r) = constant_ratio(&x, &y, eps) {
+        return Some(Diagnosis {
+            reason: "loss scaling",
+            detail: format!(
+                "{} gradients are exactly {r:.2}x {}'s from step {s}: loss scaling (divide each loss by K in accumulation, by K/W on each rank)",
+                c.right, c.left
+            ),
+        });
+    }
+    let epoch = s / steps_per_epoch.max(1);
+    if epoch > 0 {
+        return Some(Diagnosis {
+            reason: "epoch-dependent sampling",
+            detail: format!(
+                "the runs agree through epoch {} and first differ in epoch {epoch} (step {s}): the shuffle differs between epochs; is set_epoch(epoch) called on every rank's sampler?",
+                epoch - 1
+            ),
+        });
+    }
+    Some(Diagnosis {
+        reason: "different samples",
+        detail: format!(
+            "step {s} differs by more than rounding and not by a constant factor: the runs likely see different samples in that step (strided vs contiguous split, padding)"
+        ),
+    })
+}
+
+fn flat(p: &Params) -> Vec<f64> {
+    p.iter()
+        .flat_map(|(_, t)| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default())
+        .collect()
+}
+
+/// y = r * x for one r, with r = n or 1/n for a whole n >= 2: the fingerprint of dividing by
+/// K, W or K/W in the wrong place. (Any two numbers have "a ratio"; a whole one from
+/// different samples would be a coincidence.) r is fitted by least squares and every
+/// residual measured at the largest |x|: a deep net's backward rescaled by a K that is no
+/// power of two rounds every element anew, and elements that cancel lose their ratio.
+fn constant_ratio(x: &[f64], y: &[f64], eps: f64) -> Option<f64> {
+    let (sxy, sxx) = x.iter().zip(y).fold((0.0, 0.0), |(sxy, sxx), (a, b)| (sxy + a * b, sxx + a * a));
+    if sxx == 0.0 || x.len() != y.len() {
+        return None;
+    }
+    let r = sxy / sxx;
+    let peak = x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let tol = slack(1e-4, eps, 4.0);
+    let same = x.iter().zip(y).all(|(a, b)| (b - r * a).abs() <= tol * r.abs() * peak);
+    let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= tol * v;
+    (same && (whole(r) || whole(1.0 / r))).then_some(r)
+}
+
+/// Equal up to rounding: relative to each element, or to the largest one where a deep net's
+/// gradients cancel to small values.
+fn close(x: &[f64], y: &[f64], eps: f64) -> bool {
+    let scale = x.iter().chain(y).fold(0.0f64, |m, v| m.max(v.abs()));
+    let (rel, at_scale) = (slack(1e-5, eps, 4.0), slack(1e-6, eps, 2.0));
+    x.len() == y.len()
+        && x.iter().zip(y).all(|(a, b)| {
+            let d = (a - b).abs();
+            d <= rel * a.abs().max(b.abs()).max(1e-6) || d <= at_scale * scale
+        })
+}

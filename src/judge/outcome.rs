@@ -1,0 +1,99 @@
+//! A verification's judgement, assembled one way whether the steps streamed in (lockstep)
+//! or come from finished traces (free-running): accumulation vs DDP, each run vs its
+//! golden, and the likely cause of a mismatch.
+
+use super::{diagnose, Comparer, Comparison, Diagnosis, Verdict};
+use crate::evidence::{Golden, Params, Trace};
+use crate::spec::Config;
+
+pub struct Outcome {
+    pub config: Config,
+    pub accumulation: Trace,
+    pub ddp: Trace,
+    /// Accumulation vs DDP: the claim under test.
+    pub runs: Comparison,
+    /// Each run against the golden's trace of the same run, when `--golden` is given.
+    pub golden: Vec<Comparison>,
+    /// Which golden, and what made it.
+    pub golden_torch: Option<String>,
+    /// Likely cause of an accumulation/DDP mismatch, in plain words.
+    pub diagnosis: Option<Diagnosis>,
+}
+
+impl Outcome {
+    pub fn verdict(&self) -> Verdict {
+        self.golden.iter().map(|c| c.verdict).fold(self.runs.verdict, Verdict::max)
+    }
+}
+
+/// Every comparison a verification makes, fed one optimizer step at a time, then finished
+/// into the [`Outcome`].
+pub struct Judging {
+    config: Config,
+    /// Accumulation vs DDP, held to the derived bounds unless a tolerance was given.
+    runs: Comparer,
+    /// Accumulation vs the golden's, DDP vs the golden's; goldens keep the fixed tolerance
+    /// and their buffers always count.
+    golden: Option<(Golden, [Comparer; 2])>,
+}
+
+impl Judging {
+    pub fn new(cfg: &Config, golden: Option<Golden>) -> Self {
+        let tol = &cfg.tolerance;
+        let golden = golden.map(|g| {
+            let sample = g.meta.sample;
+            let cmps = [
+                Comparer::new("accumulation", "golden accumulation", tol, sample),
+                Comparer::new("ddp", "golden ddp", tol, sample),
+            ];
+            (g, cmps)
+        });
+        let runs = Comparer::new("accumulation", "ddp", tol, None).derived(cfg.derive_bounds);
+        Judging { config: cfg.clone(), runs, golden }
+    }
+
+    /// Step `s` of both runs; `allowed` is what the accumulation run derived for it. An
+    /// empty side means that run made no such step.
+    pub fn step(&mut self, s: usize, accumulation: &Params, ddp: &Params, allowed: &Params) {
+        let none = Params::new();
+        self.runs.step(accumulation, ddp, allowed);
+        if let Some((g, [ga, gd])) = self.golden.as_mut() {
+            ga.step(accumulation, g.accumulation.steps.get(s).unwrap_or(&none), &none);
+            gd.step(ddp, g.ddp.steps.get(s).unwrap_or(&none), &none);
+        }
+    }
+
+    /// Every step two finished runs recorded.
+    pub fn steps_of(&mut self, accumulation: &Trace, ddp: &Trace) {
+        let none = Params::new();
+        for s in 0..accumulation.steps.len().max(ddp.steps.len()) {
+            let (a, d) = (accumulation.steps.get(s).unwrap_or(&none), ddp.steps.get(s).unwrap_or(&none));
+            self.step(s, a, d, accumulation.allowed.get(s).unwrap_or(&none));
+        }
+    }
+
+    /// Final weights and buffers, then the outcome. The traces keep whatever steps were
+    /// kept for reports and saving; those were judged already, through [`Judging::step`].
+    pub fn finish(self, accumulation: Trace, ddp: Trace) -> Outcome {
+        let (acc_end, ddp_end) = (accumulation.without_steps(), ddp.without_steps());
+        let runs = self.runs.finish(&acc_end, &ddp_end, self.config.strict_buffers);
+        let (golden, golden_torch) = match self.golden {
+            Some((g, [ga, gd])) => {
+                let cmps = vec![
+                    ga.finish(&acc_end, &g.accumulation.without_steps(), true),
+                    gd.finish(&ddp_end, &g.ddp.without_steps(), true),
+                ];
+                let made = match &g.meta.tool_version {
+                    Some(tool) => {
+                        format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version)
+                    }
+                    None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),
+                };
+                (cmps, Some(made))
+            }
+            None => (Vec::new(), None),
+        };
+        let diagnosis = diagnose(&accumulation, &ddp, &runs, &self.config.train);
+        Outcome { config: self.config, accumulation, ddp, runs, golden, golden_torch, diagnosis }
+    }
+}

@@ -1,0 +1,255 @@
+//! Flags → one validated configuration. Every check of the input happens here, once:
+//! [`verification`], [`split`] and [`explore`] check what needs nothing but the flags (every
+//! rank may run them: they fail alike everywhere); [`preflight`] checks what depends on the
+//! machine (files, memory, the CI variable) and runs in one process only, before any
+//! training. The stages below receive plain, valid data.
+
+use std::path::Path;
+
+use ddp_verify_cli::{defaults, ExploreArgs, RunArgs, SplitArgs, SplitShape, ToleranceArgs};
+
+use crate::dist::{device, world};
+use crate::error::{Error, Result};
+use crate::evidence::{golden, SAVED_FILES};
+use crate::jobs::explore::ExploreOptions;
+use crate::plan;
+use crate::spec::{
+    Bug, Config, DeviceRequest, Dtype, Format, ModelKind, ReportTarget, Tolerance, ToleranceOverrides, TrainConfig,
+};
+use crate::train::{data, models};
+
+/// The main command's flags as a [`Config`], the device chosen, every flag checked.
+pub fn verification(args: &RunArgs) -> Result<Config> {
+    if args.report_file.len() > args.report.len().max(1) {
+        return Err(Error::bad_flag(
+            "--report-file",
+            format!("{} files for {} --report formats", args.report_file.len(), args.report.len()),
+            "give one --report FORMAT for each --report-file, in the same order",
+        ));
+    }
+    let formats = match args.report.is_empty() {
+        true => vec![Format::Table],
+        false => args.report.iter().map(|f| known("--report", f, Format::parse)).collect::<Result<_>>()?,
+    };
+    let reports = formats
+        .iter()
+        .enumerate()
+        .map(|(i, &format)| ReportTarget { format, path: args.report_file.get(i).cloned() })
+        .collect();
+    let n = &args.net;
+    if n.sync_bn {
+        return Err(Error::bad_flag(
+            "--sync-bn",
+            "SyncBatchNorm is never equivalent to accumulation: it normalises over all W ranks' micro-batches \
+             at once, accumulation over each micro-batch of --batch-size alone (and PyTorch's SyncBatchNorm \
+             refuses CPU tensors)",
+            "drop --sync-bn; plain BatchNorm with DDP is what accumulation reproduces",
+        ));
+    }
+    let model = known("--model", &n.model, ModelKind::parse)?;
+    let train = TrainConfig {
+        inject: args.inject.as_deref().map(|b| known("--inject", b, Bug::parse)).transpose()?,
+        model,
+        image_size: n.image_size,
+        classes: n.classes,
+        weight_decay: n.weight_decay,
+        max_steps: n.max_steps,
+        dtype: known("--dtype", &n.dtype, Dtype::parse)?,
+        // Deep BatchNorm nets are chaotic in float32: lockstep unless asked otherwise.
+        lockstep: n.lockstep || (model.is_resnet() && !n.free_running),
+        init: n.init.clone(),
+        ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
+    };
+    // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
+    let local_ranks = if world::inside_mpi_world() { device::local_size().unwrap_or(1) } else { train.gpus };
+    let device = device::resolve(known("--device", &n.device, DeviceRequest::parse)?, local_ranks)?;
+    let train = TrainConfig { device: device.kind, ..train };
+    let overrides = overrides(&args.tolerance);
+    let cfg = Config {
+        tolerance: overrides.tolerance(train.dtype, train.lockstep),
+        derive_bounds: overrides.derive(&train),
+        train,
+        save_trace: args.save_trace.clone(),
+        golden: args.golden.clone(),
+        force: args.force,
+        bless: args.bless,
+        reports,
+        timeout_s: args.timeout,
+        plot: args.plot.clone(),
+        strict_buffers: n.strict_buffers,
+        device_note: device.note,
+    };
+    if !(cfg.timeout_s.is_finite() && cfg.timeout_s > 0.0) {
+        return Err(Error::bad_flag(
+            "--timeout",
+            format!("{} is not a positive number of seconds", cfg.timeout_s),
+            "pass e.g. --timeout 600",
+        ));
+    }
+    plan::checks::check_train(&cfg.train)?;
+    check_tolerance(&cfg.tolerance)?;
+    Ok(cfg)
+}
+
+/// What depends on this machine rather than the flags: --init readable and fitting the
+/// model, W ranks fitting in memory, every output writable and nothing overwritten without
+/// --force, and --bless's rules. One process runs it before any training: rank 0, or the
+/// process that starts the ranks.
+pub fn preflight(cfg: &Config) -> Result<()> {
+    let t = &cfg.train;
+    if let Some(path) = t.init.as_deref().filter(|p| !p.is_file()) {
+        return Err(Error::bad_file(
+            path,
+            format!("--init {}", crate::error::what_is(path)),
+            "pass a state_dict saved with safetensors",
+        ));
+    }
+    data::check_fits(t)?;
+    models::check_init(t)?;
+    if let Some(dir) = &cfg.save_trace {
+        check_save_trace(dir, cfg.force)?;
+    }
+    crate::report::check_targets(&cfg.reports, cfg.plot.as_ref(), cfg.force)?;
+    if cfg.bless {
+        let Some(dir) = &cfg.golden else {
+            return Err(Error::bad_flag("--bless", "needs --golden DIR to know where to write", "add --golden DIR"));
+        };
+        if golden::on_ci() {
+            return Err(Error::bad_flag(
+                "--bless",
+                "refusing to write goldens on CI (the CI variable is set)",
+                "bless locally, review the files, and commit them",
+            ));
+        }
+        if t.inject.is_some() {
+            return Err(Error::bad_flag("--bless", "refusing to bless a run with an injected bug", "drop --inject"));
+        }
+        golden::check_blessable(dir)?;
+    }
+    Ok(())
+}
+
+/// `split`'s flags: the sampling shape and the epoch, checked, and the plan's size.
+pub fn split(args: &SplitArgs) -> Result<(TrainConfig, u64)> {
+    let train = shape(&args.shape, None, 1, defaults::LR, defaults::MOMENTUM);
+    plan::checks::check_split(&train)?;
+    data::check_split_fits(&train)?;
+    Ok((train, args.epoch))
+}
+
+/// `explore`'s flags. Every check happens here, before any rank starts.
+pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
+    if args.cases == 0 {
+        return Err(Error::bad_flag("--cases", "must be at least 1", "pass e.g. --cases 100"));
+    }
+    if args.max_gpus == 0 {
+        return Err(Error::bad_flag("--max-gpus", "must be at least 1", "pass e.g. --max-gpus 3"));
+    }
+    let bugs = match args.inject.as_deref() {
+        None => vec![None],
+        Some("all") => Bug::ALL.into_iter().map(Some).collect(),
+        Some(name) => vec![Some(Bug::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+            Error::bad_flag(
+                "--inject",
+                format!("unknown bug '{name}'; known: {}", names.join(", ")),
+                "pass one of those, or all",
+            )
+        })?)],
+    };
+    // Read and writable before any rank starts: a finding must not be lost at the end.
+    crate::jobs::explore::read_regressions(Some(&args.regressions))?;
+    crate::outputs::check_dir(
+        "--regressions",
+        args.regressions.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")),
+        true,
+    )?;
+    if args.regressions.is_dir() {
+        return Err(Error::bad_file(
+            &args.regressions,
+            "--regressions names a directory, not a file",
+            "pass a file path",
+        ));
+    }
+    let tolerance = overrides(&args.tolerance);
+    for dtype in Dtype::ALL {
+        check_tolerance(&tolerance.tolerance(dtype, false))?;
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
+    });
+    let models = match args.model.as_str() {
+        "all" => vec![ModelKind::Linear, ModelKind::ResnetTiny],
+        "linear" => vec![ModelKind::Linear],
+        "resnet-tiny" => vec![ModelKind::ResnetTiny],
+        other => {
+            return Err(Error::bad_flag(
+                "--model",
+                format!("explore draws linear or resnet-tiny configurations, not '{other}'"),
+                "pass --model linear, resnet-tiny or all",
+            ))
+        }
+    };
+    Ok(ExploreOptions {
+        models,
+        cases: args.cases,
+        max_gpus: args.max_gpus,
+        seed,
+        bugs,
+        tolerance,
+        regressions: Some(args.regressions.clone()),
+        progress: world::progress_wanted(),
+    })
+}
+
+/// A named value the flag's parser already checked against the same names; an error
+/// rather than a panic should the two ever disagree.
+fn known<T>(flag: &'static str, value: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T> {
+    parse(value).ok_or_else(|| Error::bad_flag(flag, format!("unknown value '{value}'"), "see ddp-verify --help"))
+}
+
+fn overrides(t: &ToleranceArgs) -> ToleranceOverrides {
+    ToleranceOverrides { max_ulps: t.max_ulps, rtol: t.rtol, atol: t.atol }
+}
+
+fn shape(s: &SplitShape, features: Option<usize>, epochs: usize, lr: f64, momentum: f64) -> TrainConfig {
+    TrainConfig {
+        data_size: s.data_size,
+        features: features.unwrap_or(s.data_size),
+        seed: s.seed,
+        epochs,
+        batch_size: s.batch_size,
+        acc_steps: s.acc_steps,
+        gpus: s.gpus,
+        lr,
+        momentum,
+        shuffle: s.shuffle,
+        drop_last: s.drop_last,
+        ..TrainConfig::article()
+    }
+}
+
+/// `--save-trace DIR`: writable, and none of the files it would write already there.
+fn check_save_trace(dir: &Path, force: bool) -> Result<()> {
+    crate::outputs::check_dir("--save-trace", dir, true)?;
+    if force {
+        return Ok(());
+    }
+    if let Some(f) = SAVED_FILES.iter().map(|f| dir.join(f)).find(|p| p.exists()) {
+        return Err(Error::bad_file(
+            f,
+            "--save-trace would overwrite this file",
+            "choose another directory or pass --force",
+        ));
+    }
+    Ok(())
+}
+
+fn check_tolerance(t: &Tolerance) -> Result<()> {
+    for (flag, v) in [("--rtol", t.rtol), ("--atol", t.atol)] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(Error::bad_flag(flag, format!("{v} is not a finite non-negative number"), "pass e.g. 1e-6"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Known, realistic mistakes that can be planted in one of the two runs, so users (and our
+//! tests) can watch the gate fire. Each bug also says whether it can change the mathematics
+//! of a given configuration, from the sampling plans themselves, so a config it cannot
+//! change is reported as such instead of as a miss.
+
+use super::sampler::{MicroBatch, SamplerSpec};
+use super::steps::{accumulation_micro_batches, StepPlan};
+use crate::spec::{Bug, TrainConfig};
+
+impl Bug {
+    /// True when the buggy run sees other samples per step, or other scaling, than the
+    /// correct one: only then must the gate fire.
+    pub fn changes_math(self, cfg: &TrainConfig) -> bool {
+        self.effect(cfg) == Effect::Math
+    }
+
+    /// What the bug does to this configuration's computation, from the step plans.
+    pub fn effect(self, cfg: &TrainConfig) -> Effect {
+        let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
+        let correct = StepPlan::accumulation(cfg, None);
+        let buggy = match self {
+            Bug::NoLossScale => return whether(cfg.acc_steps > 1),
+            Bug::DoubleScale => return whether(cfg.gpus > 1),
+            Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
+            Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(self)),
+            // What the W ranks see together: epoch 0's split every epoch.
+            Bug::NoSetEpoch => {
+                StepPlan::walk(cfg, |_| indices(accumulation_micro_batches(cfg, None, 0)), cfg.acc_steps)
+            }
+        };
+        match (as_math(cfg, &correct.steps) != as_math(cfg, &buggy.steps), correct.steps != buggy.steps) {
+            (true, _) => Effect::Math,
+            (false, true) => Effect::Order,
+            (false, false) => Effect::None,
+        }
+    }
+
+    /// The accumulation run's loss divisor under this bug, if the bug changes it.
+    pub fn accumulation_divisor(self, cfg: &TrainConfig) -> Option<usize> {
+        match self {
+            Bug::NoLossScale => Some(1),
+            Bug::DoubleScale => Some(cfg.acc_steps * cfg.gpus),
+            _ => None,
+        }
+    }
+
+    /// Whether DDP ranks zero their gradients after a step under this bug.
+    pub fn zeroes_grad(self) -> bool {
+        self != Bug::StaleZeroGrad
+    }
+}
+
+/// What a planted bug does to one configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Nothing: both plans are the same, so the gate must stay quiet.
+    None,
+    /// The same samples in the same micro-batches, added in another order: only rounding
+    /// changes, which the derived bound (exact about DDP's order) may or may not notice.
+    Order,
+    /// Other samples, groupings or scaling: the gate must fire.
+    Math,
+}
+
+fn indices(order: Vec<MicroBatch>) -> Vec<Vec<i64>> {
+    order.into_iter().map(|m| m.indices).collect()
+}
+
+/// A plan's steps as the mathematics sees them. For the linear model a step's gradient
+/// depends on its multiset of samples alone; with BatchNorm it also depends on how they are
+/// grouped into micro-batches, so for ResNets each step is its sorted list of sorted
+/// micro-batches.
+fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
+    steps
+        .iter()
+        .map(|step| {
+            let mut step: Vec<Vec<i64>> = step.clone();
+            step.iter_mut().for_each(|m| m.sort_unstable());
+            if !cfg.model.is_resnet() {
+                let mut all = step.concat();
+                all.sort_unstable();
+                step = vec![all];
+            }
+            step.sort();
+            step
+        })
+        .collect()
+}
+
+/// When DDP ranks call `set_epoch`: each epoch, unless the bug forgets to.
+pub fn sampler_epoch(bug: Option<Bug>, epoch: u64) -> u64 {
+    if bug == Some(Bug::NoSetEpoch) {
+        0
+    } else {
+        epoch
+    }
+}
+
+/// Whether every micro-batch either run would see under `bug` (or none) holds at least
+/// `least` samples: train-mode BatchNorm refuses one value per channel.
+pub fn micro_batches_hold(cfg: &TrainConfig, bug: Option<Bug>, least: usize) -> bool {
+    (0..cfg.epochs as u64).all(|e| accumulation_micro_batches(cfg, bug, e).iter().all(|m| m.indices.len() >= least))
+}
+
+/// The same padded index list as the strided shards, cut into W contiguous blocks instead
+/// of taking every W-th index (the contiguous-split bug).
+pub fn contiguous_blocks(strided: &[Vec<i64>]) -> Vec<Vec<i64>> {
+    let mut flat = vec![0; strided.len() * strided[0].len()];
+    for (r, shard) in strided.iter().enumerate() {
+        for (i, &x) in shard.iter().enumerate() {
+            flat[i * strided.len() + r] = x;
+        }
+    }
+    flat.chunks(strided[0].len()).map(<[i64]>::to_vec).collect()
+}
+
+/// The shards as if DistributedSampler did not pad (the no-padding bug).
+pub fn unpadded_shards(spec: &SamplerSpec, epoch: u64) -> Vec<Vec<i64>> {
+    let padded = spec.shards(epoch);
+    let total = spec.data_size;
+    // The padded list is the permutation followed by repeats, and rank r holds its positions
+    // r, r + W, ...: keep only positions below N.
+    padded
+        .iter()
+        .enumerate()
+        .map(|(r, shard)| {
+            shard.iter().enumerate().filter(|(i, _)| i * spec.world + r < total).map(|(_, &x)| x).collect()
+        })
+        .collect()
+}

@@ -1,0 +1,127 @@
+//! Whether a training configuration can be planned at all: sizes, K a multiple of W, at
+//! least one optimizer step, and no micro-batch that would hand train-mode BatchNorm a
+//! single value per channel. Pure, so `lower.rs` refuses bad flags with it and explore
+//! draws only configurations it accepts.
+
+use crate::error::{Error, Result};
+use crate::spec::TrainConfig;
+
+/// Every check of the training flags that needs nothing but the flags.
+pub fn check_train(t: &TrainConfig) -> Result<()> {
+    check_split(t)?;
+    check_resnet(t)?;
+    if t.max_steps == Some(0) {
+        return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
+    }
+    if t.init.is_some() && !t.model.is_resnet() {
+        return Err(Error::bad_flag("--init", "only the ResNets take an initial state", "drop --init or pass --model"));
+    }
+    if t.drop_last && t.data_size < t.gpus {
+        return Err(Error::bad_flag(
+            "--drop-last",
+            format!(
+                "with --data-size {} below --gpus {} every rank's shard is empty (DistributedSampler drops all samples), so no optimizer step would run",
+                t.data_size, t.gpus
+            ),
+            format!("drop --drop-last (torch then pads by repetition), or pass --data-size {} or more", t.gpus),
+        ));
+    }
+    let steps = super::optimizer_steps(t);
+    if steps == 0 {
+        return Err(Error::bad_flag(
+            "--acc-steps",
+            format!(
+                "no optimizer step would run: each rank gets {} micro-batch(es) per epoch over {} epoch(s), fewer than K/W = {}",
+                super::batches_per_rank(t),
+                t.epochs,
+                t.local_acc_steps()
+            ),
+            "lower --acc-steps or --batch-size, or raise --data-size or --epochs",
+        ));
+    }
+    Ok(())
+}
+
+/// What only a ResNet needs: images and classes, and no micro-batch that would put a
+/// single value per channel through train-mode BatchNorm (PyTorch raises "Expected more
+/// than 1 value per channel when training").
+fn check_resnet(t: &TrainConfig) -> Result<()> {
+    if !t.model.is_resnet() {
+        return Ok(());
+    }
+    if t.image_size == 0 {
+        return Err(Error::bad_flag("--image-size", "must be at least 1", "pass e.g. --image-size 32"));
+    }
+    if t.classes < 2 {
+        return Err(Error::bad_flag("--classes", "must be at least 2", "pass e.g. --classes 10"));
+    }
+    // Tensor sizes are i64: a count past that would wrap (and slip past the memory check).
+    if i64::try_from(t.classes).is_err() || i64::try_from(t.image_size).is_err() {
+        let flag = if i64::try_from(t.classes).is_err() { "--classes" } else { "--image-size" };
+        return Err(Error::bad_flag(flag, "is larger than any tensor can be", "pass a realistic size"));
+    }
+    let side = smallest_feature_map(t.image_size);
+    let shard = super::SamplerSpec::from_train(t).num_samples();
+    let smallest = match shard % t.batch_size {
+        0 => t.batch_size.min(shard),
+        r => r,
+    };
+    if smallest.saturating_mul(side).saturating_mul(side) == 1 {
+        let why = if smallest == t.batch_size {
+            format!("each micro-batch holds {smallest} sample")
+        } else {
+            format!(
+                "each rank's shard of {shard} samples ends in a micro-batch of 1 (--data-size {} over --gpus {} in batches of {})",
+                t.data_size, t.gpus, t.batch_size
+            )
+        };
+        return Err(Error::bad_flag(
+            "--batch-size",
+            format!(
+                "{why} and at --image-size {} the last stage is 1x1, so train-mode BatchNorm would see one value per channel",
+                t.image_size
+            ),
+            "use micro-batches of 2 or more (change --batch-size or --data-size, or --drop-last), or a larger --image-size",
+        ));
+    }
+    Ok(())
+}
+
+/// The checks a sampling plan needs: sizes, and K a multiple of W.
+pub fn check_split(t: &TrainConfig) -> Result<()> {
+    let positive = |flag: &'static str, v: usize| {
+        if v == 0 {
+            Err(Error::bad_flag(flag, "must be at least 1", format!("pass {flag} 1 or more")))
+        } else {
+            Ok(())
+        }
+    };
+    positive("--gpus", t.gpus)?;
+    positive("--acc-steps", t.acc_steps)?;
+    positive("--batch-size", t.batch_size)?;
+    positive("--epochs", t.epochs)?;
+    positive("--data-size", t.data_size)?;
+    positive("--features", t.features)?;
+    if !t.acc_steps.is_multiple_of(t.gpus) {
+        let lo = (t.acc_steps / t.gpus).max(1).saturating_mul(t.gpus);
+        return Err(Error::bad_flag(
+            "--acc-steps",
+            format!("{} is not a multiple of --gpus {} (each rank accumulates K/W micro-batches)", t.acc_steps, t.gpus),
+            format!("use --acc-steps {lo} or {}", lo.saturating_add(t.gpus)),
+        ));
+    }
+    // N < W is fine, as in torch: DistributedSampler pads by repeating the indices (or,
+    // with drop_last, leaves every shard empty, which `validate` refuses as no step).
+    for (flag, v) in [("--lr", t.lr), ("--momentum", t.momentum), ("--weight-decay", t.weight_decay)] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(Error::bad_flag(flag, format!("{v} is not a finite non-negative number"), "pass e.g. 0.01"));
+        }
+    }
+    Ok(())
+}
+
+/// Side of the last stage's feature map for S x S inputs: the 7x7 stride-2 stem, the
+/// stride-2 max-pool and three stride-2 stages each map s to floor((s - 1) / 2) + 1.
+pub fn smallest_feature_map(image_size: usize) -> usize {
+    (0..5).fold(image_size, |s, _| (s.max(1) - 1) / 2 + 1)
+}

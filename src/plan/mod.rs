@@ -1,0 +1,15 @@
+//! Pure planning, before anything trains: the DistributedSampler port and the sampler that
+//! mimics it, each run's step plan (windows, carry-over, --max-steps), the split that
+//! `ddp-verify split` prints, and what a planted bug changes.
+
+pub mod bugs;
+pub mod checks;
+pub mod rng;
+pub mod sampler;
+pub mod split;
+pub mod steps;
+
+pub use bugs::Effect;
+pub use sampler::{batches_per_rank, optimizer_steps, steps_per_epoch, SamplerSpec};
+pub use split::SplitPlan;
+pub use steps::{RunPlan, StepPlan};

@@ -1,0 +1,130 @@
+//! The step plan: which micro-batches each optimizer step of a run uses, following the
+//! seed article's loop. The micro-batch counter restarts each epoch; a partial window at an
+//! epoch's end keeps its gradient and steps with the next epoch's first window, as PyTorch
+//! does with the same loop; `--max-steps` stops it. Written once here: the runs train from
+//! it, and a planted bug's effect is judged by comparing plans.
+
+use super::bugs;
+use super::sampler::{accumulation_order, rank_batches, MicroBatch, SamplerSpec};
+use crate::spec::{Bug, TrainConfig};
+
+/// The micro-batches (sample indices) of every optimizer step, in order, and those run
+/// after the last step (forward and backward only: they still move BatchNorm's running
+/// statistics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepPlan {
+    pub steps: Vec<Vec<Vec<i64>>>,
+    pub tail: Vec<Vec<i64>>,
+}
+
+impl StepPlan {
+    /// `micro_batches(epoch)` in windows of `window`, the counter restarting each epoch;
+    /// stops right after `--max-steps` steps.
+    pub fn walk(cfg: &TrainConfig, micro_batches: impl Fn(u64) -> Vec<Vec<i64>>, window: usize) -> StepPlan {
+        let (mut steps, mut open) = (Vec::new(), Vec::new());
+        'epochs: for epoch in 0..cfg.epochs as u64 {
+            for (i, mb) in micro_batches(epoch).into_iter().enumerate() {
+                open.push(mb);
+                if (i + 1) % window == 0 {
+                    steps.push(std::mem::take(&mut open));
+                    if Some(steps.len()) == cfg.max_steps {
+                        break 'epochs;
+                    }
+                }
+            }
+        }
+        StepPlan { steps, tail: open }
+    }
+
+    /// The single-device run: K micro-batches per step from the sampler that mimics the W
+    /// ranks' split, with `bug` planted when it is one of that sampler's.
+    pub fn accumulation(cfg: &TrainConfig, bug: Option<Bug>) -> StepPlan {
+        let order = |e| accumulation_micro_batches(cfg, bug, e).into_iter().map(|m| m.indices).collect();
+        StepPlan::walk(cfg, order, cfg.acc_steps)
+    }
+
+    /// DDP rank `rank`: K/W micro-batches per step from its own DistributedSampler shard,
+    /// `set_epoch` called each epoch unless `bug` forgets it.
+    pub fn rank(cfg: &TrainConfig, rank: usize, bug: Option<Bug>) -> StepPlan {
+        let spec = SamplerSpec::from_train(cfg);
+        let order = |e| rank_batches(&spec.shards(bugs::sampler_epoch(bug, e))[rank], cfg.batch_size);
+        StepPlan::walk(cfg, order, cfg.local_acc_steps())
+    }
+}
+
+/// The accumulation run's micro-batches for one epoch, with `bug` planted if it is a
+/// sampler bug of that side.
+pub fn accumulation_micro_batches(cfg: &TrainConfig, bug: Option<Bug>, epoch: u64) -> Vec<MicroBatch> {
+    let spec = SamplerSpec::from_train(cfg);
+    match bug {
+        Some(Bug::ContiguousSplit) => accumulation_order(&bugs::contiguous_blocks(&spec.shards(epoch)), cfg.batch_size),
+        // With drop_last there is no padding to ignore.
+        Some(Bug::NoPadding) if !spec.drop_last => {
+            accumulation_order(&bugs::unpadded_shards(&spec, epoch), cfg.batch_size)
+        }
+        _ => accumulation_order(&spec.shards(epoch), cfg.batch_size),
+    }
+}
+
+/// How a run is planned: its steps, what each micro-batch's loss is divided by, and
+/// whether it zeroes its gradients after a step.
+pub struct RunPlan {
+    pub steps: StepPlan,
+    /// K in accumulation, K/W on a rank (unless a planted bug changes it).
+    pub loss_divisor: usize,
+    /// False only to plant the stale-gradient bug.
+    pub zero_grad: bool,
+}
+
+impl RunPlan {
+    pub fn accumulation(cfg: &TrainConfig) -> RunPlan {
+        let loss_divisor = cfg.inject.and_then(|b| b.accumulation_divisor(cfg)).unwrap_or(cfg.acc_steps);
+        RunPlan { steps: StepPlan::accumulation(cfg, cfg.inject), loss_divisor, zero_grad: true }
+    }
+
+    pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
+        let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
+        RunPlan { steps: StepPlan::rank(cfg, rank, cfg.inject), loss_divisor: cfg.local_acc_steps(), zero_grad }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn article(epochs: usize, max_steps: Option<usize>) -> TrainConfig {
+        TrainConfig { data_size: 6, gpus: 2, batch_size: 1, acc_steps: 4, epochs, max_steps, ..TrainConfig::article() }
+    }
+
+    #[test]
+    fn a_partial_window_carries_into_the_next_epoch() {
+        // 3 micro-batches per rank per epoch, 2 per step, the counter restarting each epoch:
+        // step 0 = epoch 0's first two; epoch 0's third is carried and steps with epoch 1's
+        // first window (3 micro-batches); epoch 1's last is the tail.
+        let plan = StepPlan::rank(&article(2, None), 0, None);
+        assert_eq!(plan.steps, vec![vec![vec![0], vec![2]], vec![vec![4], vec![0], vec![2]]]);
+        assert_eq!(plan.tail, vec![vec![4]]);
+    }
+
+    #[test]
+    fn max_steps_stops_the_walk() {
+        let plan = StepPlan::accumulation(&article(2, Some(1)), None);
+        assert_eq!(plan.steps.len(), 1);
+        assert_eq!(plan.steps[0], vec![vec![0], vec![1], vec![2], vec![3]]);
+    }
+
+    #[test]
+    fn the_ranks_plans_cover_the_accumulation_plan_step_by_step() {
+        let cfg = TrainConfig { shuffle: true, data_size: 11, gpus: 3, acc_steps: 6, epochs: 3, ..article(3, None) };
+        let acc = StepPlan::accumulation(&cfg, None);
+        let ranks: Vec<StepPlan> = (0..cfg.gpus).map(|r| StepPlan::rank(&cfg, r, None)).collect();
+        assert!(!acc.steps.is_empty());
+        for (s, step) in acc.steps.iter().enumerate() {
+            let mut mine: Vec<Vec<i64>> = step.clone();
+            let mut theirs: Vec<Vec<i64>> = ranks.iter().flat_map(|p| p.steps[s].clone()).collect();
+            mine.sort();
+            theirs.sort();
+            assert_eq!(mine, theirs, "step {s}");
+        }
+    }
+}

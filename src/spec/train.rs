@@ -1,0 +1,235 @@
+//! What to train and how: the sampling shape, the model, the precision. Plain data, from
+//! which every stage below takes what it needs; `lower.rs` fills and validates it.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use ddp_verify_cli::{defaults, names};
+
+use super::{Bug, DeviceKind};
+
+/// What to train and how to split it. Mirrors the seed article's flags.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// N: samples in the data set (`torch.rand(N, D)`).
+    pub data_size: usize,
+    /// D: input features of the linear model.
+    pub features: usize,
+    pub seed: u64,
+    pub epochs: usize,
+    /// B: micro-batch size, per rank in DDP and per micro-batch in accumulation.
+    pub batch_size: usize,
+    /// K: micro-batches per optimizer step in the single-device run.
+    pub acc_steps: usize,
+    /// W: DDP ranks.
+    pub gpus: usize,
+    pub lr: f64,
+    pub momentum: f64,
+    pub shuffle: bool,
+    pub drop_last: bool,
+    /// A known mistake planted in one run (`--inject`), to show the gate fires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Bug>,
+    /// Fields below default to the linear model's values and are left out of JSON then, so
+    /// linear goldens and reports read as before.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub model: ModelKind,
+    /// S: images are S x S (`torch.rand(N, 3, S, S)`).
+    #[serde(default = "default_image_size", skip_serializing_if = "is_default_image_size")]
+    pub image_size: usize,
+    /// C: classes (`torch.randint(0, C, (N,))`).
+    #[serde(default = "default_classes", skip_serializing_if = "is_default_classes")]
+    pub classes: usize,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub weight_decay: f64,
+    /// Both runs stop after this many optimizer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dtype: Dtype,
+    /// Before every optimizer step the DDP run restarts from the accumulation run's weights
+    /// and buffers, so each step's difference measures that step's arithmetic alone.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub lockstep: bool,
+    /// Initial state (a PyTorch `state_dict` in safetensors) instead of our seeded init.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<PathBuf>,
+    /// Where both runs compute (`--device`, resolved before any rank starts).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub device: DeviceKind,
+}
+
+/// Which network both runs train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// The seed article's `nn.Linear(D, 1, bias=False)`.
+    #[default]
+    Linear,
+    Resnet18,
+    ResnetTiny,
+}
+
+impl ModelKind {
+    const ALL: [ModelKind; 3] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny];
+    pub const NAMES: [&'static str; 3] = names::MODELS;
+
+    pub fn name(self) -> &'static str {
+        names::MODELS[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        ModelKind::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    pub fn is_resnet(self) -> bool {
+        self != ModelKind::Linear
+    }
+}
+
+/// The precision both runs compute in: data, weights, gradients and optimizer state alike
+/// (`model.to(dtype)`, not autocast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    Float32,
+    Float64,
+    Bfloat16,
+    Float16,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 4] = [Dtype::Float32, Dtype::Float64, Dtype::Bfloat16, Dtype::Float16];
+
+    pub fn name(self) -> &'static str {
+        names::DTYPES[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Dtype::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Dtype::Float32 => tch::Kind::Float,
+            Dtype::Float64 => tch::Kind::Double,
+            Dtype::Bfloat16 => tch::Kind::BFloat16,
+            Dtype::Float16 => tch::Kind::Half,
+        }
+    }
+
+    /// Machine epsilon, the spacing of values just above 1.
+    pub fn epsilon(self) -> f64 {
+        match self {
+            Dtype::Float32 => f32::EPSILON as f64,
+            Dtype::Float64 => f64::EPSILON,
+            Dtype::Bfloat16 => 2f64.powi(-7),
+            Dtype::Float16 => 2f64.powi(-10),
+        }
+    }
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+fn default_image_size() -> usize {
+    defaults::IMAGE_SIZE
+}
+fn is_default_image_size(v: &usize) -> bool {
+    *v == default_image_size()
+}
+fn default_classes() -> usize {
+    defaults::CLASSES
+}
+fn is_default_classes(v: &usize) -> bool {
+    *v == default_classes()
+}
+
+impl TrainConfig {
+    /// The article's configuration (`ddp.py`: lr 0.01, momentum 0.9, seed 0), which is
+    /// every flag at its default.
+    pub fn article() -> Self {
+        TrainConfig {
+            data_size: defaults::DATA_SIZE,
+            // The article's D = N.
+            features: defaults::DATA_SIZE,
+            seed: defaults::SEED,
+            epochs: defaults::EPOCHS,
+            batch_size: defaults::BATCH_SIZE,
+            acc_steps: defaults::ACC_STEPS,
+            gpus: defaults::GPUS,
+            lr: defaults::LR,
+            momentum: defaults::MOMENTUM,
+            shuffle: false,
+            drop_last: false,
+            inject: None,
+            model: ModelKind::parse(defaults::MODEL).unwrap_or_default(),
+            image_size: defaults::IMAGE_SIZE,
+            classes: defaults::CLASSES,
+            weight_decay: defaults::WEIGHT_DECAY,
+            max_steps: None,
+            dtype: Dtype::parse(defaults::DTYPE).unwrap_or_default(),
+            lockstep: false,
+            init: None,
+            device: DeviceKind::Cpu,
+        }
+    }
+
+    /// The `ddp-verify` command that reruns exactly this configuration.
+    pub fn command(&self) -> String {
+        let mut s = format!(
+            "ddp-verify --data-size {} --features {} --batch-size {} --acc-steps {} --gpus {} --epochs {} --seed {} --lr {} --momentum {}",
+            self.data_size, self.features, self.batch_size, self.acc_steps, self.gpus, self.epochs, self.seed, self.lr, self.momentum
+        );
+        for (on, flag) in [(self.shuffle, " --shuffle"), (self.drop_last, " --drop-last")] {
+            if on {
+                s.push_str(flag);
+            }
+        }
+        if self.model.is_resnet() {
+            s.push_str(&format!(
+                " --model {} --image-size {} --classes {}",
+                self.model.name(),
+                self.image_size,
+                self.classes
+            ));
+        }
+        if self.weight_decay != 0.0 {
+            s.push_str(&format!(" --weight-decay {}", self.weight_decay));
+        }
+        if let Some(m) = self.max_steps {
+            s.push_str(&format!(" --max-steps {m}"));
+        }
+        if self.dtype != Dtype::Float32 {
+            s.push_str(&format!(" --dtype {}", self.dtype.name()));
+        }
+        if self.lockstep != self.model.is_resnet() {
+            s.push_str(if self.lockstep { " --lockstep" } else { " --free-running" });
+        }
+        if self.device != DeviceKind::Cpu {
+            s.push_str(&format!(" --device {}", self.device.name()));
+        }
+        if let Some(init) = &self.init {
+            s.push_str(&format!(" --init {}", init.display()));
+        }
+        if let Some(bug) = self.inject {
+            s.push_str(" --inject ");
+            s.push_str(bug.name());
+        }
+        s
+    }
+
+    /// Whether the derived bounds are rigorous: both runs start every step from the same
+    /// weights (lockstep), or the gradient does not depend on the weights (the linear
+    /// model). A free-running deep net feeds each step's rounding into the next step's
+    /// gradients, which no per-step bound follows; it keeps the fixed tolerance.
+    pub fn bounds_hold(&self) -> bool {
+        self.lockstep || !self.model.is_resnet()
+    }
+
+    /// Micro-batches each rank accumulates under no_sync before an all-reduce.
+    pub fn local_acc_steps(&self) -> usize {
+        self.acc_steps / self.gpus
+    }
+}

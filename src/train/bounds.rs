@@ -1,0 +1,301 @@
+//! What rounding alone may make DDP's numbers differ by, element by element, gathered by
+//! the accumulation run as it trains.
+//!
+//! **A control run, measured.** DDP computes the same mathematics as accumulation but
+//! rounds differently in two places: each rank divides its losses by K/W instead of K (so
+//! every backward operation rounds at another scale, unless W is a power of two, when the two
+//! differ by an exact power of two), and the gradients are summed in another order (K/W per
+//! rank, times 1/W, then an all-reduce of W partials). The control redoes DDP's arithmetic
+//! inside the accumulation run from the same weights and micro-batches: each micro-batch's
+//! gradient with DDP's loss divisor (a second backward through the same graph, or the
+//! accumulation gradient times W where that is exact), summed into per-rank partials in the
+//! rank's order, each times 1/W by the same operation the reducer uses, then added up. So
+//! |accumulation − control| is the measured noise floor: the size of DDP's legitimate
+//! rounding, element by element.
+//!
+//! **Higham's bound for what the control cannot replay:** the all-reduce's own summation
+//! order. Both sums lie within γ(W−1)·Σ_r|partial_r| of the exact one, with
+//! γ(n) = n·u/(1−n·u) and u the unit roundoff of the reduction's additions (float32 for
+//! bfloat16/float16 on the host, which adds in float32 and rounds back once; rounding is
+//! monotone, so there DDP's result lies between the two ends of that interval rounded).
+//!
+//! Each element may then differ by twice the farthest DDP's result can be from
+//! accumulation's: |accumulation − control| plus that reach. DDP run correctly lands at
+//! most halfway there. The bound then follows the optimizer (momentum
+//! carries a step's difference on, SGD's own rounding adds to it) to the final weights.
+
+use tch::{Kind, Tensor};
+
+use crate::error::Result;
+use crate::evidence::Params;
+use crate::spec::DeviceKind;
+use crate::spec::{Dtype, TrainConfig};
+
+/// The factor between what rounding explains and what is allowed.
+pub const HEADROOM: f64 = 2.0;
+
+pub struct Bounds {
+    world: usize,
+    /// Accumulation's loss divisor over W: DDP's, relative to accumulation's (K/W unless a
+    /// bug is planted in accumulation).
+    control_divisor: f64,
+    /// DDP's micro-batch gradients are exactly W times accumulation's: no second backward.
+    exact_scaling: bool,
+    /// Unit roundoff of the all-reduce's additions.
+    reduce_u: f64,
+    /// The gradients' dtype; sums of subnormals round in absolute terms, by up to `tiny`.
+    dtype: Kind,
+    tiny: f64,
+    u: f64,
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+    /// DDP restarts every step from accumulation's weights: weight differences do not carry.
+    lockstep: bool,
+    /// This window: the micro-batch count so far, each rank's partial sum (in the
+    /// gradients' dtype, as DDP keeps it), and the control's total with Σ|partial/W|.
+    position: usize,
+    partials: Vec<Vec<Option<Tensor>>>,
+    control: Vec<Option<Tensor>>,
+    partial_mag: Vec<Option<Tensor>>,
+    /// Across steps, per parameter: a bound on |momentum buffer|, on the difference of the
+    /// two runs' momentum buffers, and on the difference of their weights.
+    buf_mag: Vec<Option<Tensor>>,
+    buf_err: Vec<Option<Tensor>>,
+    weight_err: Vec<Option<Tensor>>,
+}
+
+impl Bounds {
+    /// `divisor`: what the accumulation run divides each loss by (K, unless a bug is planted).
+    pub fn new(cfg: &TrainConfig, divisor: usize, params: usize) -> Self {
+        let w = cfg.gpus;
+        let narrow = matches!(cfg.dtype, Dtype::Bfloat16 | Dtype::Float16);
+        // NCCL may round at every hop in the dtype itself; the host path adds in float32
+        // (float64 for float64) and rounds once.
+        let reduce_u = match (cfg.device, narrow) {
+            (DeviceKind::Cpu, true) => f32::EPSILON as f64 / 2.0,
+            _ => cfg.dtype.epsilon() / 2.0,
+        };
+        let tiny = match cfg.dtype {
+            Dtype::Float32 | Dtype::Bfloat16 => f32::from_bits(1) as f64,
+            Dtype::Float64 => f64::from_bits(1),
+            Dtype::Float16 => 2f64.powi(-24),
+        };
+        let none = || (0..params).map(|_| None).collect::<Vec<Option<Tensor>>>();
+        Bounds {
+            world: w,
+            control_divisor: divisor as f64 / w as f64,
+            // float16's small gradients are subnormal, where scaling by W is not exact.
+            exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16,
+            reduce_u,
+            dtype: cfg.dtype.kind(),
+            tiny: tiny * (cfg.acc_steps + w) as f64,
+            u: cfg.dtype.epsilon() / 2.0,
+            lr: cfg.lr,
+            momentum: cfg.momentum,
+            weight_decay: cfg.weight_decay,
+            lockstep: cfg.lockstep,
+            position: 0,
+            partials: (0..w).map(|_| none()).collect(),
+            control: none(),
+            partial_mag: none(),
+            buf_mag: none(),
+            buf_err: none(),
+            weight_err: none(),
+        }
+    }
+
+    /// One micro-batch's backward, for the accumulation run: `.grad` grows by exactly what
+    /// autograd would add (the first of a window by a plain backward, later ones by taking
+    /// the micro-batch gradient and adding it, which is what autograd does), and the control
+    /// takes its share.
+    pub fn backward(&mut self, loss: &Tensor, divisor: usize, params: &[Tensor]) -> Result<()> {
+        let rank = self.position % self.world;
+        self.position += 1;
+        let control = match self.exact_scaling {
+            // DDP's seed, through the same graph, kept for accumulation's backward below.
+            false => Some(Tensor::f_run_backward(&[loss / self.control_divisor], params, true, false)?),
+            true => None,
+        };
+        let scaled = loss / divisor as f64;
+        let fresh = params.iter().all(|p| !p.grad().defined());
+        let grads: Vec<Tensor> = if fresh {
+            scaled.f_backward()?;
+            // Copied only where they are DDP's terms (times W): `.grad` grows on.
+            match control {
+                None => params.iter().map(|p| p.grad().copy()).collect(),
+                Some(_) => Vec::new(),
+            }
+        } else {
+            let grads = Tensor::f_run_backward(&[&scaled], params, false, false)?;
+            for (p, g) in params.iter().zip(&grads) {
+                if !g.defined() {
+                    continue;
+                }
+                if !p.grad().defined() {
+                    // A parameter reached for the first time this window: a zero .grad,
+                    // which adding to leaves the gradient itself.
+                    (p.sum(None) * 0.0).f_backward()?;
+                }
+                tch::no_grad(|| p.grad().f_add_(g).map(|_| ()))?;
+            }
+            grads
+        };
+        // DDP's micro-batch gradient: the control's, or W times accumulation's (exact), kept
+        // unscaled here and so already the partial over W.
+        let terms = control.unwrap_or(grads);
+        for (partial, g) in self.partials[rank].iter_mut().zip(terms) {
+            match partial {
+                _ if !g.defined() => {}
+                // In place, as `.grad` accumulates on a rank.
+                Some(p) => *p += g,
+                None => *partial = Some(g),
+            }
+        }
+        Ok(())
+    }
+
+    /// At an optimizer step, before it: `grads` are the accumulated gradients it will apply,
+    /// `weights` the weights it starts from. Returns what each gradient element may differ by.
+    pub fn step(&mut self, names: &[String], grads: &[Tensor], weights: &[Tensor]) -> Params {
+        self.fold_partials();
+        self.position = 0;
+        let mut allowed = Params::new();
+        for (i, (g, w)) in grads.iter().zip(weights).enumerate() {
+            let w = work(w).abs();
+            let g = if g.defined() { work(g) } else { w.zeros_like() };
+            let a = match (self.control[i].take(), self.partial_mag[i].take()) {
+                (Some(c), Some(mag)) => self.allowed(c, mag, &g),
+                _ => w.zeros_like() + self.tiny,
+            };
+            // SGD: d = g + wd·w; buf = μ·buf + d; w -= lr·buf. Each run rounds d and buf
+            // itself (three operations of at most |buf| each, on both sides). In place: a
+            // resnet18 step is 11M elements per buffer.
+            let mut d_mag = g.abs();
+            if self.weight_decay != 0.0 {
+                d_mag += &w * self.weight_decay;
+            }
+            let b = match self.buf_mag[i].take() {
+                Some(mut b) => {
+                    b *= self.momentum;
+                    b += d_mag;
+                    b
+                }
+                None => d_mag,
+            };
+            let mut e = match self.buf_err[i].take() {
+                Some(mut e) => {
+                    e *= self.momentum;
+                    e += &a;
+                    e
+                }
+                None => a.copy(),
+            };
+            if let (Some(f), false, true) = (&self.weight_err[i], self.lockstep, self.weight_decay != 0.0) {
+                e += f * self.weight_decay;
+            }
+            e += &b * (6.0 * self.u);
+            self.buf_mag[i] = Some(b);
+            self.buf_err[i] = Some(e);
+            allowed.push((names[i].clone(), a));
+        }
+        allowed
+    }
+
+    /// HEADROOM times the farthest DDP's gradient can be from accumulation's `g`: the
+    /// all-reduce adds the same partials as the control's total `c` in another order, so
+    /// both lie within γ(W−1)·Σ|partial| (`mag`) of the exact sum, within `reach` of each
+    /// other. Where the reduction then rounds back to a narrow dtype (bfloat16, float16 on
+    /// the host), rounding is monotone, so DDP's result lies between the two ends of
+    /// c ± reach rounded (widened by float32's own rounding of them).
+    fn allowed(&self, mut c: Tensor, mut mag: Tensor, g: &Tensor) -> Tensor {
+        let narrow = matches!(self.dtype, Kind::BFloat16 | Kind::Half);
+        let mut reach = {
+            mag *= 2.0 * gamma(self.world.saturating_sub(1), self.reduce_u);
+            mag
+        };
+        let mut floor = if narrow {
+            reach += c.abs() * f64::from(f32::EPSILON);
+            let end = |t: Tensor| (t.to_kind(self.dtype).to_kind(Kind::Float) - g).abs();
+            end(&c - &reach).maximum(&end(&c + &reach))
+        } else {
+            c -= g;
+            let _ = c.abs_();
+            c += reach;
+            c
+        };
+        floor *= HEADROOM;
+        floor += self.tiny;
+        floor
+    }
+
+    /// After the optimizer step: the weights it made. Each run rounds lr·buf and the update.
+    pub fn after_step(&mut self, weights: &[Tensor]) {
+        for (i, w) in weights.iter().enumerate() {
+            let (Some(e), Some(b)) = (&self.buf_err[i], &self.buf_mag[i]) else { continue };
+            let rounding = (work(w).abs() + b * self.lr) * (2.0 * self.u);
+            let update = e * self.lr + rounding;
+            self.weight_err[i] = Some(match (self.weight_err[i].take(), self.lockstep) {
+                (Some(mut f), false) => {
+                    f += update;
+                    f
+                }
+                _ => update,
+            });
+        }
+    }
+
+    /// What each final weight may differ by.
+    pub fn finals(&self, names: &[String], weights: &[Tensor]) -> Params {
+        let parts = names.iter().zip(weights).zip(&self.weight_err);
+        parts
+            .map(|((n, w), f)| {
+                let f = match f {
+                    Some(f) => f * HEADROOM,
+                    None => work(w).zeros_like(),
+                };
+                (n.clone(), f + self.tiny)
+            })
+            .collect()
+    }
+
+    /// Each rank's partial, times 1/W as the reducer does it, added to the control's total
+    /// in rank order (narrow dtypes in float32, as the host all-reduce adds them).
+    fn fold_partials(&mut self) {
+        let inv = 1.0 / self.world as f64;
+        for r in 0..self.world {
+            for (i, partial) in self.partials[r].iter_mut().enumerate() {
+                let Some(mut q) = partial.take() else { continue };
+                if !self.exact_scaling {
+                    // In place, as the reducer does it: for bfloat16 and float16 the in-place
+                    // product rounds 1/W to the dtype first, the out-of-place one does not.
+                    let _ = q.g_mul_scalar_(inv);
+                }
+                let q = work(&q);
+                match &mut self.partial_mag[i] {
+                    Some(m) => *m += q.abs(),
+                    none => *none = Some(q.abs()),
+                }
+                match &mut self.control[i] {
+                    Some(c) => *c += q,
+                    none => *none = Some(q),
+                }
+            }
+        }
+    }
+}
+
+fn gamma(n: usize, u: f64) -> f64 {
+    let nu = n as f64 * u;
+    nu / (1.0 - nu).max(0.5)
+}
+
+/// The tensor to do bound arithmetic with: a float32 copy for the narrow dtypes (their
+/// rounding and float16's range would distort the bound itself), else the tensor itself,
+/// detached (callers never write into it).
+fn work(t: &Tensor) -> Tensor {
+    match t.kind() {
+        Kind::BFloat16 | Kind::Half => t.detach().to_kind(Kind::Float),
+        _ => t.detach(),
+    }
+}

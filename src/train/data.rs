@@ -1,0 +1,150 @@
+//! Training data exactly as PyTorch makes it, under `torch.manual_seed(seed)`:
+//! `torch.rand(N, D)` for the linear model; `torch.rand(N, 3, S, S)` then
+//! `torch.randint(0, C, (N,))` for the ResNets. tch drives the same libtorch CPU generator,
+//! so the numbers are bit-identical; float64 runs cast the same float32 draws (`x.double()`).
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::plan::rng::seeded;
+use crate::spec::{Dtype, TrainConfig};
+
+pub fn linear_data(seed: u64, data_size: usize, features: usize) -> Result<Tensor> {
+    Ok(seeded(seed, || Tensor::f_rand([data_size as i64, features as i64], (Kind::Float, Device::Cpu)))?)
+}
+
+/// Inputs, and class labels for the models that take them.
+pub struct Data {
+    pub x: Tensor,
+    pub y: Option<Tensor>,
+}
+
+/// One micro-batch's rows.
+pub struct Batch {
+    pub x: Tensor,
+    pub y: Option<Tensor>,
+}
+
+impl Data {
+    /// The data set `cfg` describes, in its dtype, on `device` (drawn on the CPU first, as
+    /// PyTorch's scripts draw it).
+    pub fn new(cfg: &TrainConfig, device: Device) -> Result<Data> {
+        let (n, opts) = (cfg.data_size as i64, (Kind::Float, Device::Cpu));
+        let (x, y) = if cfg.model.is_resnet() {
+            let s = cfg.image_size as i64;
+            let (x, y) = seeded(cfg.seed, || -> Result<_> {
+                let x = Tensor::f_rand([n, 3, s, s], opts)?;
+                let y = Tensor::f_randint(cfg.classes as i64, [n], (Kind::Int64, Device::Cpu))?;
+                Ok((x, y))
+            })?;
+            (x, Some(y))
+        } else {
+            (linear_data(cfg.seed, cfg.data_size, cfg.features)?, None)
+        };
+        let x = if cfg.dtype == Dtype::Float32 { x } else { x.to_kind(cfg.dtype.kind()) };
+        let on = |t: Tensor| if device == Device::Cpu { t } else { t.to_device(device) };
+        Ok(Data { x: on(x), y: y.map(on) })
+    }
+
+    /// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.
+    pub fn batch(&self, indices: &[i64]) -> Batch {
+        let idx = Tensor::from_slice(indices).to_device(self.x.device());
+        Batch { x: self.x.index_select(0, &idx), y: self.y.as_ref().map(|y| y.index_select(0, &idx)) }
+    }
+}
+
+/// What each rank process costs before any data or model: libtorch and Open MPI (measured
+/// about 110 MiB).
+const RANK_BASELINE_BYTES: f64 = 110.0 * MIB;
+/// Copies of the parameters a run holds: weights, gradients, momentum, peaks, and the
+/// derived bound's buffers (`runs::Bounds`), with room for libtorch's temporaries.
+const PARAMETER_COPIES: f64 = 10.0;
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Refuses, before any rank starts, what this machine cannot hold, rather than fail in
+/// libtorch's allocator or ask the kernel for W processes it has no room for: W ranks,
+/// each holding the whole data set, the sampler's index lists and the model, plus the
+/// accumulation run on rank 0 (with the bound's W partial sums). Names the flag whose
+/// part is largest, with the figures.
+pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
+    let row = if cfg.model.is_resnet() { 3.0 * (cfg.image_size as f64).powi(2) } else { cfg.features as f64 };
+    // Drawn in float32, then cast: both copies live at once.
+    let width = if cfg.dtype == Dtype::Float32 { 4.0 } else { 4.0 + cfg.dtype.kind().elt_size_in_bytes() as f64 };
+    let n = cfg.data_size as f64;
+    let (w, runs) = (cfg.gpus as f64, (cfg.gpus + 1) as f64);
+    let data = n * row * width + n * 8.0 * 4.0;
+    let params = crate::train::models::parameter_count(cfg) * cfg.dtype.kind().elt_size_in_bytes() as f64;
+    let parts = [
+        ("--gpus", w * RANK_BASELINE_BYTES),
+        ("--data-size", runs * data),
+        (if cfg.model.is_resnet() { "--classes" } else { "--features" }, (runs * PARAMETER_COPIES + w) * params),
+    ];
+    let total: f64 = parts.iter().map(|(_, b)| b).sum();
+    let Some(available) = too_much(total) else { return Ok(()) };
+    let (flag, _) = parts.iter().copied().fold(("--gpus", 0.0), |a, b| if b.1 > a.1 { b } else { a });
+    let (problem, fix) = match flag {
+        "--gpus" => (
+            format!("{} ranks need about {:.1} GiB before any data (110 MiB each)", cfg.gpus, gib(parts[0].1)),
+            "use fewer --gpus",
+        ),
+        "--data-size" => (
+            format!(
+                "{} samples of {} values is {:.1} GiB of data in each of {} processes",
+                cfg.data_size,
+                row,
+                gib(data),
+                cfg.gpus + 1
+            ),
+            "use a smaller --data-size (or --features, --image-size)",
+        ),
+        _ => (
+            format!(
+                "the model's {:.3e} parameters take about {:.1} GiB over the {} runs",
+                crate::train::models::parameter_count(cfg),
+                gib(parts[2].1),
+                cfg.gpus + 1
+            ),
+            if cfg.model.is_resnet() { "use fewer --classes" } else { "use fewer --features" },
+        ),
+    };
+    Err(Error::bad_flag(
+        flag,
+        format!("{problem}: about {:.1} GiB in all, but only {:.1} GiB is available", gib(total), gib(available)),
+        fix,
+    ))
+}
+
+/// `split` holds the index lists of one epoch in one process, and with `--json` their text:
+/// refuse sizes this machine cannot hold (a billion samples is about 50 GiB).
+pub fn check_split_fits(cfg: &TrainConfig) -> Result<()> {
+    let bytes = cfg.data_size as f64 * (8.0 * 4.0 + 2.0 * 24.0);
+    let Some(available) = too_much(bytes) else { return Ok(()) };
+    Err(Error::bad_flag(
+        "--data-size",
+        format!(
+            "listing {} samples takes about {:.1} GiB, but only {:.1} GiB is available",
+            cfg.data_size,
+            gib(bytes),
+            gib(available)
+        ),
+        "use a smaller --data-size",
+    ))
+}
+
+/// The bytes available, when `bytes` would take more than 80% of them.
+fn too_much(bytes: f64) -> Option<f64> {
+    let available = available_bytes().unwrap_or(f64::INFINITY);
+    (bytes > 0.8 * available).then_some(available)
+}
+
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+fn available_bytes() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024.0)
+}

@@ -1,0 +1,246 @@
+//! Training: the seeded data, the models, SGD, and the two runs, each driven through the
+//! step plan it is handed (`plan::RunPlan`) by one loop; lockstep drives both at once.
+
+mod accumulation;
+mod bounds;
+pub mod data;
+mod ddp;
+mod lockstep;
+pub mod models;
+pub mod optim;
+
+pub use accumulation::{accumulation, accumulation_run};
+pub use bounds::Bounds;
+pub use ddp::{ddp_rank, ddp_run};
+pub use lockstep::{lockstep, StepGrads, StepSink};
+
+use tch::Tensor;
+
+use self::data::Data;
+use self::models::Model;
+use self::optim::Sgd;
+use crate::dist::{self as collective, Collective};
+use crate::error::Result;
+use crate::evidence::{snapshot, Params, Trace};
+use crate::plan::{RunPlan, StepPlan};
+use crate::spec::TrainConfig;
+
+/// A run's weights and buffers as [`collective::flatten`] makes them.
+pub struct State(Vec<Tensor>);
+
+/// What makes a DDP rank differ from the single process.
+pub struct DdpSide<'a> {
+    pub comm: &'a dyn Collective,
+    /// `broadcast_buffers=True`: rank 0's buffers are copied to every rank before a forward
+    /// that follows a gradient-synchronised one (DDP's `require_forward_param_sync`).
+    pub broadcast_buffers: bool,
+    pub start: DdpStart,
+}
+
+/// Where a DDP rank's weights come from before its first step.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DdpStart {
+    /// DDP's constructor: rank 0's initialisation, broadcast. The other ranks skip their
+    /// own, which the broadcast would overwrite.
+    Broadcast,
+    /// Lockstep: every rank restarts from the accumulation run before every step, so no
+    /// rank initialises or broadcasts at construction.
+    Restarted,
+}
+
+/// One run in one process: model, data, optimizer, and the steps it will take.
+pub struct Run<'a> {
+    model: Box<dyn Model>,
+    data: Data,
+    opt: Sgd,
+    /// Its steps, loss divisor and zeroing, from `plan::RunPlan`.
+    plan: StepPlan,
+    loss_divisor: usize,
+    zero_grad: bool,
+    ddp: Option<DdpSide<'a>>,
+    /// Largest |w| seen per weight: SGD rounds a weight at that scale.
+    peaks: Vec<Tensor>,
+    /// Whether anyone reads this run's trace: the accumulation run and DDP rank 0. The
+    /// other ranks' gradients and peaks are never looked at, so they are not kept.
+    traced: bool,
+    /// Lockstep: whether this run has restarted from the accumulation run yet.
+    restarted: bool,
+    /// The accumulation run's: what rounding may make DDP differ by (see `bounds`).
+    bounds: Option<Bounds>,
+    /// What the last step's gradients may differ by, until taken.
+    allowed: Params,
+}
+
+impl<'a> Run<'a> {
+    fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>) -> Result<Self> {
+        let RunPlan { steps: plan, loss_divisor, zero_grad } = plan;
+        // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
+        let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
+        let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
+        let model = models::build(cfg, device, blank)?;
+        let data = Data::new(cfg, device)?;
+        let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum, cfg.weight_decay)?;
+        opt.zero_grad()?;
+        let traced = ddp.as_ref().is_none_or(|d| d.comm.rank() == 0);
+        let peaks = match traced {
+            true => model.parameters().iter().map(|(_, p)| p.detach().abs()).collect(),
+            false => Vec::new(),
+        };
+        let bounds = ddp.is_none().then(|| Bounds::new(cfg, loss_divisor, model.parameters().len()));
+        let mut run = Run {
+            model,
+            data,
+            opt,
+            plan,
+            loss_divisor,
+            zero_grad,
+            ddp,
+            peaks,
+            traced,
+            restarted: false,
+            bounds,
+            allowed: Params::new(),
+        };
+        if let Some(d) = run.ddp.as_ref().filter(|d| d.start == DdpStart::Broadcast) {
+            // DDP's constructor broadcasts rank 0's parameters and buffers.
+            collective::broadcast_all(d.comm, &run.state_tensors(), 0)?;
+            run.track_peaks();
+        }
+        Ok(run)
+    }
+
+    pub fn steps(&self) -> usize {
+        self.plan.steps.len()
+    }
+
+    /// Runs optimizer step `s`'s micro-batches and the step; returns the gradients it applied.
+    pub fn step(&mut self, s: usize) -> Result<Params> {
+        let group = std::mem::take(&mut self.plan.steps[s]);
+        self.forward_backward(&group)?;
+        let params = self.model.parameters();
+        if let Some(d) = &self.ddp {
+            let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
+            collective::average_gradients(d.comm, &grads)?;
+        }
+        let grads = match (self.traced, self.zero_grad && self.model_device() == tch::Device::Cpu) {
+            (false, _) => Params::new(),
+            // zero_grad drops these tensors for new ones and SGD only reads them, so
+            // holding them is as good as a copy of 45 MB a step for resnet18.
+            (true, true) => params.iter().map(|(n, p)| (n.clone(), p.grad().detach())).collect(),
+            (true, false) => snapshot(params.iter().map(|(n, p)| (n, p.grad()))),
+        };
+        if let Some(b) = self.bounds.as_mut() {
+            let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+            let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+            let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
+            self.allowed = b.step(&names, &grads, &tensors);
+        }
+        self.opt.step()?;
+        if let Some(b) = self.bounds.as_mut() {
+            b.after_step(&params.iter().map(|(_, p)| p.shallow_clone()).collect::<Vec<_>>());
+        }
+        self.track_peaks();
+        if self.zero_grad {
+            self.opt.zero_grad()?;
+        }
+        Ok(grads)
+    }
+
+    /// What the gradients of the step just made may differ by in DDP (empty for DDP runs).
+    pub fn take_allowed(&mut self) -> Params {
+        std::mem::take(&mut self.allowed)
+    }
+
+    /// Runs the micro-batches after the last step, then returns the final weights, buffers
+    /// and peaks (no steps: the caller has them).
+    pub fn finish(mut self) -> Result<Trace> {
+        let tail = std::mem::take(&mut self.plan.tail);
+        // They make no step, so the bounds need not see them.
+        let bounds = self.bounds.take();
+        self.forward_backward(&tail)?;
+        let m = &self.model;
+        let allowed_finals = match &bounds {
+            Some(b) => {
+                let params = m.parameters();
+                let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+                b.finals(&names, &params.iter().map(|(_, p)| p.shallow_clone()).collect::<Vec<_>>())
+            }
+            None => Params::new(),
+        };
+        Ok(Trace {
+            allowed: Vec::new(),
+            allowed_finals,
+            steps: Vec::new(),
+            finals: snapshot(m.parameters().iter().map(|(n, p)| (n, p.shallow_clone()))),
+            buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
+            peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
+        })
+    }
+
+    /// Every step, then [`Run::finish`]: a free-running run's whole trace.
+    pub fn run_all(mut self) -> Result<Trace> {
+        let (mut steps, mut allowed) = (Vec::new(), Vec::new());
+        for s in 0..self.steps() {
+            steps.push(self.step(s)?);
+            allowed.push(self.take_allowed());
+        }
+        allowed.retain(|a| !a.is_empty());
+        Ok(Trace { steps, allowed, ..self.finish()? })
+    }
+
+    /// The weights and buffers, flattened: what another run restarts from in lockstep.
+    pub fn state(&self) -> Result<State> {
+        Ok(State(collective::flatten(&self.state_tensors())?))
+    }
+
+    /// Lockstep: every DDP rank restarts from `state`, which rank 0 holds (None elsewhere).
+    /// The first restart gives this run its initial weights, which its peaks must hold;
+    /// later ones are the accumulation run's weights, already in that run's peaks.
+    pub fn restart_from(&mut self, state: Option<State>, comm: &dyn Collective) -> Result<()> {
+        collective::broadcast_into(comm, state.map(|s| s.0), &self.state_tensors(), 0)?;
+        if !std::mem::replace(&mut self.restarted, true) {
+            self.track_peaks();
+        }
+        Ok(())
+    }
+
+    /// Keeps each weight's largest magnitude so far.
+    fn track_peaks(&mut self) {
+        if !self.traced {
+            return;
+        }
+        for (peak, (_, p)) in self.peaks.iter().zip(self.model.parameters()) {
+            let _ = peak.maximum_out(peak, &p.detach().abs());
+        }
+    }
+
+    fn model_device(&self) -> tch::Device {
+        self.model.parameters().first().map_or(tch::Device::Cpu, |(_, p)| p.device())
+    }
+
+    fn state_tensors(&self) -> Vec<Tensor> {
+        let m = self.model.as_ref();
+        m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect()
+    }
+
+    fn forward_backward(&mut self, group: &[Vec<i64>]) -> Result<()> {
+        for (j, idx) in group.iter().enumerate() {
+            if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
+                let buffers: Vec<Tensor> = self.model.buffers().iter().map(|(_, b)| b.shallow_clone()).collect();
+                collective::broadcast_all(d.comm, &buffers, 0)?;
+            }
+            let batch = self.data.batch(idx);
+            let loss = self.model.loss(&batch);
+            match self.bounds.as_mut() {
+                Some(b) => {
+                    let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
+                    b.backward(&loss, self.loss_divisor, &params)?;
+                }
+                // `loss / ACC_STEPS` with an integer divisor, as in the article.
+                None => (loss / self.loss_divisor as f64).f_backward()?,
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,94 @@
+//! Models trained by both runs. Parameters carry PyTorch's `state_dict` names, because
+//! those names are how our traces meet the ones PyTorch writes.
+
+mod linear;
+mod resnet;
+
+pub use linear::Linear;
+pub use resnet::{ResNet, ResNetSpec};
+
+use tch::{Device, Tensor};
+
+use crate::error::Result;
+use crate::spec::{ModelKind, TrainConfig};
+use crate::train::data::Batch;
+
+pub trait Model {
+    /// Trainable parameters, sorted by name.
+    fn parameters(&self) -> &[(String, Tensor)];
+    /// State that is not trained but changes in forward (BatchNorm's running statistics),
+    /// sorted by name.
+    fn buffers(&self) -> &[(String, Tensor)] {
+        &[]
+    }
+    /// The micro-batch's loss before any accumulation scaling.
+    fn loss(&self, batch: &Batch) -> Tensor;
+}
+
+/// How many values the model learns, without building it.
+pub fn parameter_count(cfg: &TrainConfig) -> f64 {
+    match cfg.model {
+        ModelKind::Linear => cfg.features as f64,
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64).parameter_count(),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64).parameter_count(),
+    }
+}
+
+/// Reads `--init` into a blank model of the right layout: every name, shape and dtype
+/// checked, before any rank starts training (a rank that failed alone would leave the
+/// others waiting in a collective).
+pub fn check_init(cfg: &TrainConfig) -> Result<()> {
+    let spec = match cfg.model {
+        ModelKind::Linear => return Ok(()),
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
+    };
+    match &cfg.init {
+        Some(path) => ResNet::blank(spec).load_state(path),
+        None => Ok(()),
+    }
+}
+
+/// Each parameter's name and shape, without drawing or loading any value.
+pub fn shapes(cfg: &TrainConfig) -> Result<Vec<(String, Vec<i64>)>> {
+    let model = build(cfg, Device::Cpu, true)?;
+    Ok(model.parameters().iter().map(|(n, t)| (n.clone(), t.size())).collect())
+}
+
+/// The model `cfg` names, in its dtype, on `device`, from `--init` or our seeded
+/// initialisation (drawn on the CPU, as PyTorch draws it, then moved).
+/// `blank`: every value will be overwritten before use, so skip drawing or loading them.
+pub fn build(cfg: &TrainConfig, device: Device, blank: bool) -> Result<Box<dyn Model>> {
+    let kind = cfg.dtype.kind();
+    let spec = match cfg.model {
+        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device))),
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
+    };
+    if blank {
+        return Ok(Box::new(ResNet::blank(spec).to(kind, device)));
+    }
+    let model = ResNet::new(spec, cfg.seed);
+    if let Some(path) = &cfg.init {
+        model.load_state(path)?;
+    }
+    Ok(Box::new(model.to(kind, device)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The count the memory check uses is the built model's, without building it.
+    #[test]
+    fn parameter_counts_match_the_built_models() {
+        for model in [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::Resnet18] {
+            for classes in [2, 10] {
+                let cfg = TrainConfig { model, classes, ..TrainConfig::article() };
+                let built = build(&cfg, Device::Cpu, true).unwrap();
+                let numel: i64 = built.parameters().iter().map(|(_, p)| p.numel() as i64).sum();
+                assert_eq!(parameter_count(&cfg), numel as f64, "{model:?} with {classes} classes");
+            }
+        }
+    }
+}

@@ -199,6 +199,7 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
         tolerance,
         regressions: Some(args.regressions.clone()),
         progress: world::progress_wanted(),
+        json: args.json,
     })
 }
 

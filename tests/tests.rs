@@ -4,6 +4,8 @@
 #[path = "it/util.rs"]
 mod util;
 
+#[path = "it/architecture.rs"]
+mod architecture;
 #[path = "it/cli.rs"]
 mod cli;
 #[path = "it/devices.rs"]

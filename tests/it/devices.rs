@@ -41,7 +41,11 @@ fn libtorch_cuda_half_loads() {
 #[test]
 fn cuda_without_a_gpu_is_one_line_and_exit_2() {
     if has_driver() {
-        return; // a GPU machine: nothing to refuse
+        // A GPU machine: nothing to refuse, but `devices` must then see the driver.
+        let o = ddp_verify(&["devices"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(!stdout(&o).contains("no NVIDIA driver"), "{}", stdout(&o));
+        return;
     }
     for extra in [&[][..], &["--model", "resnet-tiny", "--batch-size", "2", "--data-size", "8"][..]] {
         let mut args = vec!["--device", "cuda"];

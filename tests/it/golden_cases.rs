@@ -14,6 +14,11 @@ fn check_golden(case: &str) -> String {
     assert_eq!(out.status.code(), Some(0), "{case}: {text}{}", stderr(&out));
     assert!(text.contains("\nEQUIVALENT"), "{text}");
     assert!(!text.contains("DIVERGED"), "{text}");
+    // The golden comparisons ran, both runs against PyTorch's, over every step.
+    for side in ["accumulation vs golden accumulation", "ddp          vs golden ddp"] {
+        let line = text.lines().find(|l| l.trim_start().starts_with(side)).unwrap_or_else(|| panic!("{side}: {text}"));
+        assert!(line.contains("steps + final weights"), "{line}");
+    }
     text
 }
 

@@ -82,6 +82,28 @@ proptest! {
     #[test]
     fn the_same_epoch_gives_the_same_shuffle_and_another_epoch_may_differ(case in split_case()) {
         let SplitCase { spec, epoch, .. } = case;
-        prop_assert_eq!(spec.shards(epoch), spec.shards(epoch));
+        let first = spec.shards(epoch);
+        // Other draws in between (another epoch, another seed) must not change it: each
+        // epoch reseeds, as DistributedSampler's generator does.
+        let other = spec.shards(epoch + 1);
+        let _ = SamplerSpec { seed: spec.seed + 1, ..spec }.shards(epoch);
+        prop_assert_eq!(&first, &spec.shards(epoch));
+        let perm = |shards: &Vec<Vec<i64>>| {
+            let mut all: Vec<i64> = shards.concat();
+            all.sort_unstable();
+            all.dedup();
+            all
+        };
+        // Either epoch deals the same samples (all of them, unless drop_last cuts some).
+        if !spec.drop_last {
+            prop_assert_eq!(perm(&first), (0..spec.data_size as i64).collect::<Vec<_>>());
+        }
+        if !spec.shuffle {
+            prop_assert_eq!(&first, &other);
+        } else if spec.data_size >= 8 {
+            // 8! orderings: ten epochs that all deal the same is a broken reseed, not chance.
+            let differs = (1..=10).any(|e| spec.shards(epoch + e) != first);
+            prop_assert!(differs, "ten epochs of {:?} all shuffled alike", spec);
+        }
     }
 }

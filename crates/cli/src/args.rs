@@ -186,6 +186,9 @@ pub struct ExploreArgs {
     /// Minimal failing configs are appended here and replayed first next time.
     #[arg(long, value_name = "FILE", default_value = d::REGRESSIONS)]
     pub regressions: PathBuf,
+    /// Print the summary as JSON (every tally, per bug) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]

@@ -36,6 +36,8 @@ pub struct ExploreOptions {
     /// persisted regressions, stored as the configs themselves).
     pub regressions: Option<PathBuf>,
     pub progress: bool,
+    /// Print the report as JSON instead of text.
+    pub json: bool,
 }
 
 /// Random valid configurations of the given models (linear three times as often as a
@@ -133,7 +135,7 @@ pub fn linear_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
 }
 
 /// What one bug (or the honest run) did over all cases.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct Tally {
     pub bug: Option<Bug>,
     pub cases: usize,
@@ -164,14 +166,14 @@ pub struct Tally {
     pub example: Option<Example>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub struct Example {
     pub what: &'static str,
     pub config: TrainConfig,
     pub diagnosis: Option<Diagnosis>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct Timing {
     pub total: f64,
     pub start: Option<f64>,
@@ -182,6 +184,8 @@ pub struct Timing {
     pub evaluations: usize,
 }
 
+/// What explore found; `--json` prints it as it is.
+#[derive(serde::Serialize)]
 pub struct ExploreReport {
     pub seed: u64,
     pub cases: usize,
@@ -287,7 +291,11 @@ pub fn command(opts: &ExploreOptions) -> Result<Exit> {
     }
     let report = rank.fail_all(explore(opts, &pool))?;
     pool.stop();
-    print!("{}", report.to_text());
+    if opts.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("the report serialises"));
+    } else {
+        print!("{}", report.to_text());
+    }
     Ok(if report.passed() { Exit::Equivalent } else { Exit::NotEquivalent })
 }
 

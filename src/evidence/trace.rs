@@ -27,7 +27,7 @@ pub struct Trace {
     /// PyTorch's golden traces, which do not record it.
     pub peaks: Params,
     /// The accumulation run's: what rounding alone may make DDP's gradients differ by, per
-    /// step and element (`runs::Bounds`); empty for other traces.
+    /// step and element (`train::Bounds`); empty for other traces.
     pub allowed: Vec<Params>,
     /// Likewise for the final weights.
     pub allowed_finals: Params,

@@ -63,7 +63,7 @@ pub struct Comparison {
     pub right: String,
     pub tolerance: Tolerance,
     /// Whether each element was held to the bound derived from the arithmetic
-    /// (`runs::Bounds`) instead of `tolerance`.
+    /// (`train::Bounds`) instead of `tolerance`.
     pub derived: bool,
     /// The largest |Δ| of any counted element as a fraction of what it was allowed.
     pub worst_fraction: f64,

@@ -50,12 +50,11 @@ pub fn check_targets(targets: &[ReportTarget], plot: Option<&PathBuf>, force: bo
 
 /// Writes the reports, and the plot when asked for.
 pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
-    if let Some(path) = &o.config.plot {
-        std::fs::write(path, plot::svg(o)).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    }
-    for t in targets {
-        let text = render(t.format, o);
-        match t.file() {
+    let plot = o.config.plot.iter().map(|p| (Box::new(plot::Plot) as Box<dyn Exporter>, Some(p)));
+    let reports = targets.iter().map(|t| (exporter(t.format), t.file()));
+    for (exporter, file) in plot.chain(reports) {
+        let text = exporter.render(o);
+        match file {
             Some(path) => {
                 std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))?
             }

@@ -19,6 +19,15 @@ const FLOOR: f64 = 1e-10;
 const CEIL: f64 = 1e12;
 const COLORS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
 
+/// `--plot FILE.svg`, an exporter like the reports.
+pub struct Plot;
+
+impl super::Exporter for Plot {
+    fn render(&self, o: &Outcome) -> String {
+        svg(o)
+    }
+}
+
 pub fn svg(o: &Outcome) -> String {
     let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
     let points = |c: &Comparison| -> Vec<f64> {

@@ -30,7 +30,7 @@ impl Tolerance {
     ///   3-sample micro-batches at 8x8: 1.3e-9 relative at step 1), so the bound is rel 1e-7,
     ///   good for about two steps, still ten times finer than float32's rounding; a real bug
     ///   (a scale, a stale or missing sample) moves gradients by 1e-3 or more at its first
-    ///   step, 10^4 times the bound. Runs judged by derived bounds (`runs::Bounds`) do not
+    ///   step, 10^4 times the bound. Runs judged by derived bounds (`train::Bounds`) do not
     ///   use these numbers.
     pub fn for_run(dtype: Dtype, lockstep: bool) -> Self {
         match (dtype, lockstep) {
@@ -47,7 +47,7 @@ impl Tolerance {
 }
 
 /// `--max-ulps/--rtol/--atol` as given. Without any of them each element is held to the
-/// bound the arithmetic gives it (`runs::Bounds`); any one given makes the fixed tolerance
+/// bound the arithmetic gives it (`train::Bounds`); any one given makes the fixed tolerance
 /// decide instead, its other bounds at their defaults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToleranceOverrides {

@@ -57,7 +57,7 @@ impl Data {
 /// about 110 MiB).
 const RANK_BASELINE_BYTES: f64 = 110.0 * MIB;
 /// Copies of the parameters a run holds: weights, gradients, momentum, peaks, and the
-/// derived bound's buffers (`runs::Bounds`), with room for libtorch's temporaries.
+/// derived bound's buffers (`train::Bounds`), with room for libtorch's temporaries.
 const PARAMETER_COPIES: f64 = 10.0;
 const MIB: f64 = (1u64 << 20) as f64;
 

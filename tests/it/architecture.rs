@@ -91,3 +91,26 @@ fn flags_are_defined_only_in_the_cli_crate() {
         assert!(!text.contains("default_value"), "{} defines a default; defaults live in crates/cli", file.display());
     }
 }
+
+/// The PyTorch reference scripts cannot read crates/cli, so their shared flags are held to
+/// its defaults here: a golden made with the scripts' defaults is the tool's default run.
+#[test]
+fn the_reference_scripts_share_the_tools_defaults() {
+    use ddp_verify_cli::defaults as d;
+    let code = "import json, sys; sys.path.insert(0, 'fixtures'); import linear_reference as r; \
+                a = r.split_parser(8, 2).parse_args(['accumulation', '--out', 'x']); print(json.dumps(vars(a)))";
+    let out = std::process::Command::new(repo(".venv/bin/python"))
+        .args(["-c", code])
+        .current_dir(repo("."))
+        .output()
+        .expect("the .venv from scripts/setup.sh");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let py: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ours = serde_json::json!({
+        "data_size": d::DATA_SIZE, "seed": d::SEED, "epochs": d::EPOCHS, "batch_size": d::BATCH_SIZE,
+        "acc_steps": d::ACC_STEPS, "gpus": d::GPUS, "lr": d::LR, "momentum": d::MOMENTUM,
+    });
+    for (key, want) in ours.as_object().unwrap() {
+        assert_eq!(&py[key], want, "fixtures/linear_reference.py --{} default", key.replace('_', "-"));
+    }
+}

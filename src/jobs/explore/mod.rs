@@ -234,7 +234,7 @@ impl Runner<'_> {
 
 /// How a case came out relative to what it should have.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+enum Finding {
     Fine,
     /// Honest run not equivalent: a real finding.
     Failure,
@@ -250,19 +250,19 @@ enum Outcome {
     BlewUp,
 }
 
-fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Outcome {
+fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Finding {
     let diverged = case.verdict == Verdict::Diverged;
     let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == "non-finite");
     match bug {
-        None if diverged && blew_up => Outcome::BlewUp,
-        None if diverged => Outcome::Failure,
-        None => Outcome::Fine,
+        None if diverged && blew_up => Finding::BlewUp,
+        None if diverged => Finding::Failure,
+        None => Finding::Fine,
         Some(b) => match (b.effect(cfg), diverged) {
-            (Effect::Math, true) => Outcome::Caught,
-            (Effect::Math, false) => Outcome::Missed,
-            (Effect::None, true) => Outcome::FalseAlarm,
-            (Effect::None, false) => Outcome::Fine,
-            (Effect::Order, _) => Outcome::Reordered,
+            (Effect::Math, true) => Finding::Caught,
+            (Effect::Math, false) => Finding::Missed,
+            (Effect::None, true) => Finding::FalseAlarm,
+            (Effect::None, false) => Finding::Fine,
+            (Effect::Order, _) => Finding::Reordered,
         },
     }
 }
@@ -337,7 +337,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         let outcome = classify(bug, cfg, case);
         tally.cases += 1;
         tally.resnet_cases += usize::from(cfg.model.is_resnet());
-        if outcome == Outcome::BlewUp {
+        if outcome == Finding::BlewUp {
             tally.blew_up += 1;
             return outcome;
         }
@@ -353,13 +353,13 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             tally.changes_math += usize::from(b.changes_math(cfg));
         }
         match outcome {
-            Outcome::Caught => {
+            Finding::Caught => {
                 tally.caught += 1;
                 tally.min_margin = Some(tally.min_margin.map_or(case.used, |m| m.min(case.used)));
             }
-            Outcome::Missed => tally.missed += 1,
-            Outcome::FalseAlarm => tally.false_alarms += 1,
-            Outcome::Reordered => {
+            Finding::Missed => tally.missed += 1,
+            Finding::FalseAlarm => tally.false_alarms += 1,
+            Finding::Reordered => {
                 tally.reordered += 1;
                 tally.reordered_fired += usize::from(case.verdict == Verdict::Diverged);
             }
@@ -375,7 +375,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         for cfg in fit {
             let case = runner.evaluate(&cfg)?;
             tally.replayed += 1;
-            if record(&mut tally, &cfg, &case) == Outcome::Failure && tally.example.is_none() {
+            if record(&mut tally, &cfg, &case) == Finding::Failure && tally.example.is_none() {
                 tally.example = Some(Example { what: "replayed failure", config: cfg, diagnosis: case.diagnosis });
             }
         }
@@ -386,7 +386,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
     let mut test_runner =
         TestRunner::new_with_rng(RunnerConfig::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &rng_seed));
     // The tree to shrink and what it showed; a problem outranks a plain catch.
-    let mut keep: Option<(S::Tree, Outcome)> = None;
+    let mut keep: Option<(S::Tree, Finding)> = None;
     for i in 0..opts.cases {
         let tree = strat.new_tree(&mut test_runner).map_err(|e| {
             Error::bad_flag("--max-gpus", format!("no valid configuration could be drawn ({e})"), "raise --max-gpus")
@@ -395,9 +395,9 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         cfg.inject = bug;
         let case = runner.evaluate(&cfg)?;
         let outcome = record(&mut tally, &cfg, &case);
-        let rank = |o: Outcome| match o {
-            Outcome::Fine | Outcome::BlewUp | Outcome::Reordered => 0,
-            Outcome::Caught => 1,
+        let rank = |o: Finding| match o {
+            Finding::Fine | Finding::BlewUp | Finding::Reordered => 0,
+            Finding::Caught => 1,
             _ => 2,
         };
         if rank(outcome) > keep.as_ref().map_or(0, |(_, o)| rank(*o)) {
@@ -417,13 +417,13 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             let mut config = config;
             config.inject = bug;
             let diagnosis = runner.evaluate(&config)?.diagnosis;
-            if outcome == Outcome::Failure {
+            if outcome == Finding::Failure {
                 append_regression(opts.regressions.as_ref(), &config)?;
             }
             let what = match outcome {
-                Outcome::Failure => "not equivalent",
-                Outcome::Caught => "smallest config caught",
-                Outcome::Missed => "MISSED",
+                Finding::Failure => "not equivalent",
+                Finding::Caught => "smallest config caught",
+                Finding::Missed => "MISSED",
                 _ => "FALSE ALARM",
             };
             tally.example = Some(Example { what, config, diagnosis });

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use ddp_verify_cli::{defaults, ExploreArgs, RunArgs, SplitArgs, SplitShape, ToleranceArgs};
+use ddp_verify_cli::{defaults, names, ExploreArgs, RunArgs, SplitArgs, SplitShape, ToleranceArgs};
 
 use crate::dist::{device, world};
 use crate::error::{Error, Result};
@@ -148,14 +148,11 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
     let bugs = match args.inject.as_deref() {
         None => vec![None],
         Some("all") => Bug::ALL.into_iter().map(Some).collect(),
-        Some(name) => vec![Some(Bug::parse(name).ok_or_else(|| {
-            let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
-            Error::bad_flag(
-                "--inject",
-                format!("unknown bug '{name}'; known: {}", names.join(", ")),
-                "pass one of those, or all",
-            )
-        })?)],
+        Some(name) => {
+            let name = names::check("bug", name, &names::BUGS)
+                .map_err(|e| Error::bad_flag("--inject", e, "pass one of those, or all"))?;
+            vec![Some(known("--inject", &name, Bug::parse)?)]
+        }
     };
     // Read and writable before any rank starts: a finding must not be lost at the end.
     crate::jobs::explore::read_regressions(Some(&args.regressions))?;

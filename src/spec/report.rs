@@ -19,9 +19,10 @@ impl Format {
     const ALL: [Format; 4] = [Format::Table, Format::Json, Format::Markdown, Format::Junit];
     pub const NAMES: [&'static str; 4] = names::FORMATS;
 
+    /// A name of `names::FORMATS`, or one of its aliases.
     pub fn parse(s: &str) -> Option<Format> {
-        let s = names::FORMAT_ALIASES.iter().find(|(alias, _)| *alias == s).map_or(s, |(_, name)| name);
-        let i = names::FORMATS.iter().position(|&n| n == s)?;
+        let s = names::format(s).ok()?;
+        let i = names::FORMATS.iter().position(|n| *n == s)?;
         Some(Format::ALL[i])
     }
 }

@@ -99,16 +99,17 @@ fn explore_on_resnets_has_no_false_alarm_and_catches_every_bug() {
     let base = format!("explore --model resnet-tiny --max-gpus 4 --regressions {}", reg.display());
     let out = ddp_verify(&flags(&format!("{base} --cases 16 --seed 2")));
     assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
-    let out = ddp_verify(&flags(&format!("{base} --cases 12 --seed 6 --inject all")));
+    let out = ddp_verify(&flags(&format!("{base} --cases 12 --seed 6 --inject all --json")));
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
-    let bugs = ["no-loss-scale", "double-scale", "contiguous-split", "no-set-epoch", "no-padding", "stale-zero-grad"];
-    // The table's rows (the notes below it start with a bug's name too): the margin column.
+    let report: serde_json::Value = serde_json::from_str(&text).expect("explore --json prints JSON");
+    let tallies = report["tallies"].as_array().expect("tallies");
+    let bugs = ddp_verify_cli::names::BUGS;
+    // Each bug's margin: the smallest factor by which a caught case exceeded its allowance.
     let mut margins = 0;
-    for row in text.lines().filter(|l| bugs.iter().any(|b| l.trim_start().starts_with(&format!("{b} ")))) {
-        let cols: Vec<&str> = row.split_whitespace().collect();
-        if let Some(m) = cols.get(7).and_then(|m| m.strip_suffix('x')).and_then(|m| m.parse::<f64>().ok()) {
-            assert!(m >= 100.0, "{row}");
+    for t in tallies.iter().filter(|t| bugs.iter().any(|b| t["bug"] == *b)) {
+        if let Some(m) = t["min_margin"].as_f64() {
+            assert!(m >= 100.0, "{t}");
             margins += 1;
         }
     }

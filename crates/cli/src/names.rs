@@ -34,7 +34,8 @@ pub(crate) fn bug(s: &str) -> Result<String, String> {
     check("bug", s, &BUGS)
 }
 
-pub(crate) fn format(s: &str) -> Result<String, String> {
+/// A report format's name, its alias resolved (`md` is `markdown`).
+pub fn format(s: &str) -> Result<String, String> {
     let s = FORMAT_ALIASES.iter().find(|(alias, _)| *alias == s).map_or(s, |(_, name)| name);
     check("report format", s, &FORMATS)
 }

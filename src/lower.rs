@@ -6,20 +6,25 @@
 
 use std::path::Path;
 
-use ddp_verify_cli::{defaults, names, ExploreArgs, RunArgs, SplitArgs, SplitShape, ToleranceArgs};
+use ddp_verify_cli::{
+    defaults, names, parse_case, CaseValue, CompareArgs, ExploreArgs, ReportArgs, RunArgs, SplitArgs, SplitShape,
+    SuiteArgs, ToleranceArgs,
+};
 
 use crate::dist::{device, world};
 use crate::error::{Error, Result};
 use crate::evidence::{golden, SAVED_FILES};
+use crate::jobs::compare::CompareOptions;
 use crate::jobs::explore::ExploreOptions;
+use crate::jobs::suite::{Suite, SuiteCase};
 use crate::plan;
 use crate::spec::{
     Bug, Config, DeviceRequest, Dtype, Format, ModelKind, ReportTarget, Tolerance, ToleranceOverrides, TrainConfig,
 };
 use crate::train::{data, models};
 
-/// The main command's flags as a [`Config`], the device chosen, every flag checked.
-pub fn verification(args: &RunArgs) -> Result<Config> {
+/// `--report FORMAT [--report-file PATH]...`, paired by position; the table on stdout by default.
+pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {
     if args.report_file.len() > args.report.len().max(1) {
         return Err(Error::bad_flag(
             "--report-file",
@@ -31,11 +36,16 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         true => vec![Format::Table],
         false => args.report.iter().map(|f| known("--report", f, Format::parse)).collect::<Result<_>>()?,
     };
-    let reports = formats
+    Ok(formats
         .iter()
         .enumerate()
         .map(|(i, &format)| ReportTarget { format, path: args.report_file.get(i).cloned() })
-        .collect();
+        .collect())
+}
+
+/// The main command's flags as a [`Config`], the device chosen, every flag checked.
+pub fn verification(args: &RunArgs) -> Result<Config> {
+    let reports = reports(&args.reports)?;
     let n = &args.net;
     if n.sync_bn {
         return Err(Error::bad_flag(
@@ -127,6 +137,118 @@ pub fn preflight(cfg: &Config) -> Result<()> {
         golden::check_blessable(dir)?;
     }
     Ok(())
+}
+
+/// `compare`'s flags: the two trace files (a directory stands for the pair `--save-trace`
+/// writes), the tolerance and the reports, checked before either file is read.
+pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
+    let paths = match (&args.a, &args.b) {
+        (dir, None) if dir.is_dir() => [dir.join(SAVED_FILES[0]), dir.join(SAVED_FILES[1])],
+        (file, None) => {
+            return Err(Error::bad_file(
+                file,
+                format!("compare needs two traces, or one directory holding {} and {}", SAVED_FILES[0], SAVED_FILES[1]),
+                "give the DDP trace as a second argument",
+            ))
+        }
+        (a, Some(b)) => [a.clone(), b.clone()],
+    };
+    for p in &paths {
+        if !p.is_file() {
+            let what = crate::error::what_is(p);
+            return Err(Error::bad_file(p, format!("trace {what}"), "pass a .safetensors trace file"));
+        }
+    }
+    if std::fs::canonicalize(&paths[0]).ok() == std::fs::canonicalize(&paths[1]).ok() {
+        return Err(Error::bad_file(&paths[1], "is the same file as A", "compare two different runs' traces"));
+    }
+    let tolerance = overrides(&args.tolerance);
+    for dtype in Dtype::ALL {
+        check_tolerance(&tolerance.tolerance(dtype, false))?;
+    }
+    let reports = reports(&args.reports)?;
+    crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
+    Ok(CompareOptions { paths, tolerance, reports, plot: args.plot.clone(), strict_buffers: args.strict_buffers })
+}
+
+/// Keys a suite case may not set: the suite writes one report for all cases, and only checks.
+const SUITE_OWNS: [(&str, &str); 5] = [
+    ("report", "the suite writes one report for every case: pass --report to ddp-verify suite"),
+    ("report-file", "the suite writes one report for every case: pass --report-file to ddp-verify suite"),
+    ("plot", "a suite draws no plots: rerun the case alone with --plot"),
+    ("bless", "a suite only checks: bless with a single run"),
+    ("timeout", "a suite's ranks run without a deadline, like explore's"),
+];
+
+/// `suite FILE.toml`: every case read, lowered like the command line and preflighted, so
+/// an invalid case stops the suite before any rank starts, naming the case and the key.
+pub fn suite(args: &SuiteArgs) -> Result<Suite> {
+    let file = &args.file;
+    let fix = "see examples/suite.toml";
+    let text = std::fs::read_to_string(file).map_err(|e| match file.is_file() {
+        true => Error::bad_file(file, format!("cannot be read ({e})"), fix),
+        false => Error::bad_file(file, format!("suite file {}", crate::error::what_is(file)), fix),
+    })?;
+    let top: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Error::bad_file(file, format!("not valid TOML: {}", e.message().lines().next().unwrap_or_default()), fix)
+    })?;
+    if let Some(key) = top.keys().find(|k| *k != "case") {
+        return Err(Error::bad_file(file, format!("unknown top-level key '{key}'"), "list cases as [[case]] tables"));
+    }
+    let Some(toml::Value::Array(tables)) = top.get("case") else {
+        return Err(Error::bad_file(file, "no [[case]] tables", "add at least one [[case]] with a name"));
+    };
+    let mut cases: Vec<SuiteCase> = Vec::new();
+    for (i, table) in tables.iter().enumerate() {
+        let Some(table) = table.as_table() else {
+            return Err(Error::bad_file(file, format!("case {} is not a table", i + 1), "write [[case]] tables"));
+        };
+        let name = match table.get("name") {
+            Some(toml::Value::String(n)) if !n.trim().is_empty() => n.clone(),
+            _ => return Err(Error::bad_file(file, format!("case {} has no name", i + 1), "add name = \"...\"")),
+        };
+        if cases.iter().any(|c| c.name == name) {
+            return Err(Error::bad_file(file, format!("two cases are named '{name}'"), "give each case its own name"));
+        }
+        let refuse = |key: &str, problem: String, fix: String| {
+            Error::bad_file(file, format!("case '{name}', key {key}: {problem}"), fix)
+        };
+        let mut keys = Vec::new();
+        for (key, value) in table.iter().filter(|(k, _)| *k != "name") {
+            if let Some((_, why)) = SUITE_OWNS.iter().find(|(k, _)| k == key) {
+                return Err(refuse(key, "not allowed in a suite".into(), why.to_string()));
+            }
+            let value = match value {
+                toml::Value::Boolean(b) => CaseValue::Bool(*b),
+                toml::Value::String(v) => CaseValue::Text(v.clone()),
+                toml::Value::Integer(v) => CaseValue::Text(v.to_string()),
+                toml::Value::Float(v) => CaseValue::Text(v.to_string()),
+                other => {
+                    let problem = format!("a {} is not a flag's value", other.type_str());
+                    return Err(refuse(key, problem, "write a number, a string or true/false".into()));
+                }
+            };
+            keys.push((key.clone(), value));
+        }
+        let run = parse_case(&keys).map_err(|e| {
+            let key = e.key.unwrap_or_else(|| "-".into());
+            refuse(&key, e.problem, "see ddp-verify --help for the flag's values".into())
+        })?;
+        // The case's own errors, renamed from flags to keys and pointed at the suite file.
+        let in_case = |e: Error| match e {
+            Error::BadFlag { flag, problem, fix } => refuse(flag.trim_start_matches("--"), problem, fix),
+            Error::BadFile { path, problem, fix } => {
+                Error::bad_file(file, format!("case '{name}': {}: {problem}", path.display()), fix)
+            }
+            other => other,
+        };
+        let config = verification(&run).map_err(in_case)?;
+        preflight(&config).map_err(in_case)?;
+        cases.push(SuiteCase { name, config });
+    }
+    let reports = reports(&args.reports)?;
+    crate::report::check_targets(&reports, None, args.force)?;
+    Ok(Suite { file: file.clone(), cases, reports, progress: world::progress_wanted() })
 }
 
 /// `split`'s flags: the sampling shape and the epoch, checked, and the plan's size.

@@ -49,6 +49,17 @@ fn run(cli: Cli) -> Result<Exit> {
             let (train, epoch) = lower::split(&args)?;
             jobs::split(&train, epoch, args.json)
         }
+        Some(Command::Compare(args)) => {
+            let options = lower::compare(&args)?;
+            jobs::compare::command(&options)
+        }
+        Some(Command::Suite(args)) => {
+            let suite = lower::suite(&args)?;
+            if validate_only() {
+                return Ok(Exit::Equivalent);
+            }
+            jobs::suite::command(&suite)
+        }
         Some(Command::Explore(args)) => {
             let options = lower::explore(&args)?;
             if validate_only() {

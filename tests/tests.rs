@@ -8,6 +8,8 @@ mod util;
 mod architecture;
 #[path = "it/cli.rs"]
 mod cli;
+#[path = "it/compare.rs"]
+mod compare;
 #[path = "it/devices.rs"]
 mod devices;
 #[path = "it/explore.rs"]
@@ -32,5 +34,7 @@ mod resnet_runs;
 mod sampler;
 #[path = "it/sgd.rs"]
 mod sgd;
+#[path = "it/suite.rs"]
+mod suite;
 #[path = "it/trust.rs"]
 mod trust;

@@ -7,8 +7,11 @@ mod trace;
 mod writer;
 
 pub use golden::Golden;
-pub use trace::{sample, snapshot, Params, Trace};
+pub use trace::{sample, snapshot, Params, Trace, TraceMeta};
 pub use writer::TraceWriter;
+
+/// The `format` a trace's header names: the layout `Trace` documents, version 1.
+pub const TRACE_FORMAT: &str = "ddp-verify-trace/1";
 
 /// What `--save-trace DIR` writes: both runs' traces and the JSON report.
 pub const SAVED_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "report.json"];

@@ -1,7 +1,9 @@
 //! What one run emits: the gradient each optimizer step used, the final weights and the
 //! final BatchNorm buffers. On disk: safetensors with tensors `grads.<step>.<param>`,
 //! `final.<param>` and `buffer.<name>` (float32 or float64; int64 counters), the same layout
-//! the PyTorch scripts in `fixtures/` write.
+//! the PyTorch scripts in `fixtures/` and the `ddp_verify_trace` recorder (`python/`) write.
+//! Optional: `peak.<param>` (each weight's largest magnitude), `scale.<step>.<param>` (the
+//! sum of the micro-batch gradients' magnitudes) and a string header (`__metadata__`).
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,9 @@ use crate::error::{Error, Result};
 
 /// Named tensors sorted by name.
 pub type Params = Vec<(String, Tensor)>;
+
+/// A trace file's string header (`__metadata__`): who wrote it, W, K, dtype, ...
+pub type TraceMeta = BTreeMap<String, String>;
 
 #[derive(Debug, Default)]
 pub struct Trace {
@@ -31,6 +36,11 @@ pub struct Trace {
     pub allowed: Vec<Params>,
     /// Likewise for the final weights.
     pub allowed_finals: Params,
+    /// Per step and element, the sum of |micro-batch gradient| that made the step's gradient
+    /// (recorded by `ddp_verify_trace`): rounding is relative to it where terms cancel.
+    pub scales: Vec<Params>,
+    /// The file's header, when it has one.
+    pub meta: TraceMeta,
 }
 
 impl Trace {
@@ -44,13 +54,16 @@ impl Trace {
 
     /// Reads a trace and checks its layout, so a corrupt file is refused, never half-compared.
     pub fn load(path: &Path) -> Result<Self> {
-        let fix = "regenerate it with fixtures/make_golden.sh or point to another file";
+        let fix = "point to a trace written by ddp-verify --save-trace, the ddp_verify_trace recorder or \
+                   fixtures/make_golden.sh";
         if !path.is_file() {
             return Err(Error::bad_file(path, crate::error::what_is(path), fix));
         }
         let tensors = Tensor::read_safetensors(path)
             .map_err(|e| Error::bad_file(path, format!("not a readable safetensors file ({e})"), fix))?;
+        let meta = read_meta(path).map_err(|problem| Error::bad_file(path, problem, fix))?;
         let mut steps: BTreeMap<usize, Params> = BTreeMap::new();
+        let mut scales: BTreeMap<usize, Params> = BTreeMap::new();
         let mut finals = Params::new();
         let mut peaks = Params::new();
         let mut buffers = Params::new();
@@ -64,15 +77,17 @@ impl Trace {
                 let problem = format!("tensor {name} is {:?}, expected one floating dtype like the rest", t.kind());
                 return Err(Error::bad_file(path, problem, fix));
             }
+            let stepped = |prefix: &str| name.strip_prefix(prefix).and_then(|r| r.split_once('.'));
             if let Some(p) = name.strip_prefix("final.") {
                 finals.push((p.to_string(), t));
             } else if let Some(p) = name.strip_prefix("peak.") {
                 peaks.push((p.to_string(), t));
-            } else if let Some((step, p)) = name.strip_prefix("grads.").and_then(|r| r.split_once('.')) {
+            } else if let Some((step, p)) = stepped("grads.").or_else(|| stepped("scale.")) {
                 let step: usize = step
                     .parse()
                     .map_err(|_| Error::bad_file(path, format!("tensor {name} has no step number"), fix))?;
-                steps.entry(step).or_default().push((p.to_string(), t));
+                let into = if name.starts_with("grads.") { &mut steps } else { &mut scales };
+                into.entry(step).or_default().push((p.to_string(), t));
             } else {
                 return Err(Error::bad_file(path, format!("unexpected tensor {name}"), fix));
             }
@@ -80,7 +95,14 @@ impl Trace {
         if finals.is_empty() {
             return Err(Error::bad_file(path, "no final.<param> tensors", fix));
         }
-        let mut trace = Trace { steps: Vec::with_capacity(steps.len()), finals, buffers, peaks, ..Trace::default() };
+        if let Some(s) = scales.keys().find(|s| !steps.contains_key(s)) {
+            return Err(Error::bad_file(path, format!("scale.{s}.* has no grads.{s}.* beside it"), fix));
+        }
+        if !scales.is_empty() && scales.len() != steps.len() {
+            let problem = format!("scale.<step>.* covers {} of {} steps", scales.len(), steps.len());
+            return Err(Error::bad_file(path, problem, fix));
+        }
+        let mut trace = Trace { finals, buffers, peaks, meta, ..Trace::default() };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -88,10 +110,35 @@ impl Trace {
             grads.sort_by(|a, b| a.0.cmp(&b.0));
             trace.steps.push(grads);
         }
+        for (_, mut scale) in scales {
+            scale.sort_by(|a, b| a.0.cmp(&b.0));
+            trace.scales.push(scale);
+        }
         trace.finals.sort_by(|a, b| a.0.cmp(&b.0));
         trace.peaks.sort_by(|a, b| a.0.cmp(&b.0));
         trace.buffers.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(trace)
+    }
+}
+
+/// The safetensors header's `__metadata__` (string to string), empty when absent.
+fn read_meta(path: &Path) -> std::result::Result<TraceMeta, String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read ({e})"))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| format!("no safetensors header ({e})"))?;
+    let len = u64::from_le_bytes(len);
+    let size = file.metadata().map_or(0, |m| m.len());
+    if len > size.saturating_sub(8) {
+        return Err(format!("its header claims {len} bytes but the file has {size}"));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(|e| format!("truncated safetensors header ({e})"))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| format!("unreadable safetensors header ({e})"))?;
+    match header.get("__metadata__") {
+        None => Ok(TraceMeta::new()),
+        Some(m) => serde_json::from_value(m.clone()).map_err(|e| format!("__metadata__ is not string to string ({e})")),
     }
 }
 
@@ -106,6 +153,8 @@ impl Trace {
             peaks: share(&self.peaks),
             allowed: Vec::new(),
             allowed_finals: share(&self.allowed_finals),
+            scales: Vec::new(),
+            meta: self.meta.clone(),
         }
     }
 }

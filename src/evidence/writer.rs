@@ -49,6 +49,12 @@ impl TraceWriter {
         for (prefix, group) in [("final", &trace.finals), ("buffer", &trace.buffers), ("peak", &trace.peaks)] {
             group.iter().try_for_each(|(n, t)| self.add(&format!("{prefix}.{n}"), t))?;
         }
+        for (s, scales) in trace.scales.iter().enumerate() {
+            scales.iter().try_for_each(|(n, t)| self.add(&format!("scale.{s}.{n}"), t))?;
+        }
+        if !trace.meta.is_empty() {
+            self.header.insert("__metadata__".into(), serde_json::json!(trace.meta));
+        }
         let err = |e| Error::io(format!("writing {}", self.path.display()), e);
         self.data.flush().map_err(err)?;
         let mut header = serde_json::to_string(&self.header).expect("header serialises").into_bytes();

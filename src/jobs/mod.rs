@@ -2,7 +2,10 @@
 //! (many random configurations on ranks started once), `split` (the sampling plan), and
 //! `devices` (what --device can use).
 
+pub mod compare;
 pub mod explore;
+mod pool;
+pub mod suite;
 pub mod verify;
 
 use crate::error::{Exit, Result};

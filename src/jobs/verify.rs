@@ -57,7 +57,7 @@ pub fn verify_in_world(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<(
 }
 
 /// The golden to check against, unless there is none or this run records it.
-fn load_golden(cfg: &Config) -> Result<Option<Golden>> {
+pub(crate) fn load_golden(cfg: &Config) -> Result<Option<Golden>> {
     match &cfg.golden {
         Some(dir) if !cfg.bless => Ok(Some(Golden::load(dir, &cfg.train, &models::shapes(&cfg.train)?)?)),
         _ => Ok(None),
@@ -85,7 +85,29 @@ fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Resu
         let ddp = train::ddp_rank(&cfg.train, comm.as_ref());
         (accumulation.join().expect("the accumulation thread does not panic"), ddp)
     });
-    after(cfg, assemble(cfg, accumulation?, ddp?, golden), false).map(Some)
+    let (mut accumulation, mut ddp) = (accumulation?, ddp?);
+    stamp(&cfg.train, &mut accumulation, &mut ddp);
+    after(cfg, assemble(cfg, accumulation, ddp, golden), false).map(Some)
+}
+
+/// The header `--save-trace` files carry, in the recorder's keys, so `compare` can say
+/// what each trace is.
+pub(crate) fn stamp(t: &crate::spec::TrainConfig, accumulation: &mut Trace, ddp: &mut Trace) {
+    for (trace, run, world) in [(accumulation, "accumulation", 1), (ddp, "ddp", t.gpus)] {
+        trace.meta = [
+            ("format", crate::evidence::TRACE_FORMAT.to_string()),
+            ("run", run.to_string()),
+            ("world_size", world.to_string()),
+            ("acc_steps", t.acc_steps.to_string()),
+            ("steps_per_epoch", crate::plan::sampler::steps_per_epoch(t).to_string()),
+            ("dtype", t.dtype.name().to_string()),
+            ("written_by", format!("ddp-verify {}", env!("CARGO_PKG_VERSION"))),
+            ("torch_version", crate::evidence::golden::LIBTORCH_VERSION.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    }
 }
 
 /// Above this many bytes of gradients over all steps, lockstep compares each step as it
@@ -124,6 +146,7 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result
     let Some((mut acc, mut ddp)) = train::lockstep(&cfg.train, comm, &mut sink)? else {
         return Ok(None);
     };
+    stamp(&cfg.train, &mut acc, &mut ddp);
     crate::profile::mark("runs finished");
     if let Some([wa, wd]) = writers {
         wa.finish(&acc)?;
@@ -138,7 +161,7 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result
 
 /// Blesses and saves what a finished outcome asks for (`streamed`: the traces of
 /// `--save-trace` are already written).
-fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
+pub(crate) fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
     if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
         // Only an equivalent pair of runs is worth recording as the reference.
         if outcome.verdict() != Verdict::Diverged {

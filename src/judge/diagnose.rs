@@ -8,6 +8,31 @@ use super::{Comparison, Verdict};
 use crate::evidence::{Params, Trace};
 use crate::spec::TrainConfig;
 
+/// What a diagnosis may assume about the runs behind two traces.
+#[derive(Debug, Clone, Copy)]
+pub struct Context {
+    /// Optimizer steps per epoch, when known: a mismatch that starts in a later epoch
+    /// points at the sampler's epoch.
+    pub steps_per_epoch: Option<usize>,
+    /// The runs' machine epsilon.
+    pub eps: f64,
+    /// Whether equivalent runs may drift apart step by step (a deep net trained free-running).
+    pub chaos_possible: bool,
+    /// ddp-verify trained the runs (its flags can be named), or a user recorded them (`compare`).
+    pub ours: bool,
+}
+
+impl Context {
+    pub fn of_run(t: &TrainConfig) -> Self {
+        Context {
+            steps_per_epoch: Some(crate::plan::sampler::steps_per_epoch(t)),
+            eps: t.dtype.epsilon(),
+            chaos_possible: t.model.is_resnet() && !t.lockstep,
+            ours: true,
+        }
+    }
+}
+
 /// Under an explicit --max-ulps/--rtol/--atol, differences this small are rounding: 64 ulps
 /// of float32 or float64; in bfloat16 and float16 an ulp is so coarse that 8 already is.
 /// (Under the derived bounds a divergence is never rounding: they allow twice what it can do.)
@@ -32,19 +57,19 @@ pub struct Diagnosis {
     pub detail: String,
 }
 
-/// `train` says how steps map to epochs and in what precision the runs computed. A
+/// `cx` says how steps map to epochs and in what precision the runs computed. A
 /// free-running deep net that parts the way chaos does is named as such, whatever else
 /// its evidence resembles.
-pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
-    let d = cause(a, b, c, train)?;
-    Some(chaos(c, train).unwrap_or(d))
+pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
+    let d = cause(a, b, c, cx)?;
+    Some(chaos(c, cx).unwrap_or(d))
 }
 
 /// A free-running deep net whose first step agrees to rounding and whose first differing
 /// step is still small: the signature of chaos, not of a bug (a wrong split or scale shows at step
 /// 0; a stale gradient or a missing set_epoch is recognised before this is asked).
-fn chaos(runs: &Comparison, t: &TrainConfig) -> Option<Diagnosis> {
-    if !t.model.is_resnet() || t.lockstep || runs.steps.first()?.verdict == Verdict::Diverged {
+fn chaos(runs: &Comparison, cx: &Context) -> Option<Diagnosis> {
+    if !cx.chaos_possible || runs.steps.first()?.verdict == Verdict::Diverged {
         return None;
     }
     let s = runs.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
@@ -54,20 +79,22 @@ fn chaos(runs: &Comparison, t: &TrainConfig) -> Option<Diagnosis> {
         return None;
     }
     let growth: Vec<String> = runs.steps.iter().take(s + 2).map(|g| format!("{:.0e}", g.max_rel)).collect();
+    let fix = match cx.ours {
+        true => "rerun with --lockstep (the default) or --dtype float64 to prove equivalence",
+        false => "record fewer steps, or train in float64, to prove equivalence",
+    };
     Some(Diagnosis {
         reason: "chaos",
         detail: format!(
-            "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep BatchNorm net \
-             amplifies rounding, so equivalent free-running runs part like this; rerun with --lockstep (the default) \
-             or --dtype float64 to prove equivalence",
+            "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep net amplifies \
+             rounding, so equivalent free-running runs part like this; {fix}",
             growth.join(" -> ")
         ),
     })
 }
 
-fn cause(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Diagnosis> {
-    let steps_per_epoch = crate::plan::sampler::steps_per_epoch(train);
-    let eps = train.dtype.epsilon();
+fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
+    let eps = cx.eps;
     if c.verdict != Verdict::Diverged {
         return None;
     }
@@ -92,16 +119,22 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Di
     let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
     let ulps = c.steps[s].max_ulps;
     if !c.derived && ulps <= rounding_ulps(eps) {
+        let (which, fix) = match cx.ours {
+            true => ("explicit", "drop --max-ulps/--rtol/--atol to judge by the bound derived from it"),
+            false => {
+                ("fixed", "record micro-batch magnitudes (the recorder's default) or pass a looser --max-ulps/--rtol")
+            }
+        };
         return Some(Diagnosis {
             reason: "explicit tolerance",
             detail: format!(
-                "step {s} differs by only {ulps} ulp, which floating-point rounding explains (e.g. the order W partial gradients are summed in); the explicit tolerance ({} ulp) is tighter than the arithmetic allows: drop --max-ulps/--rtol/--atol to judge by the bound derived from it",
+                "step {s} differs by only {ulps} ulp, which floating-point rounding explains (e.g. the order W partial gradients are summed in); the {which} tolerance ({} ulp) is tighter than the arithmetic allows: {fix}",
                 c.tolerance.max_ulps
             ),
         });
     }
     let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else {
-        // Streamed: the gradients were compared as they came and not kept.
+        // Streamed: the gradients were compared as they came and not kept (only ours).
         return Some(Diagnosis {
             reason: "different gradients",
             detail: format!(
@@ -137,7 +170,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, train: &TrainConfig) -> Option<Di
             ),
         });
     }
-    let epoch = s / steps_per_epoch.max(1);
+    let epoch = cx.steps_per_epoch.map_or(0, |n| s / n.max(1));
     if epoch > 0 {
         return Some(Diagnosis {
             reason: "epoch-dependent sampling",

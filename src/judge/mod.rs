@@ -4,8 +4,8 @@
 mod diagnose;
 mod outcome;
 
-pub use diagnose::{diagnose, Diagnosis};
-pub use outcome::{Judging, Outcome};
+pub use diagnose::{diagnose, Context, Diagnosis};
+pub use outcome::{Judging, Outcome, Subject, TracePair};
 
 use serde::Serialize;
 use tch::Tensor;
@@ -118,16 +118,25 @@ impl Comparer {
     /// One step's gradients; an empty side means that run made no such step. `allowed`
     /// (possibly empty) bounds each element's difference when derived.
     pub fn step(&mut self, a: &Params, b: &Params, allowed: &Params) {
+        self.step_at(a, b, allowed, &Params::new());
+    }
+
+    /// Like [`Comparer::step`], with recorded per-element magnitudes (`Trace::scales`, may be
+    /// empty) that differences are also measured at.
+    fn step_at(&mut self, a: &Params, b: &Params, allowed: &Params, magnitudes: &Params) {
         self.left_steps += usize::from(!a.is_empty());
         self.right_steps += usize::from(!b.is_empty());
         if !a.is_empty() && !b.is_empty() {
             // A gradient is a sum of K micro-batch gradients, which the two runs add in
             // different orders; where they cancel, the rounding left over is a few ulps of
             // the terms, not of the small result. So gradients are measured at their
-            // tensor's largest magnitude, as final weights are at their peak.
+            // tensor's largest magnitude, as final weights are at their peak, and where the
+            // terms' magnitudes were recorded, at those too.
             let (a, b) = (self.sampled(a), self.sampled(b));
             let bounds = self.bounds(allowed);
-            self.steps.push(compare_group(&a, &b, &self.tol, Scales::TensorPeak, bounds.as_ref()));
+            let magnitudes = self.sampled(magnitudes);
+            let scales = Scales::TensorPeakAnd(&magnitudes);
+            self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref()));
         }
     }
 
@@ -136,7 +145,8 @@ impl Comparer {
         for i in 0..a.steps.len().max(b.steps.len()) {
             let none = Params::new();
             let allowed = a.allowed.get(i).unwrap_or(&none);
-            self.step(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed);
+            let magnitudes = larger(a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none));
+            self.step_at(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed, &magnitudes);
         }
         // Final weights are measured at each weight's largest magnitude during training:
         // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
@@ -190,8 +200,13 @@ pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -
 
 /// Element-wise largest of the two traces' recorded peaks (either may be empty).
 fn peaks(a: &Trace, b: &Trace) -> Params {
-    let mut out: Params = a.peaks.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-    for (name, t) in &b.peaks {
+    larger(&a.peaks, &b.peaks)
+}
+
+/// Element-wise largest of two sets of magnitudes, by name (either may be empty).
+fn larger(a: &Params, b: &Params) -> Params {
+    let mut out: Params = a.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+    for (name, t) in b {
         match out.iter_mut().find(|(n, _)| n == name) {
             Some((_, mine)) if mine.size() == t.size() => *mine = mine.maximum(t),
             Some(_) => {}
@@ -206,8 +221,9 @@ fn peaks(a: &Trace, b: &Trace) -> Params {
 enum Scales<'a> {
     /// The values alone.
     Own,
-    /// Each tensor's largest magnitude in either run.
-    TensorPeak,
+    /// Each tensor's largest magnitude in either run, or per element the given magnitude
+    /// where it is larger (a tensor of the same name and shape).
+    TensorPeakAnd(&'a [(String, Tensor)]),
     /// Per element, where a tensor of the same name and shape is given (final weights' peaks).
     Given(&'a [(String, Tensor)]),
 }
@@ -222,7 +238,11 @@ fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: Scales, bounds
                 // Computed only past the fast path: most lockstep tensors are bit-identical.
                 let scale = || match scales {
                     Scales::Own => None,
-                    Scales::TensorPeak => Some(x.abs().max().maximum(&y.abs().max()).to_kind(x.kind())),
+                    Scales::TensorPeakAnd(given) => {
+                        let peak = x.abs().max().maximum(&y.abs().max()).to_kind(x.kind());
+                        let given = given.iter().find(|(n, t)| n == name && t.size() == x.size());
+                        Some(given.map_or(peak.shallow_clone(), |(_, m)| m.abs().to_kind(x.kind()).maximum(&peak)))
+                    }
                     Scales::Given(given) => {
                         given.iter().find(|(n, t)| n == name && t.size() == x.size()).map(|(_, t)| t.shallow_clone())
                     }
@@ -557,6 +577,21 @@ mod tests {
         let y = f32::from_bits(1.0f32.to_bits() + 1);
         let c = Comparer::new("a", "b", &Tolerance::default(), None).derived(true).finish(&a, &trace(&[y]), true);
         assert_eq!(c.steps[0].verdict, Verdict::Diverged);
+    }
+
+    /// Where micro-batch gradients cancel, rounding is a few ulps of their magnitudes, many
+    /// of the small result: recorded magnitudes (`scale.*`) measure it there.
+    #[test]
+    fn recorded_magnitudes_measure_cancelled_gradients_at_their_terms() {
+        // 1.0 + (-0.999) in another order: off by an ulp of 1.0, ~10^3 ulps of 1e-3.
+        let (x, y) = (1e-3f32, 1e-3f32 + ulp(1.0));
+        let (a, b) = (trace(&[x, 0.5e-3]), trace(&[y, 0.5e-3]));
+        let tol = Tolerance { max_ulps: 16, rtol: 0.0, atol: 0.0 };
+        assert_eq!(compare("a", &a, "b", &b, &tol).steps[0].verdict, Verdict::Diverged);
+        let with_scales =
+            |t: Trace| Trace { scales: vec![vec![("w".into(), Tensor::from_slice(&[2.0f32, 1e-3]))]], ..t };
+        let c = compare("a", &with_scales(a), "b", &b, &tol);
+        assert_eq!((c.steps[0].verdict, c.steps[0].max_ulps), (Verdict::WithinTolerance, 1));
     }
 
     #[test]

@@ -2,12 +2,32 @@
 //! or come from finished traces (free-running): accumulation vs DDP, each run vs its
 //! golden, and the likely cause of a mismatch.
 
-use super::{diagnose, Comparer, Comparison, Diagnosis, Verdict};
-use crate::evidence::{Golden, Params, Trace};
-use crate::spec::Config;
+use std::path::PathBuf;
+
+use super::{diagnose, Comparer, Comparison, Context, Diagnosis, Verdict};
+use crate::evidence::{Golden, Params, Trace, TraceMeta};
+use crate::spec::{Config, Tolerance};
+
+/// What was judged: two runs ddp-verify trained, or two traces a user recorded.
+pub enum Subject {
+    Run(Config),
+    Traces(TracePair),
+}
+
+/// `compare A B`: the two files, what their headers say, and how they were judged.
+pub struct TracePair {
+    pub paths: [PathBuf; 2],
+    pub meta: [TraceMeta; 2],
+    pub tolerance: Tolerance,
+    pub plot: Option<PathBuf>,
+    /// Both traces carry per-step micro-batch magnitudes (`scale.<step>.<param>`).
+    pub magnitudes: bool,
+    /// Both carry each weight's largest magnitude during training (`peak.<param>`).
+    pub peaks: bool,
+}
 
 pub struct Outcome {
-    pub config: Config,
+    pub subject: Subject,
     pub accumulation: Trace,
     pub ddp: Trace,
     /// Accumulation vs DDP: the claim under test.
@@ -23,6 +43,29 @@ pub struct Outcome {
 impl Outcome {
     pub fn verdict(&self) -> Verdict {
         self.golden.iter().map(|c| c.verdict).fold(self.runs.verdict, Verdict::max)
+    }
+
+    /// The verification's config, when ddp-verify trained the runs.
+    pub fn config(&self) -> Option<&Config> {
+        match &self.subject {
+            Subject::Run(c) => Some(c),
+            Subject::Traces(_) => None,
+        }
+    }
+
+    /// The fixed tolerance (the runs may have been held to derived bounds instead).
+    pub fn tolerance(&self) -> &Tolerance {
+        match &self.subject {
+            Subject::Run(c) => &c.tolerance,
+            Subject::Traces(t) => &t.tolerance,
+        }
+    }
+
+    pub fn plot(&self) -> Option<&PathBuf> {
+        match &self.subject {
+            Subject::Run(c) => c.plot.as_ref(),
+            Subject::Traces(t) => t.plot.as_ref(),
+        }
     }
 }
 
@@ -93,7 +136,8 @@ impl Judging {
             }
             None => (Vec::new(), None),
         };
-        let diagnosis = diagnose(&accumulation, &ddp, &runs, &self.config.train);
-        Outcome { config: self.config, accumulation, ddp, runs, golden, golden_torch, diagnosis }
+        let diagnosis = diagnose(&accumulation, &ddp, &runs, &Context::of_run(&self.config.train));
+        let subject = Subject::Run(self.config);
+        Outcome { subject, accumulation, ddp, runs, golden, golden_torch, diagnosis }
     }
 }

@@ -4,8 +4,8 @@ use serde_json::{json, Value};
 
 use super::Exporter;
 use crate::evidence::Params;
-use crate::judge::Outcome;
 use crate::judge::Verdict;
+use crate::judge::{Outcome, Subject};
 
 /// Bumped whenever a field changes meaning or disappears.
 pub const JSON_SCHEMA_VERSION: u32 = 1;
@@ -31,20 +31,33 @@ pub fn json(o: &Outcome) -> Value {
         "schema_version": JSON_SCHEMA_VERSION,
         "tool_version": env!("CARGO_PKG_VERSION"),
         "libtorch_version": crate::evidence::golden::LIBTORCH_VERSION,
-        "config": o.config.train,
-        "device": o.config.train.device.name(),
-        "device_note": o.config.device_note,
-        "tolerance": o.config.tolerance,
-        "verdict": if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" },
-        "runs": o.runs,
-        "diagnosis": o.diagnosis,
-        "golden": o.golden,
     });
+    match &o.subject {
+        Subject::Run(cfg) => {
+            v["config"] = json!(cfg.train);
+            v["device"] = json!(cfg.train.device.name());
+            v["device_note"] = json!(cfg.device_note);
+        }
+        // `compare`: the files and their headers instead of a configuration.
+        Subject::Traces(pair) => {
+            let side = |i: usize| json!({ "path": pair.paths[i], "meta": pair.meta[i] });
+            v["traces"] = json!({
+                "left": side(0),
+                "right": side(1),
+                "magnitudes": pair.magnitudes,
+                "peaks": pair.peaks,
+            });
+        }
+    }
+    v["tolerance"] = json!(o.tolerance());
+    v["verdict"] = json!(if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" });
+    v["runs"] = json!(o.runs);
+    v["diagnosis"] = json!(o.diagnosis);
+    v["golden"] = json!(o.golden);
     // Every value of a ResNet's weights would make the report as large as the model: the
     // linear model's only. (Its traces hold them all, with --save-trace.)
-    if !o.config.train.model.is_resnet() {
-        v["final_weights"] =
-            json!({ "accumulation": finals_json(&o.accumulation.finals), "ddp": finals_json(&o.ddp.finals) });
+    if !super::describe::wide(o) {
+        v["final_weights"] = json!({ o.runs.left.clone(): finals_json(&o.accumulation.finals), o.runs.right.clone(): finals_json(&o.ddp.finals) });
     }
     v
 }

@@ -3,18 +3,14 @@
 
 use std::fmt::Write;
 
-use super::{fraction, num, ulps, Exporter};
+use super::{escape_xml, fraction, num, ulps, Exporter};
 use crate::judge::Outcome;
 use crate::judge::{Comparison, GroupDiff, Verdict};
 
 pub struct Junit;
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
-}
-
 fn case(s: &mut String, suite: &str, name: &str, g: &GroupDiff, o: &Outcome) {
-    let _ = write!(s, "    <testcase classname=\"ddp-verify.{}\" name=\"{}\"", escape(suite), escape(name));
+    let _ = write!(s, "    <testcase classname=\"ddp-verify.{}\" name=\"{}\"", escape_xml(suite), escape_xml(name));
     if g.verdict != Verdict::Diverged {
         let _ = writeln!(s, "/>");
         return;
@@ -41,8 +37,8 @@ fn case(s: &mut String, suite: &str, name: &str, g: &GroupDiff, o: &Outcome) {
     let _ = writeln!(
         s,
         ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
-        escape(&message),
-        escape(&worst.join("\n"))
+        escape_xml(&message),
+        escape_xml(&worst.join("\n"))
     );
 }
 
@@ -57,7 +53,7 @@ fn suite(s: &mut String, c: &Comparison, o: &Outcome) {
     let name = format!("{} vs {}", c.left, c.right);
     let count_mismatch = c.left_steps != c.right_steps;
     let (tests, failures) = counts(c);
-    let _ = writeln!(s, "  <testsuite name=\"{}\" tests=\"{tests}\" failures=\"{failures}\">", escape(&name));
+    let _ = writeln!(s, "  <testsuite name=\"{}\" tests=\"{tests}\" failures=\"{failures}\">", escape_xml(&name));
     let key = name.replace(' ', "-");
     for (i, g) in c.steps.iter().enumerate() {
         case(s, &key, &format!("step {i}"), g, o);
@@ -68,8 +64,8 @@ fn suite(s: &mut String, c: &Comparison, o: &Outcome) {
         let _ = writeln!(
             s,
             "    <testcase classname=\"ddp-verify.{}\" name=\"step count\">\n      <failure message=\"{}\"/>\n    </testcase>",
-            escape(&key),
-            escape(&msg)
+            escape_xml(&key),
+            escape_xml(&msg)
         );
     }
     let _ = writeln!(s, "  </testsuite>");

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use super::{fraction, num, summary, ulps, values, verdict_line, Exporter};
-use crate::judge::Outcome;
 use crate::judge::{GroupDiff, Verdict};
+use crate::judge::{Outcome, Subject};
 
 pub struct Markdown;
 
@@ -15,28 +15,14 @@ fn cells(g: &GroupDiff) -> String {
 
 impl Exporter for Markdown {
     fn render(&self, o: &Outcome) -> String {
-        let t = &o.config.train;
         let mut s = String::new();
         let ok = o.verdict() != Verdict::Diverged;
         let _ = writeln!(s, "### ddp-verify: {}\n", if ok { "✅ EQUIVALENT" } else { "❌ NOT EQUIVALENT" });
-        if t.model.is_resnet() {
-            let _ = writeln!(
-                s,
-                "{} ({}), N={} images {}x{}, {} classes, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}, seed {}.\n",
-                t.model.name(), t.dtype.name(), t.data_size, t.image_size, t.image_size, t.classes, t.batch_size,
-                t.acc_steps, t.gpus, t.epochs, t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-                t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.seed
-            );
-            let _ = writeln!(s, "Mode: {}.\n", super::mode(o));
-        } else {
-            let _ = writeln!(
-                s,
-                "Linear model{}, N={} D={}, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}.\n",
-                super::dtype_note(t), t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
-            );
-        }
-        if !o.config.device_note.is_empty() {
-            let _ = writeln!(s, "Device: {}, DDP ranks on {}.\n", o.config.device_note, super::engine(o));
+        match &o.subject {
+            Subject::Run(cfg) => super::describe::run_markdown(&mut s, cfg),
+            Subject::Traces(pair) => {
+                let _ = writeln!(s, "{}\n", super::describe::traces(o, pair).join("  \n"));
+            }
         }
         let _ = writeln!(s, "> {}\n", verdict_line(o));
         if let Some(d) = &o.diagnosis {
@@ -48,7 +34,7 @@ impl Exporter for Markdown {
             let _ = writeln!(s, "| {i} | {} |", cells(g));
         }
         let _ = writeln!(s, "| final weights | {} |\n", cells(&o.runs.finals));
-        if t.model.is_resnet() {
+        if super::describe::wide(o) {
             let mut worst: Vec<_> = o.runs.finals.tensors.iter().collect();
             super::worst_first(&mut worst);
             let _ = writeln!(s, "<details><summary>Final weights: the 5 furthest apart</summary>\n");

@@ -2,10 +2,12 @@
 //! layout): a table for people, JSON for machines, Markdown for a pull-request comment,
 //! JUnit XML for CI systems. `-` or no file means stdout.
 
+mod describe;
 mod json;
 mod junit;
 mod markdown;
 pub mod plot;
+pub mod suite;
 mod table;
 
 use std::io::Write as _;
@@ -50,24 +52,30 @@ pub fn check_targets(targets: &[ReportTarget], plot: Option<&PathBuf>, force: bo
 
 /// Writes the reports, and the plot when asked for.
 pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
-    let plot = o.config.plot.iter().map(|p| (Box::new(plot::Plot) as Box<dyn Exporter>, Some(p)));
+    let plot = o.plot().into_iter().map(|p| (Box::new(plot::Plot) as Box<dyn Exporter>, Some(p)));
     let reports = targets.iter().map(|t| (exporter(t.format), t.file()));
     for (exporter, file) in plot.chain(reports) {
-        let text = exporter.render(o);
-        match file {
-            Some(path) => {
-                std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))?
-            }
-            None => {
-                // A verdict nobody could read is a failure, not a pass (`> /dev/full`).
-                let mut out = std::io::stdout().lock();
-                out.write_all(text.as_bytes())
-                    .and_then(|()| out.flush())
-                    .map_err(|e| Error::io("writing the report to standard output", e))?;
-            }
-        }
+        emit(&exporter.render(o), file)?;
     }
     Ok(())
+}
+
+/// `text` to `file`, or to stdout.
+fn emit(text: &str, file: Option<&PathBuf>) -> Result<()> {
+    match file {
+        Some(path) => std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e)),
+        None => {
+            // A verdict nobody could read is a failure, not a pass (`> /dev/full`).
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(|e| Error::io("writing the report to standard output", e))
+        }
+    }
+}
+
+pub(crate) fn escape_xml(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
 }
 
 pub(crate) fn row(g: &GroupDiff) -> String {
@@ -101,7 +109,7 @@ pub(crate) fn worst_first(ds: &mut [&crate::judge::TensorDiff]) {
 
 /// What elements were held to, in words.
 pub(crate) fn bound_words(o: &Outcome) -> String {
-    let tol = &o.config.tolerance;
+    let tol = o.tolerance();
     if o.runs.derived {
         "the bound derived from the arithmetic (twice the rounding DDP's order and loss scaling can cause, per element)"
             .into()
@@ -188,49 +196,6 @@ pub(crate) fn values(t: &tch::Tensor) -> String {
     let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
     let more = if v.len() > 8 { format!(", ... ({} values)", v.len()) } else { String::new() };
     format!("[{}{more}]", shown.join(", "))
-}
-
-/// Which mode the runs used, and why.
-pub(crate) fn mode(o: &Outcome) -> String {
-    let t = &o.config.train;
-    if t.lockstep {
-        let why = if t.model.is_resnet() {
-            "the default for ResNets: a deep BatchNorm net amplifies float32 rounding about a million-fold per step, \
-             so free-running runs drift apart although they are equivalent; --free-running shows that drift"
-        } else {
-            "asked for with --lockstep"
-        };
-        format!(
-            "lockstep: before every optimizer step DDP restarts from the accumulation run's weights and BatchNorm \
-             buffers, so each step's difference is that step's arithmetic alone ({why})"
-        )
-    } else if t.model.is_resnet() {
-        let note = if t.dtype == crate::spec::Dtype::Float64 {
-            "float64 rounding is 2^29 times finer than float32's, so equivalent runs stay close"
-        } else {
-            "in float32 rounding differences grow step by step, so later steps may drift (use --lockstep or --dtype float64)"
-        };
-        format!("free-running: each run trains on its own ({note})")
-    } else {
-        "free-running".into()
-    }
-}
-
-/// " (bfloat16)" after the linear model's name; nothing for its float32 default.
-pub(crate) fn dtype_note(t: &crate::spec::TrainConfig) -> String {
-    if t.dtype == crate::spec::Dtype::Float32 {
-        String::new()
-    } else {
-        format!(" ({})", t.dtype.name())
-    }
-}
-
-/// The collective engine the DDP ranks used.
-pub(crate) fn engine(o: &Outcome) -> &'static str {
-    match o.config.train.device {
-        crate::spec::DeviceKind::Cpu => "Open MPI",
-        crate::spec::DeviceKind::Cuda => "NCCL",
-    }
 }
 
 /// Why BatchNorm buffers differ between the runs, with the counters as evidence.

@@ -47,11 +47,16 @@ pub fn svg(o: &Outcome) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let t = &o.config.train;
+    let what = match o.config() {
+        Some(cfg) => {
+            let t = &cfg.train;
+            format!("K={} vs W={}, N={}, B={}", t.acc_steps, t.gpus, t.data_size, t.batch_size)
+        }
+        None => "recorded traces".to_string(),
+    };
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="22" font-size="14">ddp-verify: worst difference per optimizer step, as a fraction of what was allowed (K={} vs W={}, N={}, B={})</text>"#,
-        t.acc_steps, t.gpus, t.data_size, t.batch_size
+        r#"<text x="{LEFT}" y="22" font-size="14">ddp-verify: worst difference per optimizer step, as a fraction of what was allowed ({what})</text>"#,
     );
     // Decades on the y axis.
     for e in lo as i32..=hi as i32 {

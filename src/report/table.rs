@@ -3,50 +3,23 @@
 use std::fmt::Write;
 
 use super::{num, row, summary, ulps, values, verdict_line, Exporter};
-use crate::judge::Outcome;
 use crate::judge::{GroupDiff, TensorDiff, Verdict};
+use crate::judge::{Outcome, Subject};
 
 pub struct Table;
 
 impl Exporter for Table {
     fn render(&self, o: &Outcome) -> String {
-        let t = &o.config.train;
         let mut s = String::new();
-        let onoff = |b: bool| if b { "on" } else { "off" };
-        if t.model.is_resnet() {
-            resnet_header(&mut s, o);
-        } else {
-            let _ = writeln!(
-                s,
-                "ddp-verify: linear model{}, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
-                 {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}{}",
-                super::dtype_note(t),
-                t.data_size,
-                t.features,
-                t.batch_size,
-                t.acc_steps,
-                t.gpus,
-                super::engine(o),
-                t.epochs,
-                t.lr,
-                t.momentum,
-                onoff(t.shuffle),
-                onoff(t.drop_last),
-                t.seed,
-                t.inject.map_or(String::new(), |b| format!(
-                    "\ninjected bug: {} (planted in the {} run)",
-                    b.name(),
-                    b.side()
-                ))
-            );
-            if t.lockstep {
-                let _ = writeln!(s, "mode: {}", super::mode(o));
+        match &o.subject {
+            Subject::Run(cfg) => super::describe::run_table(&mut s, o, cfg),
+            Subject::Traces(pair) => {
+                for line in super::describe::traces(o, pair) {
+                    let _ = writeln!(s, "{line}");
+                }
             }
         }
-        if !o.config.device_note.is_empty() {
-            let _ = writeln!(s, "device: {}", o.config.device_note);
-        }
-        let wide = t.model.is_resnet();
+        let wide = super::describe::wide(o);
         let _ = writeln!(s, "\nper optimizer step: {} vs {} gradients", o.runs.left, o.runs.right);
         let worst_col = if wide { "  worst tensor" } else { "" };
         let _ = writeln!(
@@ -127,53 +100,21 @@ impl Exporter for Table {
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "likely cause: {}", d.detail);
         }
-        if let (true, Some(dir)) = (o.config.bless, &o.config.golden) {
+        let cfg = o.config();
+        if let Some((true, Some(dir))) = cfg.map(|c| (c.bless, &c.golden)) {
             let done =
                 if o.verdict() == Verdict::Diverged { "NOT blessed: the runs are not equivalent" } else { "blessed" };
             let _ = writeln!(s, "golden {}: {done}", dir.display());
         }
-        if let (true, Some(dir)) = (o.golden.iter().any(|c| c.verdict == Verdict::Diverged), &o.config.golden) {
-            let cmd = format!("{} --golden {}", o.config.train.command(), dir.display());
+        if let Some((true, cfg, Some(dir))) =
+            cfg.map(|c| (o.golden.iter().any(|c| c.verdict == Verdict::Diverged), c, &c.golden))
+        {
+            let cmd = format!("{} --golden {}", cfg.train.command(), dir.display());
             let _ = writeln!(s, "inspect:  {cmd} --save-trace {}-inspect", dir.display());
             let _ = writeln!(s, "re-bless: {cmd} --bless   (only if the change is intended)");
         }
         s
     }
-}
-
-fn resnet_header(s: &mut String, o: &Outcome) {
-    let t = &o.config.train;
-    let onoff = |b: bool| if b { "on" } else { "off" };
-    let _ = writeln!(
-        s,
-        "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
-         K={} micro-batches per step vs W={} DDP ranks ({}), {} epochs{}, lr {}, momentum {}, weight decay {}, \
-         shuffle {}, drop_last {}, seed {}, init {}",
-        t.model.name(),
-        o.accumulation.finals.len(),
-        t.dtype.name(),
-        t.data_size,
-        t.image_size,
-        t.image_size,
-        t.classes,
-        t.batch_size,
-        t.acc_steps,
-        t.gpus,
-        super::engine(o),
-        t.epochs,
-        t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-        t.lr,
-        t.momentum,
-        t.weight_decay,
-        onoff(t.shuffle),
-        onoff(t.drop_last),
-        t.seed,
-        t.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
-    );
-    if let Some(b) = t.inject {
-        let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side());
-    }
-    let _ = writeln!(s, "mode: {}", super::mode(o));
 }
 
 /// The tensor that used most of its allowance in a group.

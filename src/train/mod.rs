@@ -175,6 +175,7 @@ impl<'a> Run<'a> {
             finals: snapshot(m.parameters().iter().map(|(n, p)| (n, p.shallow_clone()))),
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
+            ..Trace::default()
         })
     }
 

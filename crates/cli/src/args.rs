@@ -30,6 +30,10 @@ pub enum Command {
     Split(SplitArgs),
     /// Run many random configurations both ways on ranks started once; shrink failures.
     Explore(ExploreArgs),
+    /// Judge two recorded traces (from --save-trace or the ddp_verify_trace recorder) like a run.
+    Compare(CompareArgs),
+    /// Run the cases of a TOML file (CI gates); cases with the same W share ranks started once.
+    Suite(SuiteArgs),
     /// Show what --device can use here: CUDA driver and GPUs, NCCL, and what auto picks.
     Devices {
         /// DDP ranks that would share this machine.
@@ -85,12 +89,8 @@ pub struct RunArgs {
     /// Also check both runs against PyTorch's traces in DIR (e.g. golden/article).
     #[arg(long, value_name = "DIR")]
     pub golden: Option<PathBuf>,
-    /// Report format: table, json, markdown or junit; repeat for several.
-    #[arg(long, value_name = "FORMAT", value_parser = names::format)]
-    pub report: Vec<String>,
-    /// File for the report at the same position (`-` = stdout); repeat in --report's order.
-    #[arg(long, value_name = "PATH")]
-    pub report_file: Vec<PathBuf>,
+    #[command(flatten)]
+    pub reports: ReportArgs,
     /// Draw each comparison's per-step divergence (log scale, tolerance line) as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -149,6 +149,17 @@ pub struct NetArgs {
     pub device: String,
 }
 
+/// Where the verdict goes, the same for a run, `compare` and `suite`.
+#[derive(Args)]
+pub struct ReportArgs {
+    /// Report format: table, json, markdown or junit; repeat for several.
+    #[arg(long, value_name = "FORMAT", value_parser = names::format)]
+    pub report: Vec<String>,
+    /// File for the report at the same position (`-` = stdout); repeat in --report's order.
+    #[arg(long, value_name = "PATH")]
+    pub report_file: Vec<PathBuf>,
+}
+
 #[derive(Args)]
 pub struct ToleranceArgs {
     /// Largest distance in ulps (of the run's dtype) that counts as equal [default: 16].
@@ -189,6 +200,41 @@ pub struct ExploreArgs {
     /// Print the summary as JSON (every tally, per bug) instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub struct CompareArgs {
+    /// The accumulation trace (`.safetensors`), or a directory holding accumulation.safetensors and ddp.safetensors.
+    #[arg(value_name = "A")]
+    pub a: PathBuf,
+    /// The DDP trace; leave out when A is a directory.
+    #[arg(value_name = "B")]
+    pub b: Option<PathBuf>,
+    #[command(flatten)]
+    pub tolerance: ToleranceArgs,
+    #[command(flatten)]
+    pub reports: ReportArgs,
+    /// Draw each comparison's per-step divergence (log scale, tolerance line) as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Count a BatchNorm buffer mismatch as NOT EQUIVALENT.
+    #[arg(long)]
+    pub strict_buffers: bool,
+    /// Let --report-file and --plot replace existing files.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args)]
+pub struct SuiteArgs {
+    /// The cases: `[[case]]` tables with a `name` and long flag names without dashes as keys.
+    #[arg(value_name = "FILE.toml")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub reports: ReportArgs,
+    /// Let --report-file replace existing files.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args)]

@@ -5,11 +5,16 @@
 //! [`names`]; the library turns them into its own types.
 
 mod args;
+mod case;
 pub mod defaults;
 mod exit;
 pub mod names;
 
-pub use args::{Cli, Command, ExploreArgs, NetArgs, RunArgs, SplitArgs, SplitShape, ToleranceArgs, Verification};
+pub use args::{
+    Cli, Command, CompareArgs, ExploreArgs, NetArgs, ReportArgs, RunArgs, SplitArgs, SplitShape, SuiteArgs,
+    ToleranceArgs, Verification,
+};
+pub use case::{case_keys, parse_case, CaseError, CaseValue};
 /// `Cli::try_parse()` needs the trait in scope; the core takes it from here.
 pub use clap::Parser;
 pub use exit::{Exit, EXIT_CODES};

@@ -2,7 +2,6 @@
 //! each failure shrunk by proptest to a minimal reproducing command, and planted bugs
 //! tallied against the configurations they can change.
 
-mod pool;
 mod summary;
 
 use std::collections::BTreeMap;
@@ -14,10 +13,10 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 
-use self::pool::RankPool;
+use super::pool::RankPool;
 use crate::dist::{world as launch, Collective as _};
 use crate::error::{Error, Exit, Result};
-use crate::judge::{diagnose, Comparer, Diagnosis, Verdict};
+use crate::judge::{diagnose, Comparer, Context, Diagnosis, Verdict};
 use crate::plan::Effect;
 use crate::spec::{Bug, Dtype, ModelKind, ToleranceOverrides, TrainConfig};
 use crate::train::accumulation;
@@ -222,7 +221,7 @@ impl Runner<'_> {
         let tol = self.tol.tolerance(cfg.dtype, cfg.lockstep);
         let c =
             Comparer::new("accumulation", "ddp", &tol, None).derived(self.tol.derive(cfg)).finish(&acc, &ddp, false);
-        let diagnosis = diagnose(&acc, &ddp, &c, cfg);
+        let diagnosis = diagnose(&acc, &ddp, &c, &Context::of_run(cfg));
         let t = &mut self.timing;
         t.ddp += (t1 - t0).as_secs_f64();
         t.accumulation += (t2 - t1).as_secs_f64();

@@ -1,4 +1,4 @@
-//! Ranks started once and reused for many configurations (`explore`): rank 0 broadcasts
+//! Ranks started once and reused for many configurations (`explore`, `suite`): rank 0 broadcasts
 //! each job, and the ranks 0..W of a job's world size run it on a sub-communicator made
 //! once per W at start.
 
@@ -49,6 +49,16 @@ impl RankPool {
         }
         self.send(Some(cfg));
         self.run_share(cfg)?.ok_or_else(|| Error::Rank { rank: 0, problem: "rank 0 is outside its own job".into() })
+    }
+
+    /// Rank 0: both runs of `cfg` (DDP on the ranks, accumulation here): (accumulation, ddp).
+    pub fn both(&self, cfg: &TrainConfig) -> Result<(Trace, Trace)> {
+        let (acc, ddp) = self.lead(cfg)?;
+        let acc = match acc {
+            Some(acc) => acc,
+            None => crate::train::accumulation(cfg)?,
+        };
+        Ok((acc, ddp))
     }
 
     /// Rank 0: releases the other ranks.

@@ -1,0 +1,132 @@
+//! `ddp-verify compare A B`: two traces recorded elsewhere (a user's own loop through the
+//! `ddp_verify_trace` recorder, or `--save-trace`), judged and reported like a run.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Exit, Result};
+use crate::evidence::{Params, Trace};
+use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair, Verdict};
+use crate::spec::{Dtype, ReportTarget, ToleranceOverrides};
+
+pub struct CompareOptions {
+    /// The accumulation trace, then the DDP one (any two runs that should agree).
+    pub paths: [PathBuf; 2],
+    pub tolerance: ToleranceOverrides,
+    pub reports: Vec<ReportTarget>,
+    pub plot: Option<PathBuf>,
+    pub strict_buffers: bool,
+}
+
+pub fn command(opts: &CompareOptions) -> Result<Exit> {
+    let outcome = judge_traces(opts)?;
+    crate::report::write_all(&outcome, &opts.reports)?;
+    Ok(if outcome.verdict() == Verdict::Diverged { Exit::NotEquivalent } else { Exit::Equivalent })
+}
+
+/// Reads both traces, checks they line up, and judges them.
+pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
+    let [pa, pb] = &opts.paths;
+    let (mut a, mut b) = (Trace::load(pa)?, Trace::load(pb)?);
+    strip_ddp_prefix(&mut a, &b);
+    strip_ddp_prefix(&mut b, &a);
+    line_up(&a, &b, pa, pb)?;
+    let kind = a.finals[0].1.kind();
+    let dtype = Dtype::ALL.into_iter().find(|d| d.kind() == kind).unwrap_or(Dtype::Float32);
+    // Users' runs train on their own: the free-running tolerance of their dtype.
+    let tolerance = opts.tolerance.tolerance(dtype, false);
+    let labels = labels(pa, pb);
+    // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.
+    let kind_of = |t: &Trace| t.meta.get("run").cloned();
+    let same_kind = kind_of(&a).is_some() && kind_of(&a) == kind_of(&b);
+    let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None).finish(&a, &b, opts.strict_buffers || same_kind);
+    let meta_usize = |k: &str| [&a, &b].iter().find_map(|t| t.meta.get(k)?.parse::<usize>().ok());
+    let cx = Context {
+        steps_per_epoch: meta_usize("steps_per_epoch"),
+        eps: dtype.epsilon(),
+        // BatchNorm or many layers: deep enough to amplify rounding from step to step.
+        chaos_possible: !a.buffers.is_empty() || a.finals.len() > 4,
+        ours: false,
+    };
+    let diagnosis = diagnose(&a, &b, &runs, &cx);
+    let pair = TracePair {
+        paths: opts.paths.clone(),
+        meta: [a.meta.clone(), b.meta.clone()],
+        tolerance,
+        plot: opts.plot.clone(),
+        magnitudes: !a.scales.is_empty() && !b.scales.is_empty(),
+        peaks: !a.peaks.is_empty() && !b.peaks.is_empty(),
+    };
+    Ok(Outcome {
+        subject: Subject::Traces(pair),
+        accumulation: a,
+        ddp: b,
+        runs,
+        golden: Vec::new(),
+        golden_torch: None,
+        diagnosis,
+    })
+}
+
+/// What each side is called in reports: its file name without `.safetensors`, or the
+/// whole path where both have the same name.
+fn labels(a: &Path, b: &Path) -> [String; 2] {
+    let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let (sa, sb) = (stem(a), stem(b));
+    if sa != sb && !sa.is_empty() && !sb.is_empty() {
+        [sa, sb]
+    } else {
+        [a.display().to_string(), b.display().to_string()]
+    }
+}
+
+/// A DDP module's parameters are named `module.<name>` when recorded from the wrapper: where
+/// every name of `t` has that prefix and none of `other`'s, drop it.
+fn strip_ddp_prefix(t: &mut Trace, other: &Trace) {
+    const P: &str = "module.";
+    let all = |t: &Trace| t.finals.iter().all(|(n, _)| n.starts_with(P));
+    let none = |t: &Trace| !t.finals.iter().any(|(n, _)| n.starts_with(P));
+    if !(all(t) && none(other)) {
+        return;
+    }
+    let strip = |p: &mut Params| p.iter_mut().for_each(|(n, _)| *n = n[P.len()..].to_string());
+    t.steps.iter_mut().chain(t.scales.iter_mut()).for_each(strip);
+    [&mut t.finals, &mut t.peaks].into_iter().for_each(strip);
+    t.buffers.iter_mut().filter(|(n, _)| n.starts_with(P)).for_each(|(n, _)| *n = n[P.len()..].to_string());
+}
+
+/// Same steps, parameter names, shapes and dtypes; else the first mismatch, exit 2.
+fn line_up(a: &Trace, b: &Trace, pa: &Path, pb: &Path) -> Result<()> {
+    let refuse = |problem: String| {
+        Err(Error::bad_file(
+            pb,
+            format!("does not line up with {}: {problem}", pa.display()),
+            "record both runs of the same model with the same number of optimizer steps",
+        ))
+    };
+    if a.steps.len() != b.steps.len() {
+        return refuse(format!("{} optimizer steps there, {} here", a.steps.len(), b.steps.len()));
+    }
+    let groups = a.steps.iter().zip(&b.steps).enumerate().map(|(s, (x, y))| (format!("step {s}"), x, y));
+    let groups = groups.chain([("the final weights".to_string(), &a.finals, &b.finals)]).chain([(
+        "the buffers".to_string(),
+        &a.buffers,
+        &b.buffers,
+    )]);
+    for (what, x, y) in groups {
+        for (name, t) in x {
+            let Some((_, u)) = y.iter().find(|(n, _)| n == name) else {
+                return refuse(format!("{name} is in {what} there but not here"));
+            };
+            if t.size() != u.size() {
+                return refuse(format!("{what}: {name} has shape {:?} there, {:?} here", t.size(), u.size()));
+            }
+            if t.kind() != u.kind() {
+                return refuse(format!("{what}: {name} is {:?} there, {:?} here", t.kind(), u.kind()));
+            }
+        }
+        if let Some((name, _)) = y.iter().find(|(n, _)| !x.iter().any(|(m, _)| m == n)) {
+            return refuse(format!("{name} is in {what} here but not there"));
+        }
+    }
+    Ok(())
+}

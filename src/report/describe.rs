@@ -1,0 +1,205 @@
+//! What was judged, in words: a run's configuration (table and Markdown headers) or the two
+//! traces `compare` read, and how their elements were measured.
+
+use std::fmt::Write;
+
+use crate::judge::{Outcome, TracePair};
+use crate::spec::{Config, DeviceKind, Dtype, TrainConfig};
+
+/// Whether finals are shown as the worst tensors (a net) rather than every value (the
+/// linear model, or a trace of at most two small tensors).
+pub(crate) fn wide(o: &Outcome) -> bool {
+    match o.config() {
+        Some(cfg) => cfg.train.model.is_resnet(),
+        None => o.accumulation.finals.len() > 2 || o.accumulation.finals.iter().any(|(_, t)| t.numel() > 16),
+    }
+}
+
+fn onoff(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// The table's header for a run.
+pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
+    let t = &cfg.train;
+    let injected = |s: &mut String| {
+        if let Some(b) = t.inject {
+            let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side());
+        }
+    };
+    if t.model.is_resnet() {
+        let _ = writeln!(
+            s,
+            "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
+             K={} micro-batches per step vs W={} DDP ranks ({}), {} epochs{}, lr {}, momentum {}, weight decay {}, \
+             shuffle {}, drop_last {}, seed {}, init {}",
+            t.model.name(),
+            o.accumulation.finals.len(),
+            t.dtype.name(),
+            t.data_size,
+            t.image_size,
+            t.image_size,
+            t.classes,
+            t.batch_size,
+            t.acc_steps,
+            t.gpus,
+            engine(t),
+            t.epochs,
+            t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+            t.lr,
+            t.momentum,
+            t.weight_decay,
+            onoff(t.shuffle),
+            onoff(t.drop_last),
+            t.seed,
+            t.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
+        );
+        injected(s);
+        let _ = writeln!(s, "mode: {}", mode(t));
+    } else {
+        let _ = writeln!(
+            s,
+            "ddp-verify: linear model{}, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
+             {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}",
+            dtype_note(t),
+            t.data_size,
+            t.features,
+            t.batch_size,
+            t.acc_steps,
+            t.gpus,
+            engine(t),
+            t.epochs,
+            t.lr,
+            t.momentum,
+            onoff(t.shuffle),
+            onoff(t.drop_last),
+            t.seed,
+        );
+        injected(s);
+        if t.lockstep {
+            let _ = writeln!(s, "mode: {}", mode(t));
+        }
+    }
+    if !cfg.device_note.is_empty() {
+        let _ = writeln!(s, "device: {}", cfg.device_note);
+    }
+}
+
+/// The Markdown header for a run.
+pub(crate) fn run_markdown(s: &mut String, cfg: &Config) {
+    let t = &cfg.train;
+    if t.model.is_resnet() {
+        let _ = writeln!(
+            s,
+            "{} ({}), N={} images {}x{}, {} classes, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}, seed {}.\n",
+            t.model.name(), t.dtype.name(), t.data_size, t.image_size, t.image_size, t.classes, t.batch_size,
+            t.acc_steps, t.gpus, t.epochs, t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+            t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.seed
+        );
+        let _ = writeln!(s, "Mode: {}.\n", mode(t));
+    } else {
+        let _ = writeln!(
+            s,
+            "Linear model{}, N={} D={}, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}.\n",
+            dtype_note(t), t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
+        );
+    }
+    if !cfg.device_note.is_empty() {
+        let _ = writeln!(s, "Device: {}, DDP ranks on {}.\n", cfg.device_note, engine(t));
+    }
+}
+
+/// `compare`'s header: each trace, what its header says, and what elements were measured at.
+pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
+    let labels = [&o.runs.left, &o.runs.right];
+    let steps = [o.runs.left_steps, o.runs.right_steps];
+    let mut lines = vec!["ddp-verify compare: two recorded traces".to_string()];
+    for i in 0..2 {
+        let meta = &pair.meta[i];
+        let mut said = Vec::new();
+        match (meta.get("run").map(String::as_str), meta.get("world_size")) {
+            (Some("ddp"), Some(w)) => said.push(format!("DDP over W={w} ranks")),
+            (Some("single") | Some("accumulation"), _) => said.push("one process".to_string()),
+            (Some(other), _) => said.push(format!("run {other}")),
+            (None, _) => said.push("no header".to_string()),
+        }
+        if let Some(k) = meta.get("acc_steps") {
+            said.push(format!("K={k}"));
+        }
+        said.push(format!("{} steps", steps[i]));
+        if let Some(d) = meta.get("dtype") {
+            said.push(d.clone());
+        }
+        if let Some(by) = meta.get("written_by") {
+            said.push(by.clone());
+        } else if let Some(v) = meta.get("torch_version") {
+            said.push(format!("PyTorch {v}"));
+        }
+        lines.push(format!("  {:<12} {} ({})", labels[i], pair.paths[i].display(), said.join(", ")));
+    }
+    let tol = &pair.tolerance;
+    lines.push(format!(
+        "held to: the fixed tolerance, {} ulp or rel {:e} or abs {:e} (traces carry no bound derived from the arithmetic)",
+        tol.max_ulps, tol.rtol, tol.atol
+    ));
+    lines.push(format!(
+        "measured at: gradients, {}; final weights, {}",
+        if pair.magnitudes {
+            "the sum of the micro-batch gradients' magnitudes both traces recorded (or the tensor's largest value)"
+        } else {
+            "each tensor's largest value (the traces carry no micro-batch magnitudes)"
+        },
+        if pair.peaks {
+            "each weight's largest magnitude during training, as recorded"
+        } else {
+            "their own values (the traces carry no peak magnitudes)"
+        }
+    ));
+    lines
+}
+
+/// Which mode the runs used, and why.
+fn mode(t: &TrainConfig) -> String {
+    if t.lockstep {
+        let why = if t.model.is_resnet() {
+            "the default for ResNets: a deep BatchNorm net amplifies float32 rounding about a million-fold per step, \
+             so free-running runs drift apart although they are equivalent; --free-running shows that drift"
+        } else {
+            "asked for with --lockstep"
+        };
+        format!(
+            "lockstep: before every optimizer step DDP restarts from the accumulation run's weights and BatchNorm \
+             buffers, so each step's difference is that step's arithmetic alone ({why})"
+        )
+    } else if t.model.is_resnet() {
+        let note = if t.dtype == Dtype::Float64 {
+            "float64 rounding is 2^29 times finer than float32's, so equivalent runs stay close"
+        } else {
+            "in float32 rounding differences grow step by step, so later steps may drift (use --lockstep or --dtype float64)"
+        };
+        format!("free-running: each run trains on its own ({note})")
+    } else {
+        "free-running".into()
+    }
+}
+
+/// " (bfloat16)" after the linear model's name; nothing for its float32 default.
+fn dtype_note(t: &TrainConfig) -> String {
+    if t.dtype == Dtype::Float32 {
+        String::new()
+    } else {
+        format!(" ({})", t.dtype.name())
+    }
+}
+
+/// The collective engine the DDP ranks used.
+fn engine(t: &TrainConfig) -> &'static str {
+    match t.device {
+        DeviceKind::Cpu => "Open MPI",
+        DeviceKind::Cuda => "NCCL",
+    }
+}

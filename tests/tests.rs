@@ -6,6 +6,8 @@ mod util;
 
 #[path = "it/architecture.rs"]
 mod architecture;
+#[path = "it/ci_examples.rs"]
+mod ci_examples;
 #[path = "it/cli.rs"]
 mod cli;
 #[path = "it/compare.rs"]

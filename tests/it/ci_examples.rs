@@ -1,0 +1,67 @@
+//! The CI examples people copy (examples/ci): each parses, runs the suite, keeps its JUnit
+//! report even when the gate fails, and its suite command works as written.
+
+use std::process::Command;
+
+use serde_yaml::Value;
+
+use crate::util::{repo, stderr};
+
+fn yaml(path: &str) -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The shell lines of a list of commands or steps' `run`s.
+fn lines(v: &Value) -> Vec<String> {
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    v.as_sequence().into_iter().flatten().filter_map(|s| text(s).or_else(|| text(&s["run"]))).collect()
+}
+
+/// Runs the file's suite command with this build, in a scratch directory; returns the
+/// report file it names, read back.
+fn run_suite(line: &str) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| w.ends_with("ddp-verify") && !w.contains('/') || w.ends_with("/ddp-verify"));
+    let args = &words[at.expect("a ddp-verify command") + 1..];
+    assert_eq!(args[0], "suite", "{line}");
+    let report = args.windows(2).find(|w| w[0] == "--report-file").map(|w| w[1]).expect("a --report-file");
+    let t = tempfile::tempdir().unwrap();
+    let args: Vec<String> =
+        args.iter().map(|a| if a.ends_with(".toml") { repo(a).display().to_string() } else { a.to_string() }).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(&args).current_dir(t.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{line}: {}", stderr(&out));
+    let xml = std::fs::read_to_string(t.path().join(report)).unwrap();
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    assert!(doc.descendants().filter(|n| n.has_tag_name("testcase")).count() >= 10, "{xml}");
+    report.to_string()
+}
+
+#[test]
+fn the_github_actions_example_runs_the_suite_and_uploads_its_junit_report() {
+    let doc = yaml("examples/ci/github-actions.yml");
+    let job = &doc["jobs"]["equivalence"];
+    assert!(job["timeout-minutes"].as_u64().unwrap() <= 30);
+    let steps = job["steps"].as_sequence().unwrap();
+    let runs = lines(&job["steps"]);
+    assert!(runs.iter().any(|r| r.contains("scripts/setup.sh")), "{runs:?}");
+    let suite = steps.iter().find(|s| s["run"].as_str().is_some_and(|r| r.contains(" suite "))).expect("a suite step");
+    let report = run_suite(suite["run"].as_str().unwrap());
+    let dir = suite["working-directory"].as_str().unwrap_or(".");
+    let upload = steps.iter().find(|s| s["uses"].as_str().is_some_and(|u| u.starts_with("actions/upload-artifact")));
+    let upload = upload.expect("an upload step");
+    assert_eq!(upload["if"].as_str(), Some("always()"), "the report must be kept when the gate fails");
+    assert_eq!(upload["with"]["path"].as_str(), Some(format!("{dir}/{report}").as_str()));
+}
+
+#[test]
+fn the_gitlab_example_runs_the_suite_and_reports_junit() {
+    let doc = yaml("examples/ci/gitlab-ci.yml");
+    let job = &doc["ddp-verify"];
+    let setup = lines(&job["before_script"]);
+    assert!(setup.iter().any(|r| r.contains("scripts/setup.sh")), "{setup:?}");
+    let script = lines(&job["script"]);
+    let dir = script.iter().find_map(|l| l.strip_prefix("cd ")).unwrap_or(".");
+    let report = run_suite(script.iter().find(|l| l.contains(" suite ")).expect("a suite command"));
+    assert_eq!(job["artifacts"]["when"].as_str(), Some("always"), "the report must be kept when the gate fails");
+    assert_eq!(job["artifacts"]["reports"]["junit"].as_str(), Some(format!("{dir}/{report}").as_str()));
+}

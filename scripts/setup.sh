@@ -3,6 +3,7 @@
 #  - Open MPI (the CPU collective engine and rank launcher) and clang (bindgen for rsmpi)
 #  - a project-local virtualenv .venv with PyTorch 2.13.0 from PyPI: libtorch for tch 0.26,
 #    and the fixtures' reference scripts
+#  - the ddp_verify_trace recorder (python/, editable) and pytest for its tests
 #  - .libtorch -> the wheel's torch directory, which .cargo/config.toml points LIBTORCH at
 #  - libnccl.so beside the wheel's libnccl.so.2, the name cudarc opens for GPU runs
 set -euo pipefail
@@ -22,6 +23,16 @@ if ! .venv/bin/python -W ignore -c 'import torch, torchvision, safetensors; asse
   echo "setup: installing torch==2.13.0 into .venv (pip, about 1-2 minutes)"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r fixtures/requirements.txt
+fi
+
+# The recorder (python/) is installed editable, so .venv always runs python/'s source; install
+# it and pytest where either is missing, or the recorder installed is another checkout's.
+if ! .venv/bin/python -W ignore -c '
+import os, ddp_verify_trace, pytest
+assert os.path.realpath(ddp_verify_trace.__file__) == os.path.realpath("python/ddp_verify_trace/__init__.py")
+assert "pytest==" + pytest.__version__ in open("python/requirements-test.txt").read().split()' 2>/dev/null; then
+  echo "setup: installing the ddp_verify_trace recorder (editable) and pytest into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt -e ./python
 fi
 
 torch_dir=$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')

@@ -22,6 +22,8 @@ mod faults;
 mod golden_cases;
 #[path = "it/no_harm.rs"]
 mod no_harm;
+#[path = "it/own_loop.rs"]
+mod own_loop;
 #[path = "it/properties.rs"]
 mod properties;
 #[path = "it/readers.rs"]

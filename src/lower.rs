@@ -177,7 +177,7 @@ const SUITE_OWNS: [(&str, &str); 5] = [
     ("report-file", "the suite writes one report for every case: pass --report-file to ddp-verify suite"),
     ("plot", "a suite draws no plots: rerun the case alone with --plot"),
     ("bless", "a suite only checks: bless with a single run"),
-    ("timeout", "a suite's ranks run without a deadline, like explore's"),
+    ("timeout", "the suite has one deadline for all its cases: pass --timeout to ddp-verify suite"),
 ];
 
 /// `suite FILE.toml`: every case read, lowered like the command line and preflighted, so
@@ -248,7 +248,14 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
     }
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
-    Ok(Suite { file: file.clone(), cases, reports, progress: world::progress_wanted() })
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return Err(Error::bad_flag(
+            "--timeout",
+            format!("{} is not a positive number of seconds", args.timeout),
+            "pass e.g. --timeout 600",
+        ));
+    }
+    Ok(Suite { file: file.clone(), cases, reports, timeout_s: args.timeout, progress: world::progress_wanted() })
 }
 
 /// `split`'s flags: the sampling shape and the epoch, checked, and the plan's size.

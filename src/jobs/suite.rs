@@ -16,6 +16,8 @@ pub struct Suite {
     pub file: PathBuf,
     pub cases: Vec<SuiteCase>,
     pub reports: Vec<ReportTarget>,
+    /// Every case must be done by then, or every rank is stopped (exit 3).
+    pub timeout_s: f64,
     /// A line per case on stderr (a terminal).
     pub progress: bool,
 }
@@ -34,7 +36,8 @@ impl Suite {
 
 pub fn command(suite: &Suite) -> Result<Exit> {
     if !world::inside_mpi_world() {
-        return world::relaunch(suite.ranks(), std::env::args_os().skip(1), None);
+        let timeout = std::time::Duration::try_from_secs_f64(suite.timeout_s).unwrap_or(std::time::Duration::MAX);
+        return world::relaunch(suite.ranks(), std::env::args_os().skip(1), Some(timeout));
     }
     let rank = world::init_rank()?;
     world::fault_hooks(rank.comm.rank());

@@ -107,3 +107,13 @@ fn an_invalid_case_is_refused_naming_the_case_and_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("suite file does not exist"), "{}", stderr(&out));
 }
+
+/// One deadline for the whole suite: past it every rank is stopped, exit 3, nothing left.
+#[test]
+fn a_suite_past_its_timeout_is_stopped() {
+    let t = tempfile::tempdir().unwrap();
+    let file = suite_file(&t, "[[case]]\nname = \"slow\"\nmodel = \"resnet-tiny\"\ndata-size = 512\nepochs = 3\n");
+    let out = ddp_verify(&["suite", &file, "--timeout", "1"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("did not finish within --timeout 1 s"), "{}", stderr(&out));
+}

@@ -232,6 +232,9 @@ pub struct SuiteArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub reports: ReportArgs,
+    /// Seconds the whole suite may take before every rank is stopped (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S)]
+    pub timeout: f64,
     /// Let --report-file replace existing files.
     #[arg(long)]
     pub force: bool,

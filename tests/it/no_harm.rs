@@ -162,6 +162,36 @@ mod fuzz {
                 prop_assert_eq!(err.trim_end().lines().count(), 1, "{:?}: {}", a, err);
             }
         }
+
+        /// The same values as a suite case's keys (numbers bare where TOML reads them, else
+        /// strings, and switches): one line naming the case, or accepted.
+        #[test]
+        fn random_suite_cases_are_accepted_or_refused_in_one_line(a in args(), switch in any::<bool>()) {
+            let pairs: Vec<&[String]> = a.chunks(2).filter(|p| p.len() == 2 && p[0].starts_with("--")).collect();
+            let mut toml = format!("[[case]]\nname = \"fuzz\"\nshuffle = {switch}\n");
+            for p in &pairs {
+                let value = if p[1].parse::<i64>().is_ok() || p[1].parse::<f64>().is_ok_and(f64::is_finite) {
+                    p[1].clone()
+                } else {
+                    format!("{:?}", p[1])
+                };
+                toml += &format!("{} = {value}\n", p[0].trim_start_matches("--"));
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("suite.toml");
+            std::fs::write(&file, &toml).unwrap();
+            let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify-core"))
+                .args(["suite", file.to_str().unwrap()])
+                .env("DDP_VERIFY_TEST_VALIDATE_ONLY", "1")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            prop_assert!(!err.contains("panicked"), "{toml}: {err}");
+            prop_assert!(matches!(out.status.code(), Some(0 | 2)), "{toml}: {:?} {err}", out.status);
+            if out.status.code() == Some(2) {
+                prop_assert_eq!(err.trim_end().lines().count(), 1, "{}: {}", toml, err);
+            }
+        }
     }
 }
 

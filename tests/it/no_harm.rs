@@ -150,17 +150,7 @@ mod fuzz {
         #![proptest_config(crate::util::proptest_config(24))]
         #[test]
         fn random_flag_values_are_accepted_or_refused_in_one_line(a in args()) {
-            let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify-core"))
-                .args(&a)
-                .env("DDP_VERIFY_TEST_VALIDATE_ONLY", "1")
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
-            prop_assert!(!err.contains("panicked"), "{a:?}: {err}");
-            prop_assert!(matches!(out.status.code(), Some(0 | 2)), "{a:?}: {:?} {err}", out.status);
-            if out.status.code() == Some(2) {
-                prop_assert_eq!(err.trim_end().lines().count(), 1, "{:?}: {}", a, err);
-            }
+            accepted_or_refused_in_one_line(&a, &format!("{a:?}"))?;
         }
 
         /// The same values as a suite case's keys (numbers bare where TOML reads them, else
@@ -180,18 +170,24 @@ mod fuzz {
             let dir = tempfile::tempdir().unwrap();
             let file = dir.path().join("suite.toml");
             std::fs::write(&file, &toml).unwrap();
-            let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify-core"))
-                .args(["suite", file.to_str().unwrap()])
-                .env("DDP_VERIFY_TEST_VALIDATE_ONLY", "1")
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
-            prop_assert!(!err.contains("panicked"), "{toml}: {err}");
-            prop_assert!(matches!(out.status.code(), Some(0 | 2)), "{toml}: {:?} {err}", out.status);
-            if out.status.code() == Some(2) {
-                prop_assert_eq!(err.trim_end().lines().count(), 1, "{}: {}", toml, err);
-            }
+            accepted_or_refused_in_one_line(&["suite".to_string(), file.display().to_string()], &toml)?;
         }
+    }
+
+    /// Exit 0, or exit 2 in one line; never a panic. `what` names the input in a failure.
+    fn accepted_or_refused_in_one_line(args: &[String], what: &str) -> Result<(), TestCaseError> {
+        let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify-core"))
+            .args(args)
+            .env("DDP_VERIFY_TEST_VALIDATE_ONLY", "1")
+            .output();
+        let out = out.unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        prop_assert!(!err.contains("panicked"), "{what}: {err}");
+        prop_assert!(matches!(out.status.code(), Some(0 | 2)), "{what}: {:?} {err}", out.status);
+        if out.status.code() == Some(2) {
+            prop_assert_eq!(err.trim_end().lines().count(), 1, "{}: {}", what, err);
+        }
+        Ok(())
     }
 }
 

@@ -89,13 +89,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         strict_buffers: n.strict_buffers,
         device_note: device.note,
     };
-    if !(cfg.timeout_s.is_finite() && cfg.timeout_s > 0.0) {
-        return Err(Error::bad_flag(
-            "--timeout",
-            format!("{} is not a positive number of seconds", cfg.timeout_s),
-            "pass e.g. --timeout 600",
-        ));
-    }
+    check_timeout(cfg.timeout_s)?;
     plan::checks::check_train(&cfg.train)?;
     check_tolerance(&cfg.tolerance)?;
     Ok(cfg)
@@ -162,10 +156,7 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
     if std::fs::canonicalize(&paths[0]).ok() == std::fs::canonicalize(&paths[1]).ok() {
         return Err(Error::bad_file(&paths[1], "is the same file as A", "compare two different runs' traces"));
     }
-    let tolerance = overrides(&args.tolerance);
-    for dtype in Dtype::ALL {
-        check_tolerance(&tolerance.tolerance(dtype, false))?;
-    }
+    let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
     Ok(CompareOptions { paths, tolerance, reports, plot: args.plot.clone(), strict_buffers: args.strict_buffers })
@@ -248,13 +239,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
     }
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        return Err(Error::bad_flag(
-            "--timeout",
-            format!("{} is not a positive number of seconds", args.timeout),
-            "pass e.g. --timeout 600",
-        ));
-    }
+    check_timeout(args.timeout)?;
     Ok(Suite { file: file.clone(), cases, reports, timeout_s: args.timeout, progress: world::progress_wanted() })
 }
 
@@ -297,10 +282,7 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
             "pass a file path",
         ));
     }
-    let tolerance = overrides(&args.tolerance);
-    for dtype in Dtype::ALL {
-        check_tolerance(&tolerance.tolerance(dtype, false))?;
-    }
+    let tolerance = checked_overrides(&args.tolerance)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
     });
@@ -337,6 +319,26 @@ fn known<T>(flag: &'static str, value: &str, parse: impl Fn(&str) -> Option<T>) 
 
 fn overrides(t: &ToleranceArgs) -> ToleranceOverrides {
     ToleranceOverrides { max_ulps: t.max_ulps, rtol: t.rtol, atol: t.atol }
+}
+
+/// `--max-ulps/--rtol/--atol` checked for every dtype (explore and compare meet any).
+fn checked_overrides(t: &ToleranceArgs) -> Result<ToleranceOverrides> {
+    let o = overrides(t);
+    for dtype in Dtype::ALL {
+        check_tolerance(&o.tolerance(dtype, false))?;
+    }
+    Ok(o)
+}
+
+fn check_timeout(seconds: f64) -> Result<()> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(Error::bad_flag(
+            "--timeout",
+            format!("{seconds} is not a positive number of seconds"),
+            "pass e.g. --timeout 600",
+        ));
+    }
+    Ok(())
 }
 
 fn shape(s: &SplitShape, features: Option<usize>, epochs: usize, lr: f64, momentum: f64) -> TrainConfig {

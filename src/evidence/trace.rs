@@ -95,6 +95,18 @@ impl Trace {
         if finals.is_empty() {
             return Err(Error::bad_file(path, "no final.<param> tensors", fix));
         }
+        // Magnitudes scale what a difference may be: a NaN or infinite one would let any
+        // difference pass, so it is refused, never trusted.
+        let magnitudes = peaks
+            .iter()
+            .map(|p| ("peak", 0, p))
+            .chain(scales.iter().flat_map(|(s, ps)| ps.iter().map(move |p| ("scale", *s, p))));
+        for (prefix, step, (name, t)) in magnitudes {
+            if t.numel() > 0 && t.isfinite().all().int64_value(&[]) == 0 {
+                let name = if prefix == "peak" { format!("peak.{name}") } else { format!("scale.{step}.{name}") };
+                return Err(Error::bad_file(path, format!("{name} holds NaN or Inf; magnitudes must be finite"), fix));
+            }
+        }
         if let Some(s) = scales.keys().find(|s| !steps.contains_key(s)) {
             return Err(Error::bad_file(path, format!("scale.{s}.* has no grads.{s}.* beside it"), fix));
         }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{Params, Trace};
-use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair, Verdict};
+use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair};
 use crate::spec::{Dtype, ReportTarget, ToleranceOverrides};
 
 pub struct CompareOptions {
@@ -20,7 +20,7 @@ pub struct CompareOptions {
 pub fn command(opts: &CompareOptions) -> Result<Exit> {
     let outcome = judge_traces(opts)?;
     crate::report::write_all(&outcome, &opts.reports)?;
-    Ok(if outcome.verdict() == Verdict::Diverged { Exit::NotEquivalent } else { Exit::Equivalent })
+    Ok(outcome.exit())
 }
 
 /// Reads both traces, checks they line up, and judges them.

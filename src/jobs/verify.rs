@@ -31,7 +31,7 @@ pub fn command(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<()>) -> R
     crate::profile::mark("outcome");
     crate::report::write_all(&outcome, &cfg.reports)?;
     crate::profile::mark("reported");
-    Ok(if outcome.verdict() == Verdict::Diverged { Exit::NotEquivalent } else { Exit::Equivalent })
+    Ok(outcome.exit())
 }
 
 /// Inside an MPI world (ours, started by `ddp-verify`, or a user's `mpirun`): every

@@ -45,6 +45,25 @@ impl Outcome {
         self.golden.iter().map(|c| c.verdict).fold(self.runs.verdict, Verdict::max)
     }
 
+    /// 0 equivalent, 1 not: what a verification or `compare` exits with.
+    pub fn exit(&self) -> crate::error::Exit {
+        use crate::error::Exit;
+        if self.verdict() == Verdict::Diverged {
+            Exit::NotEquivalent
+        } else {
+            Exit::Equivalent
+        }
+    }
+
+    /// The verdict as reports name it.
+    pub fn verdict_word(&self) -> &'static str {
+        if self.verdict() == Verdict::Diverged {
+            "not-equivalent"
+        } else {
+            "equivalent"
+        }
+    }
+
     /// The verification's config, when ddp-verify trained the runs.
     pub fn config(&self) -> Option<&Config> {
         match &self.subject {

@@ -4,7 +4,6 @@ use serde_json::{json, Value};
 
 use super::Exporter;
 use crate::evidence::Params;
-use crate::judge::Verdict;
 use crate::judge::{Outcome, Subject};
 
 /// Bumped whenever a field changes meaning or disappears.
@@ -50,7 +49,7 @@ pub fn json(o: &Outcome) -> Value {
         }
     }
     v["tolerance"] = json!(o.tolerance());
-    v["verdict"] = json!(if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" });
+    v["verdict"] = json!(o.verdict_word());
     v["runs"] = json!(o.runs);
     v["diagnosis"] = json!(o.diagnosis);
     v["golden"] = json!(o.golden);

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{escape_xml, verdict_line};
 use crate::error::Result;
-use crate::judge::{Diagnosis, Outcome, Verdict};
+use crate::judge::{Diagnosis, Outcome};
 use crate::spec::{Format, ReportTarget};
 
 #[derive(Serialize)]
@@ -45,7 +45,7 @@ impl CaseResult {
             name: name.into(),
             command: train.command(),
             gpus: train.gpus,
-            verdict: if o.verdict() == Verdict::Diverged { "not-equivalent" } else { "equivalent" },
+            verdict: o.verdict_word(),
             summary: verdict_line(o),
             diagnosis: o.diagnosis.clone(),
             worst_fraction: all.map(|c| c.worst_fraction).fold(0.0, f64::max),

@@ -2,6 +2,7 @@
 //! `--save-trace`, from real PyTorch's goldens, and refused when they do not line up.
 
 use std::path::Path;
+use std::process::Command;
 
 use crate::util::{ddp_verify, flags, repo, stderr, stdout};
 
@@ -112,4 +113,28 @@ fn traces_that_do_not_line_up_are_refused_naming_the_first_mismatch() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("give the DDP trace as a second argument"), "{}", stderr(&out));
     assert!(Path::new(&acc(&two)).exists());
+}
+
+/// Recorded magnitudes widen what a difference may be: a NaN or Inf among them would let any
+/// difference pass, so such a trace is refused (exit 2), even for runs that differ.
+#[test]
+fn non_finite_magnitudes_are_refused_not_trusted() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dir(&t, "bug");
+    ddp_verify(&["--save-trace", &d, "--inject", "no-loss-scale"]);
+    for (name, bad) in [("scale.0.linear.weight", "nan"), ("peak.linear.weight", "inf")] {
+        let edited = dir(&t, &format!("{name}.safetensors"));
+        let script = format!(
+            "from safetensors.torch import load_file, save_file\n\
+             t = load_file('{d}/ddp.safetensors')\n\
+             for s in range(2): t[f'scale.{{s}}.linear.weight'] = t[f'grads.{{s}}.linear.weight'].abs()\n\
+             t['{name}'] = t['{name}'].fill_(float('{bad}'))\n\
+             save_file(t, '{edited}')\n"
+        );
+        let py = Command::new(repo(".venv/bin/python")).args(["-c", &script]).output().unwrap();
+        assert!(py.status.success(), "{}", stderr(&py));
+        let out = ddp_verify(&["compare", &format!("{d}/accumulation.safetensors"), &edited]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stdout(&out));
+        assert!(stderr(&out).contains(&format!("{name} holds NaN or Inf")), "{}", stderr(&out));
+    }
 }

@@ -19,7 +19,8 @@ use crate::jobs::explore::ExploreOptions;
 use crate::jobs::suite::{Suite, SuiteCase};
 use crate::plan;
 use crate::spec::{
-    Bug, Config, DeviceRequest, Dtype, Format, ModelKind, ReportTarget, Tolerance, ToleranceOverrides, TrainConfig,
+    Bug, Config, DeviceRequest, Dtype, Format, ModelKind, PartialWindow, ReportTarget, Tolerance, ToleranceOverrides,
+    TrainConfig,
 };
 use crate::train::{data, models};
 
@@ -65,9 +66,17 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         weight_decay: n.weight_decay,
         max_steps: n.max_steps,
         dtype: known("--dtype", &n.dtype, Dtype::parse)?,
-        // Deep BatchNorm nets are chaotic in float32: lockstep unless asked otherwise.
-        lockstep: n.lockstep || (model.is_resnet() && !n.free_running),
+        // Deep nets carry rounding from step to step: lockstep unless asked otherwise.
+        lockstep: n.lockstep || (model.is_deep() && !n.free_running),
         init: n.init.clone(),
+        vocab: n.vocab,
+        seq_len: n.seq_len,
+        min_len: n.min_len,
+        partial_window: match &n.partial_window {
+            Some(p) => known("--partial-window", p, PartialWindow::parse)?,
+            None => PartialWindow::default_for(model),
+        },
+        big_batch: !n.no_big_batch,
         ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
     };
     // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
@@ -90,6 +99,14 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         device_note: device.note,
     };
     check_timeout(cfg.timeout_s)?;
+    if n.big_batch && !model.has_big_batch() {
+        return Err(Error::bad_flag(
+            "--big-batch",
+            "a ResNet's BatchNorm normalises each micro-batch by its own statistics, so one batch of K·B \
+             samples is a different computation, not a reference for accumulation",
+            "drop --big-batch; accumulation vs DDP is the comparison for ResNets",
+        ));
+    }
     plan::checks::check_train(&cfg.train)?;
     check_tolerance(&cfg.tolerance)?;
     Ok(cfg)
@@ -287,17 +304,27 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
     });
     let models = match args.model.as_str() {
-        "all" => vec![ModelKind::Linear, ModelKind::ResnetTiny],
+        "all" => vec![ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::TinyLm],
         "linear" => vec![ModelKind::Linear],
         "resnet-tiny" => vec![ModelKind::ResnetTiny],
+        "tiny-lm" => vec![ModelKind::TinyLm],
         other => {
             return Err(Error::bad_flag(
                 "--model",
-                format!("explore draws linear or resnet-tiny configurations, not '{other}'"),
-                "pass --model linear, resnet-tiny or all",
+                format!("explore draws linear, resnet-tiny or tiny-lm configurations, not '{other}'"),
+                "pass --model linear, resnet-tiny, tiny-lm or all",
             ))
         }
     };
+    // `--inject all` passes over each bug on the models that can carry it; one named must fit.
+    let named = args.inject.as_deref() != Some("all");
+    if let Some(b) = bugs.iter().flatten().find(|b| named && !models.iter().any(|&m| b.applies_to(m))) {
+        return Err(Error::bad_flag(
+            "--inject",
+            format!("{} applies to none of the models drawn ({})", b.name(), args.model),
+            "pass --model tiny-lm for the token-count bugs, linear or resnet-tiny for no-loss-scale and double-scale",
+        ));
+    }
     Ok(ExploreOptions {
         models,
         cases: args.cases,

@@ -40,5 +40,7 @@ mod sampler;
 mod sgd;
 #[path = "it/suite.rs"]
 mod suite;
+#[path = "it/tiny_lm.rs"]
+mod tiny_lm;
 #[path = "it/trust.rs"]
 mod trust;

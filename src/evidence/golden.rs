@@ -49,7 +49,12 @@ pub struct Golden {
     pub meta: GoldenMeta,
     pub accumulation: Trace,
     pub ddp: Trace,
+    /// PyTorch's big batch, where the golden has one (`big_batch.safetensors`).
+    pub big_batch: Option<Trace>,
 }
+
+/// The optional third trace of a golden.
+pub const BIG_BATCH_FILE: &str = "big_batch.safetensors";
 
 const FILES: [&str; 3] = ["config.json", "accumulation.safetensors", "ddp.safetensors"];
 
@@ -85,7 +90,15 @@ impl Golden {
         for (file, trace) in [(FILES[1], &accumulation), (FILES[2], &ddp)] {
             check_layout(&dir.join(file), trace, train, shapes, meta.sample)?;
         }
-        Ok(Golden { dir: dir.into(), meta, accumulation, ddp })
+        let big_path = dir.join(BIG_BATCH_FILE);
+        let big_batch = match big_path.exists() {
+            true => Some(Trace::load(&big_path)?),
+            false => None,
+        };
+        if let Some(big) = &big_batch {
+            check_layout(&big_path, big, train, shapes, meta.sample)?;
+        }
+        Ok(Golden { dir: dir.into(), meta, accumulation, ddp, big_batch })
     }
 }
 
@@ -254,7 +267,8 @@ fn first_difference(golden: &TrainConfig, ours: &TrainConfig) -> Option<(String,
     // of the JSON, so a key on one side only is a difference too.
     let keys = g.keys().chain(o.keys().filter(|k| !g.contains_key(*k)));
     let show = |v: Option<&serde_json::Value>| v.map_or("(default)".to_string(), |x| x.to_string());
-    keys.filter(|k| k.as_str() != "init")
+    // Whether the big batch also ran says nothing about the two runs a golden holds.
+    keys.filter(|k| !["init", "big_batch"].contains(&k.as_str()))
         .find(|k| g.get(*k) != o.get(*k))
         .map(|k| (format!("--{}", k.replace('_', "-")), show(g.get(k)), show(o.get(k))))
 }

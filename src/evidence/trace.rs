@@ -36,6 +36,8 @@ pub struct Trace {
     pub allowed: Vec<Params>,
     /// Likewise for the final weights.
     pub allowed_finals: Params,
+    /// The accumulation run's: what rounding may make the big batch's gradients differ by.
+    pub allowed_big: Vec<Params>,
     /// Per step and element, the sum of |micro-batch gradient| that made the step's gradient
     /// (recorded by `ddp_verify_trace`): rounding is relative to it where terms cancel.
     pub scales: Vec<Params>,
@@ -165,6 +167,7 @@ impl Trace {
             peaks: share(&self.peaks),
             allowed: Vec::new(),
             allowed_finals: share(&self.allowed_finals),
+            allowed_big: Vec::new(),
             scales: Vec::new(),
             meta: self.meta.clone(),
         }

@@ -40,12 +40,11 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     let same_kind = kind_of(&a).is_some() && kind_of(&a) == kind_of(&b);
     let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None).finish(&a, &b, opts.strict_buffers || same_kind);
     let meta_usize = |k: &str| [&a, &b].iter().find_map(|t| t.meta.get(k)?.parse::<usize>().ok());
+    // BatchNorm or many layers: deep enough to amplify rounding from step to step.
+    let chaos_possible = !a.buffers.is_empty() || a.finals.len() > 4;
     let cx = Context {
         steps_per_epoch: meta_usize("steps_per_epoch"),
-        eps: dtype.epsilon(),
-        // BatchNorm or many layers: deep enough to amplify rounding from step to step.
-        chaos_possible: !a.buffers.is_empty() || a.finals.len() > 4,
-        ours: false,
+        ..Context::of_traces(dtype.epsilon(), chaos_possible)
     };
     let diagnosis = diagnose(&a, &b, &runs, &cx);
     let pair = TracePair {
@@ -61,6 +60,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         accumulation: a,
         ddp: b,
         runs,
+        big_batch: None,
         golden: Vec::new(),
         golden_torch: None,
         diagnosis,

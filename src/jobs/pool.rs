@@ -10,6 +10,17 @@ use crate::error::{Error, Result};
 use crate::evidence::Trace;
 use crate::spec::TrainConfig;
 
+/// Rank 0's share of a job: the DDP trace, and in lockstep also the accumulation run's
+/// and the big batch's, which run beside it.
+type Share = (Option<(Trace, Option<Trace>)>, Trace);
+
+/// A job's traces, on rank 0.
+pub struct Runs {
+    pub accumulation: Trace,
+    pub ddp: Trace,
+    pub big: Option<Trace>,
+}
+
 pub struct RankPool {
     world: SimpleCommunicator,
     /// `subs[w - 1]`: ranks 0..w, present on the ranks inside it.
@@ -39,7 +50,7 @@ impl RankPool {
 
     /// Rank 0: hands `cfg` to the ranks and runs rank 0's share; returns the DDP trace, and
     /// for a lockstep job also the accumulation run's (which lockstep runs beside it).
-    pub fn lead(&self, cfg: &TrainConfig) -> Result<(Option<Trace>, Trace)> {
+    pub fn lead(&self, cfg: &TrainConfig) -> Result<Share> {
         if cfg.gpus > self.size() {
             return Err(Error::bad_flag(
                 "--max-gpus",
@@ -51,14 +62,17 @@ impl RankPool {
         self.run_share(cfg)?.ok_or_else(|| Error::Rank { rank: 0, problem: "rank 0 is outside its own job".into() })
     }
 
-    /// Rank 0: both runs of `cfg` (DDP on the ranks, accumulation here): (accumulation, ddp).
-    pub fn both(&self, cfg: &TrainConfig) -> Result<(Trace, Trace)> {
+    /// Rank 0: every run of `cfg` (DDP on the ranks, accumulation and the big batch here).
+    pub fn both(&self, cfg: &TrainConfig) -> Result<Runs> {
         let (acc, ddp) = self.lead(cfg)?;
-        let acc = match acc {
+        let (accumulation, big) = match acc {
             Some(acc) => acc,
-            None => crate::train::accumulation(cfg)?,
+            None => {
+                let big = cfg.with_big_batch().then(|| crate::train::big_batch(cfg)).transpose()?;
+                (crate::train::accumulation(cfg)?, big)
+            }
         };
-        Ok((acc, ddp))
+        Ok(Runs { accumulation, ddp, big })
     }
 
     /// Rank 0: releases the other ranks.
@@ -79,23 +93,34 @@ impl RankPool {
         self.subs.iter().flatten().map(Mpi::comm_seconds).sum()
     }
 
-    fn run_share(&self, cfg: &TrainConfig) -> Result<Option<(Option<Trace>, Trace)>> {
+    fn run_share(&self, cfg: &TrainConfig) -> Result<Option<Share>> {
         let Some(comm) = &self.subs[cfg.gpus - 1] else { return Ok(None) };
         if !cfg.lockstep {
             return crate::train::ddp_rank(cfg, comm).map(|ddp| Some((None, ddp)));
         }
         let (mut acc_steps, mut ddp_steps, mut allowed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut big_steps, mut allowed_big) = (Vec::new(), Vec::new());
         let mut keep = |_: usize, s: crate::train::StepGrads| {
             acc_steps.push(s.accumulation);
             ddp_steps.push(s.ddp);
             allowed.push(s.allowed);
+            if let Some((b, a)) = s.big {
+                big_steps.push(b);
+                allowed_big.push(a);
+            }
             Ok(())
         };
         Ok(match crate::train::lockstep(cfg, comm, &mut keep)? {
-            Some((acc, ddp)) => {
+            Some((acc, ddp, big)) => {
                 let nonempty = |v: Vec<crate::evidence::Params>| v.into_iter().filter(|p| !p.is_empty()).collect();
-                let acc = Trace { steps: nonempty(acc_steps), allowed: nonempty(allowed), ..acc };
-                Some((Some(acc), Trace { steps: nonempty(ddp_steps), ..ddp }))
+                let acc = Trace {
+                    steps: nonempty(acc_steps),
+                    allowed: nonempty(allowed),
+                    allowed_big: nonempty(allowed_big),
+                    ..acc
+                };
+                let big = big.map(|b| Trace { steps: nonempty(big_steps), ..b });
+                Some((Some((acc, big)), Trace { steps: nonempty(ddp_steps), ..ddp }))
             }
             None => Some((None, Trace::default())),
         })

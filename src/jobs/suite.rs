@@ -67,9 +67,9 @@ fn run_cases(suite: &Suite, pool: &RankPool) -> Result<SuiteReport> {
         let t0 = Instant::now();
         let cfg = &case.config;
         let golden = verify::load_golden(cfg)?;
-        let (mut acc, mut ddp) = pool.both(&cfg.train)?;
-        verify::stamp(&cfg.train, &mut acc, &mut ddp);
-        let outcome = verify::after(cfg, verify::assemble(cfg, acc, ddp, golden), false)?;
+        let mut runs = pool.both(&cfg.train)?;
+        verify::stamp(&cfg.train, &mut runs.accumulation, &mut runs.ddp);
+        let outcome = verify::after(cfg, verify::assemble(cfg, runs.accumulation, runs.ddp, runs.big, golden), false)?;
         let result = CaseResult::new(&case.name, &outcome, t0.elapsed().as_secs_f64());
         if suite.progress {
             eprintln!(

@@ -76,18 +76,21 @@ fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Resu
         train::ddp_rank(&cfg.train, comm.as_ref())?;
         return Ok(None);
     }
-    // Free-running, the two runs share nothing until compared: side by side.
+    // Free-running, the runs share nothing until compared: DDP beside accumulation, then
+    // the big batch.
     let (accumulation, ddp) = std::thread::scope(|scope| {
         let accumulation = scope.spawn(|| {
             world::pin_threads();
-            train::accumulation(&cfg.train)
+            let acc = train::accumulation(&cfg.train)?;
+            let big = cfg.train.with_big_batch().then(|| train::big_batch(&cfg.train)).transpose()?;
+            Ok::<_, Error>((acc, big))
         });
         let ddp = train::ddp_rank(&cfg.train, comm.as_ref());
         (accumulation.join().expect("the accumulation thread does not panic"), ddp)
     });
-    let (mut accumulation, mut ddp) = (accumulation?, ddp?);
+    let ((mut accumulation, big), mut ddp) = (accumulation?, ddp?);
     stamp(&cfg.train, &mut accumulation, &mut ddp);
-    after(cfg, assemble(cfg, accumulation, ddp, golden), false).map(Some)
+    after(cfg, assemble(cfg, accumulation, ddp, big, golden), false).map(Some)
 }
 
 /// The header `--save-trace` files carry, in the recorder's keys, so `compare` can say
@@ -127,10 +130,10 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result
         }
         None => None,
     };
-    let (mut kept_acc, mut kept_ddp) = (Vec::new(), Vec::new());
+    let (mut kept_acc, mut kept_ddp, mut kept_big) = (Vec::new(), Vec::new(), Vec::new());
     let mut sink = |s: usize, step: StepGrads| -> Result<()> {
-        let StepGrads { accumulation: a, ddp: d, allowed } = step;
-        judging.step(s, &a, &d, &allowed);
+        let StepGrads { accumulation: a, ddp: d, allowed, big } = step;
+        judging.step(s, &a, &d, &allowed, big.as_ref().map(|(b, ab)| (b, ab)));
         if let Some([wa, wd]) = writers.as_mut() {
             wa.step(s, &a)?;
             wd.step(s, &d)?;
@@ -139,11 +142,12 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result
         let bytes = |p: &Params| p.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>();
         if *keep.get_or_insert_with(|| cfg.bless || 2.0 * bytes(&a) as f64 * steps <= KEEP_STEPS_BYTES) {
             kept_acc.push(a);
+            kept_big.extend(big.map(|(b, _)| b));
             kept_ddp.push(d);
         }
         Ok(())
     };
-    let Some((mut acc, mut ddp)) = train::lockstep(&cfg.train, comm, &mut sink)? else {
+    let Some((mut acc, mut ddp, big)) = train::lockstep(&cfg.train, comm, &mut sink)? else {
         return Ok(None);
     };
     stamp(&cfg.train, &mut acc, &mut ddp);
@@ -154,7 +158,9 @@ fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result
     }
     acc.steps = kept_acc.into_iter().filter(|p| !p.is_empty()).collect();
     ddp.steps = kept_ddp.into_iter().filter(|p| !p.is_empty()).collect();
-    let outcome = judging.finish(acc, ddp);
+    let keep_big = acc.steps.len() == kept_big.len();
+    let big = big.map(|b| Trace { steps: if keep_big { kept_big } else { Vec::new() }, ..b });
+    let outcome = judging.finish(acc, ddp, big);
     crate::profile::mark("diagnosed");
     after(cfg, outcome, true).map(Some)
 }
@@ -176,10 +182,10 @@ pub(crate) fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Ou
 
 /// Judges two finished runs (and the golden); pure, so reports can be tested on
 /// committed traces.
-pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, golden: Option<Golden>) -> Outcome {
+pub fn assemble(cfg: &Config, accumulation: Trace, ddp: Trace, big: Option<Trace>, golden: Option<Golden>) -> Outcome {
     let mut judging = Judging::new(cfg, golden);
-    judging.steps_of(&accumulation, &ddp);
-    judging.finish(accumulation, ddp)
+    judging.steps_of(&accumulation, &ddp, big.as_ref());
+    judging.finish(accumulation, ddp, big)
 }
 
 fn save(dir: &Path, o: &Outcome, streamed: bool) -> Result<()> {

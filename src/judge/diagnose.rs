@@ -20,15 +20,49 @@ pub struct Context {
     pub chaos_possible: bool,
     /// ddp-verify trained the runs (its flags can be named), or a user recorded them (`compare`).
     pub ours: bool,
+    /// The loss is normalised by token counts (tiny-lm), which a wrong count changes.
+    pub token_loss: bool,
+    /// Whether both runs' plans put the same samples in every step, when known.
+    pub same_samples: Option<bool>,
+    /// The first step made by a window shorter than K (`--partial-window step`), if any.
+    pub first_short: Option<usize>,
 }
 
 impl Context {
     pub fn of_run(t: &TrainConfig) -> Self {
+        use crate::plan::StepPlan;
+        let acc = StepPlan::accumulation(t, t.inject);
+        let ranks: Vec<StepPlan> = (0..t.gpus).map(|r| StepPlan::rank(t, r, t.inject)).collect();
+        let same_samples = acc.steps.len() == ranks[0].steps.len()
+            && acc.steps.iter().enumerate().all(|(s, step)| {
+                let mut mine: Vec<i64> = step.concat();
+                let mut theirs: Vec<i64> = ranks.iter().flat_map(|p| p.steps[s].concat()).collect();
+                mine.sort_unstable();
+                theirs.sort_unstable();
+                mine == theirs
+            });
+        let correct = StepPlan::accumulation(t, None);
         Context {
             steps_per_epoch: Some(crate::plan::sampler::steps_per_epoch(t)),
             eps: t.dtype.epsilon(),
-            chaos_possible: t.model.is_resnet() && !t.lockstep,
+            chaos_possible: t.model.is_deep() && !t.lockstep,
             ours: true,
+            token_loss: t.model.token_loss(),
+            same_samples: Some(same_samples),
+            first_short: correct.steps.iter().position(|s| s.len() < t.acc_steps),
+        }
+    }
+
+    /// Two traces a user recorded: nothing known beyond their precision.
+    pub fn of_traces(eps: f64, chaos_possible: bool) -> Self {
+        Context {
+            steps_per_epoch: None,
+            eps,
+            chaos_possible,
+            ours: false,
+            token_loss: false,
+            same_samples: None,
+            first_short: None,
         }
     }
 }
@@ -170,6 +204,16 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     }
+    if cx.token_loss && cx.same_samples == Some(true) && s == 0 {
+        return Some(Diagnosis {
+            reason: "token count per rank",
+            detail: format!(
+                "the runs see the same samples in every step, yet step {s} differs by more than rounding and not by one \
+                 factor: they divide by different token counts; each rank must divide by the step's count over all \
+                 ranks (all-reduce it before backward), not by its own"
+            ),
+        });
+    }
     let epoch = cx.steps_per_epoch.map_or(0, |n| s / n.max(1));
     if epoch > 0 {
         return Some(Diagnosis {
@@ -186,6 +230,68 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             "step {s} differs by more than rounding and not by a constant factor: the runs likely see different samples in that step (strided vs contiguous split, padding)"
         ),
     })
+}
+
+/// Accumulation vs the big batch. `runs_agree`: accumulation and DDP were found
+/// equivalent, so a mismatch here is a mistake both make alike (a normalisation), not a
+/// sampler's.
+pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree: bool) -> Option<Diagnosis> {
+    if c.verdict != Verdict::Diverged || c.left_steps != c.right_steps || !runs_agree {
+        return cause(a, b, c, cx);
+    }
+    let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else { return cause(a, b, c, cx) };
+    let (x, y) = (flat(xs), flat(ys));
+    let ratio = fitted_ratio(&y, &x, cx.eps);
+    let diagnosis = |reason: &'static str, detail: String| Some(Diagnosis { reason, detail });
+    match ratio {
+        Some(r) if Some(s) == cx.first_short => diagnosis(
+            "short window scaling",
+            format!(
+                "accumulation agrees with the big batch until step {s}, the short window at an epoch's end, whose \
+                 gradient is {r:.3}x the big batch's: its loss is divided as if it held K micro-batches; divide by \
+                 what the window holds (its micro-batches, or its tokens)"
+            ),
+        ),
+        Some(r) if cx.token_loss => diagnosis(
+            "token count",
+            format!(
+                "from step {s} accumulation's gradients are {r:.4}x the big batch's, one factor per step: the loss is \
+                 divided by the wrong number of tokens; count the targets (labels != -100, after the causal shift) \
+                 over every micro-batch of the step and every rank"
+            ),
+        ),
+        Some(r) => diagnosis(
+            "loss scaling",
+            format!(
+                "from step {s} accumulation's gradients are {r:.3}x the big batch's, one factor per step: loss \
+                 scaling (each micro-batch's loss must be divided by K, by K/W on each rank)"
+            ),
+        ),
+        None if cx.token_loss => diagnosis(
+            "per-micro-batch mean",
+            format!(
+                "step {s} differs from the big batch by more than rounding and not by one factor, though DDP and \
+                 accumulation agree: each micro-batch's loss is averaged over its own tokens and then divided by K, \
+                 so tokens of short micro-batches weigh more; sum the per-token losses and divide by the step's \
+                 token count (over all micro-batches and ranks)"
+            ),
+        ),
+        None => cause(a, b, c, cx),
+    }
+}
+
+/// y = r * x for one r of any size (see [`constant_ratio`] for the fit), r not 1.
+fn fitted_ratio(x: &[f64], y: &[f64], eps: f64) -> Option<f64> {
+    let (sxy, sxx) = x.iter().zip(y).fold((0.0, 0.0), |(sxy, sxx), (a, b)| (sxy + a * b, sxx + a * a));
+    if sxx == 0.0 || x.len() != y.len() {
+        return None;
+    }
+    let r = sxy / sxx;
+    let peak = x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let tol = slack(1e-4, eps, 4.0);
+    let same = x.iter().zip(y).all(|(a, b)| (b - r * a).abs() <= tol * r.abs() * peak);
+    (same && (r - 1.0).abs() > tol).then_some(r)
 }
 
 fn flat(p: &Params) -> Vec<f64> {

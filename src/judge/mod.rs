@@ -4,8 +4,8 @@
 mod diagnose;
 mod outcome;
 
-pub use diagnose::{diagnose, Context, Diagnosis};
-pub use outcome::{Judging, Outcome, Subject, TracePair};
+pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis};
+pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
 
 use serde::Serialize;
 use tch::Tensor;
@@ -92,6 +92,8 @@ pub struct Comparer {
     steps: Vec<GroupDiff>,
     left_steps: usize,
     right_steps: usize,
+    /// Some step was held to derived bounds.
+    bounded: bool,
 }
 
 impl Comparer {
@@ -105,6 +107,7 @@ impl Comparer {
             steps: Vec::new(),
             left_steps: 0,
             right_steps: 0,
+            bounded: false,
         }
     }
 
@@ -134,6 +137,7 @@ impl Comparer {
             // terms' magnitudes were recorded, at those too.
             let (a, b) = (self.sampled(a), self.sampled(b));
             let bounds = self.bounds(allowed);
+            self.bounded |= bounds.is_some();
             let magnitudes = self.sampled(magnitudes);
             let scales = Scales::TensorPeakAnd(&magnitudes);
             self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref()));
@@ -160,7 +164,7 @@ impl Comparer {
             self.steps.iter().chain([&finals]).chain(buffers.iter().filter(|_| buffers_counted)).collect();
         let mut verdict = counted.iter().map(|s| s.verdict).max().unwrap_or(Verdict::Exact);
         let worst_fraction = counted.iter().map(|s| s.worst_fraction).fold(0.0, f64::max);
-        let derived = self.derived && (!a.allowed.is_empty() || !a.allowed_finals.is_empty());
+        let derived = self.derived && (self.bounded || !a.allowed_finals.is_empty());
         if self.left_steps != self.right_steps {
             verdict = Verdict::Diverged;
         }

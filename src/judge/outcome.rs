@@ -32,6 +32,8 @@ pub struct Outcome {
     pub ddp: Trace,
     /// Accumulation vs DDP: the claim under test.
     pub runs: Comparison,
+    /// Accumulation vs one big batch of each step's samples, where the model has one.
+    pub big_batch: Option<BigBatch>,
     /// Each run against the golden's trace of the same run, when `--golden` is given.
     pub golden: Vec<Comparison>,
     /// Which golden, and what made it.
@@ -40,9 +42,23 @@ pub struct Outcome {
     pub diagnosis: Option<Diagnosis>,
 }
 
+/// The third run: one process, one micro-batch of all a step's samples, normalised over
+/// the whole step. A normalisation both other runs get wrong alike shows only against it.
+pub struct BigBatch {
+    pub trace: Trace,
+    pub comparison: Comparison,
+    pub diagnosis: Option<Diagnosis>,
+}
+
 impl Outcome {
     pub fn verdict(&self) -> Verdict {
-        self.golden.iter().map(|c| c.verdict).fold(self.runs.verdict, Verdict::max)
+        self.comparisons().iter().map(|c| c.verdict).fold(Verdict::Exact, Verdict::max)
+    }
+
+    /// Every comparison made, the claim under test first: accumulation vs DDP, vs the big
+    /// batch, then each run vs its golden.
+    pub fn comparisons(&self) -> Vec<&Comparison> {
+        std::iter::once(&self.runs).chain(self.big_batch.as_ref().map(|b| &b.comparison)).chain(&self.golden).collect()
     }
 
     /// 0 equivalent, 1 not: what a verification or `compare` exits with.
@@ -94,9 +110,11 @@ pub struct Judging {
     config: Config,
     /// Accumulation vs DDP, held to the derived bounds unless a tolerance was given.
     runs: Comparer,
-    /// Accumulation vs the golden's, DDP vs the golden's; goldens keep the fixed tolerance
-    /// and their buffers always count.
-    golden: Option<(Golden, [Comparer; 2])>,
+    /// Accumulation vs the big batch, likewise (its own bound: `train::Bounds`).
+    big: Option<Comparer>,
+    /// Accumulation vs the golden's, DDP vs the golden's (and the big batch vs the golden's,
+    /// where both exist); goldens keep the fixed tolerance and their buffers always count.
+    golden: Option<(Golden, [Comparer; 2], Option<Comparer>)>,
 }
 
 impl Judging {
@@ -108,43 +126,87 @@ impl Judging {
                 Comparer::new("accumulation", "golden accumulation", tol, sample),
                 Comparer::new("ddp", "golden ddp", tol, sample),
             ];
-            (g, cmps)
+            let big = (g.big_batch.is_some() && cfg.train.with_big_batch())
+                .then(|| Comparer::new("big batch", "golden big batch", tol, sample));
+            (g, cmps, big)
         });
         let runs = Comparer::new("accumulation", "ddp", tol, None).derived(cfg.derive_bounds);
-        Judging { config: cfg.clone(), runs, golden }
+        let big = cfg
+            .train
+            .with_big_batch()
+            .then(|| Comparer::new("accumulation", "big batch", tol, None).derived(cfg.derive_bounds));
+        Judging { config: cfg.clone(), runs, big, golden }
     }
 
-    /// Step `s` of both runs; `allowed` is what the accumulation run derived for it. An
-    /// empty side means that run made no such step.
-    pub fn step(&mut self, s: usize, accumulation: &Params, ddp: &Params, allowed: &Params) {
+    /// Step `s` of both runs; `allowed` is what the accumulation run derived for it; `big`
+    /// the big batch's gradients with what they may differ by. An empty side means that run
+    /// made no such step.
+    pub fn step(
+        &mut self,
+        s: usize,
+        accumulation: &Params,
+        ddp: &Params,
+        allowed: &Params,
+        big: Option<(&Params, &Params)>,
+    ) {
         let none = Params::new();
         self.runs.step(accumulation, ddp, allowed);
-        if let Some((g, [ga, gd])) = self.golden.as_mut() {
+        if let (Some(cmp), Some((b, allowed_big))) = (self.big.as_mut(), big) {
+            cmp.step(accumulation, b, allowed_big);
+        }
+        if let Some((g, [ga, gd], gb)) = self.golden.as_mut() {
             ga.step(accumulation, g.accumulation.steps.get(s).unwrap_or(&none), &none);
             gd.step(ddp, g.ddp.steps.get(s).unwrap_or(&none), &none);
+            if let (Some(gb), Some((b, _)), Some(golden_big)) = (gb.as_mut(), big, &g.big_batch) {
+                gb.step(b, golden_big.steps.get(s).unwrap_or(&none), &none);
+            }
         }
     }
 
-    /// Every step two finished runs recorded.
-    pub fn steps_of(&mut self, accumulation: &Trace, ddp: &Trace) {
+    /// Every step the finished runs recorded.
+    pub fn steps_of(&mut self, accumulation: &Trace, ddp: &Trace, big: Option<&Trace>) {
         let none = Params::new();
-        for s in 0..accumulation.steps.len().max(ddp.steps.len()) {
+        let big_steps = big.map_or(0, |b| b.steps.len());
+        for s in 0..accumulation.steps.len().max(ddp.steps.len()).max(big_steps) {
             let (a, d) = (accumulation.steps.get(s).unwrap_or(&none), ddp.steps.get(s).unwrap_or(&none));
-            self.step(s, a, d, accumulation.allowed.get(s).unwrap_or(&none));
+            let b = big.map(|b| (b.steps.get(s).unwrap_or(&none), accumulation.allowed_big.get(s).unwrap_or(&none)));
+            self.step(s, a, d, accumulation.allowed.get(s).unwrap_or(&none), b);
         }
     }
 
     /// Final weights and buffers, then the outcome. The traces keep whatever steps were
     /// kept for reports and saving; those were judged already, through [`Judging::step`].
-    pub fn finish(self, accumulation: Trace, ddp: Trace) -> Outcome {
+    pub fn finish(self, accumulation: Trace, ddp: Trace, big: Option<Trace>) -> Outcome {
         let (acc_end, ddp_end) = (accumulation.without_steps(), ddp.without_steps());
         let runs = self.runs.finish(&acc_end, &ddp_end, self.config.strict_buffers);
+        let context = Context::of_run(&self.config.train);
+        let big_end = big.as_ref().map(Trace::without_steps);
+        let big_batch = match (self.big, big) {
+            (Some(cmp), Some(trace)) => {
+                // Final weights keep the fixed tolerance at their peaks: the derived bound
+                // carried through SGD is DDP's.
+                let acc_end = Trace { allowed_finals: Params::new(), ..accumulation.without_steps() };
+                let comparison = cmp.finish(&acc_end, &trace.without_steps(), true);
+                let diagnosis = diagnose::big_batch(
+                    &accumulation,
+                    &trace,
+                    &comparison,
+                    &context,
+                    runs.verdict != Verdict::Diverged,
+                );
+                Some(BigBatch { trace, comparison, diagnosis })
+            }
+            _ => None,
+        };
         let (golden, golden_torch) = match self.golden {
-            Some((g, [ga, gd])) => {
-                let cmps = vec![
+            Some((g, [ga, gd], gb)) => {
+                let mut cmps = vec![
                     ga.finish(&acc_end, &g.accumulation.without_steps(), true),
                     gd.finish(&ddp_end, &g.ddp.without_steps(), true),
                 ];
+                if let (Some(gb), Some(ours), Some(theirs)) = (gb, &big_end, &g.big_batch) {
+                    cmps.push(gb.finish(ours, &theirs.without_steps(), true));
+                }
                 let made = match &g.meta.tool_version {
                     Some(tool) => {
                         format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version)
@@ -155,8 +217,8 @@ impl Judging {
             }
             None => (Vec::new(), None),
         };
-        let diagnosis = diagnose(&accumulation, &ddp, &runs, &Context::of_run(&self.config.train));
+        let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
         let subject = Subject::Run(self.config);
-        Outcome { subject, accumulation, ddp, runs, golden, golden_torch, diagnosis }
+        Outcome { subject, accumulation, ddp, runs, big_batch, golden, golden_torch, diagnosis }
     }
 }

@@ -22,6 +22,12 @@ impl Bug {
             Bug::NoLossScale => return whether(cfg.acc_steps > 1),
             Bug::DoubleScale => return whether(cfg.gpus > 1),
             Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
+            Bug::CountBeforeShift => return Effect::Math,
+            Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),
+            // Token counts differ between micro-batches (or ranks) unless every sequence has
+            // the same length and every micro-batch as many sequences.
+            Bug::MeanPerMicroBatch => return whether(!same_counts(cfg, &correct.steps, |j| j)),
+            Bug::CountPerRank => return whether(cfg.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.gpus)),
             Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(self)),
             // What the W ranks see together: epoch 0's split every epoch.
             Bug::NoSetEpoch => {
@@ -32,15 +38,6 @@ impl Bug {
             (true, _) => Effect::Math,
             (false, true) => Effect::Order,
             (false, false) => Effect::None,
-        }
-    }
-
-    /// The accumulation run's loss divisor under this bug, if the bug changes it.
-    pub fn accumulation_divisor(self, cfg: &TrainConfig) -> Option<usize> {
-        match self {
-            Bug::NoLossScale => Some(1),
-            Bug::DoubleScale => Some(cfg.acc_steps * cfg.gpus),
-            _ => None,
         }
     }
 
@@ -60,6 +57,20 @@ pub enum Effect {
     Order,
     /// Other samples, groupings or scaling: the gate must fire.
     Math,
+}
+
+/// Whether every group of a step's micro-batches (by `group(j)` of the micro-batch's
+/// position: itself, or the rank it mimics) holds as many target tokens as the others of
+/// its step. Lengths are drawn, so counts are equal for sure only when every sequence has
+/// the same length and every group as many sequences (or a step has one group).
+fn same_counts(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>], group: impl Fn(usize) -> usize) -> bool {
+    steps.iter().all(|s| {
+        let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
+        for (j, mb) in s.iter().enumerate() {
+            *sizes.entry(group(j)).or_default() += mb.len();
+        }
+        sizes.len() <= 1 || (cfg.min_len == cfg.seq_len && sizes.values().all(|&n| Some(&n) == sizes.values().next()))
+    })
 }
 
 fn indices(order: Vec<MicroBatch>) -> Vec<Vec<i64>> {

@@ -10,6 +10,8 @@ use crate::spec::TrainConfig;
 pub fn check_train(t: &TrainConfig) -> Result<()> {
     check_split(t)?;
     check_resnet(t)?;
+    check_tiny_lm(t)?;
+    check_bug(t)?;
     if t.max_steps == Some(0) {
         return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
     }
@@ -85,6 +87,68 @@ fn check_resnet(t: &TrainConfig) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// What only tiny-lm needs: a vocabulary, sequences with at least one target, its dtypes,
+/// and a window policy its token-level loss can normalise.
+fn check_tiny_lm(t: &TrainConfig) -> Result<()> {
+    use crate::spec::{Dtype, ModelKind, PartialWindow};
+    if t.model != ModelKind::TinyLm {
+        return Ok(());
+    }
+    if !(2..=1 << 20).contains(&t.vocab) {
+        return Err(Error::bad_flag("--vocab", format!("{} is not in 2..=1048576", t.vocab), "pass e.g. --vocab 64"));
+    }
+    if !(2..=4096).contains(&t.seq_len) {
+        return Err(Error::bad_flag(
+            "--seq-len",
+            format!("{} is not in 2..=4096", t.seq_len),
+            "pass e.g. --seq-len 16",
+        ));
+    }
+    if t.min_len < 2 || t.min_len > t.seq_len {
+        return Err(Error::bad_flag(
+            "--min-len",
+            format!(
+                "{} is not in 2..={} (every sequence needs a next token to predict, and fits in --seq-len)",
+                t.min_len, t.seq_len
+            ),
+            format!("pass --min-len between 2 and {}", t.seq_len),
+        ));
+    }
+    if !matches!(t.dtype, Dtype::Float32 | Dtype::Float64) {
+        return Err(Error::bad_flag(
+            "--dtype",
+            format!("tiny-lm trains in float32 or float64, not {}", t.dtype.name()),
+            "pass --dtype float32 or float64",
+        ));
+    }
+    if t.partial_window == PartialWindow::Carry {
+        return Err(Error::bad_flag(
+            "--partial-window",
+            "tiny-lm divides a step's loss by the step's token count before the first backward, which a window \
+             carried into the next epoch cannot know",
+            "drop --partial-window carry (tiny-lm steps a short window, as LM trainers do)",
+        ));
+    }
+    Ok(())
+}
+
+/// A planted bug the model has: the token-count bugs need tiny-lm's token-level loss.
+fn check_bug(t: &TrainConfig) -> Result<()> {
+    match t.inject {
+        Some(b) if b.needs_token_loss() && !b.applies_to(t.model) => Err(Error::bad_flag(
+            "--inject",
+            format!("{} is a bug of the token-level loss, which only tiny-lm has", b.name()),
+            "add --model tiny-lm",
+        )),
+        Some(b) if !b.applies_to(t.model) => Err(Error::bad_flag(
+            "--inject",
+            format!("{} divides by K, but tiny-lm divides by the step's token count", b.name()),
+            "inject mean-per-micro-batch, count-per-rank or count-before-shift for tiny-lm's scaling mistakes",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The checks a sampling plan needs: sizes, and K a multiple of W.

@@ -4,12 +4,14 @@
 
 pub mod bugs;
 pub mod checks;
+pub mod norm;
 pub mod rng;
 pub mod sampler;
 pub mod split;
 pub mod steps;
 
 pub use bugs::Effect;
+pub use norm::{Counts, Normaliser};
 pub use sampler::{batches_per_rank, optimizer_steps, steps_per_epoch, SamplerSpec};
 pub use split::SplitPlan;
 pub use steps::{RunPlan, StepPlan};

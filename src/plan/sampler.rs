@@ -104,12 +104,16 @@ pub fn batches_per_rank(cfg: &TrainConfig) -> usize {
 }
 
 /// Optimizer steps per epoch: the micro-batch counter restarts each epoch, so a partial
-/// window at an epoch's end steps only later, when the next window completes.
+/// window at an epoch's end steps only later, when the next window completes, or at the
+/// epoch's end with `--partial-window step`.
 pub fn steps_per_epoch(cfg: &TrainConfig) -> usize {
     if cfg.gpus == 0 || cfg.acc_steps < cfg.gpus {
         return 0;
     }
-    batches_per_rank(cfg) / cfg.local_acc_steps()
+    match cfg.partial_window {
+        crate::spec::PartialWindow::Carry => batches_per_rank(cfg) / cfg.local_acc_steps(),
+        crate::spec::PartialWindow::Step => batches_per_rank(cfg).div_ceil(cfg.local_acc_steps()),
+    }
 }
 
 /// Optimizer steps over the whole run.

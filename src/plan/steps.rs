@@ -5,8 +5,9 @@
 //! it, and a planted bug's effect is judged by comparing plans.
 
 use super::bugs;
+use super::norm::Normaliser;
 use super::sampler::{accumulation_order, rank_batches, MicroBatch, SamplerSpec};
-use crate::spec::{Bug, TrainConfig};
+use crate::spec::{Bug, PartialWindow, TrainConfig};
 
 /// The micro-batches (sample indices) of every optimizer step, in order, and those run
 /// after the last step (forward and backward only: they still move BatchNorm's running
@@ -17,15 +18,27 @@ pub struct StepPlan {
     pub tail: Vec<Vec<i64>>,
 }
 
+/// Which samples, which normalisation, and whether gradients are zeroed: one run's plan.
+pub struct RunPlan {
+    pub steps: StepPlan,
+    pub norm: Normaliser,
+    /// False only to plant the stale-gradient bug.
+    pub zero_grad: bool,
+}
+
 impl StepPlan {
-    /// `micro_batches(epoch)` in windows of `window`, the counter restarting each epoch;
-    /// stops right after `--max-steps` steps.
+    /// `micro_batches(epoch)` in windows of `window`, the counter restarting each epoch; a
+    /// short window at an epoch's end carries or steps (`--partial-window`); stops right
+    /// after `--max-steps` steps.
     pub fn walk(cfg: &TrainConfig, micro_batches: impl Fn(u64) -> Vec<Vec<i64>>, window: usize) -> StepPlan {
         let (mut steps, mut open) = (Vec::new(), Vec::new());
+        let step_short = cfg.partial_window == PartialWindow::Step;
         'epochs: for epoch in 0..cfg.epochs as u64 {
-            for (i, mb) in micro_batches(epoch).into_iter().enumerate() {
+            let epoch_batches = micro_batches(epoch);
+            let n = epoch_batches.len();
+            for (i, mb) in epoch_batches.into_iter().enumerate() {
                 open.push(mb);
-                if (i + 1) % window == 0 {
+                if (i + 1) % window == 0 || (step_short && i + 1 == n) {
                     steps.push(std::mem::take(&mut open));
                     if Some(steps.len()) == cfg.max_steps {
                         break 'epochs;
@@ -34,6 +47,14 @@ impl StepPlan {
             }
         }
         StepPlan { steps, tail: open }
+    }
+
+    /// The big batch: each of the accumulation run's steps (without any planted bug) as
+    /// one micro-batch of all its samples, in the same order.
+    pub fn big_batch(cfg: &TrainConfig) -> StepPlan {
+        let acc = StepPlan::accumulation(cfg, None);
+        let tail = if acc.tail.is_empty() { Vec::new() } else { vec![acc.tail.concat()] };
+        StepPlan { steps: acc.steps.iter().map(|s| vec![s.concat()]).collect(), tail }
     }
 
     /// The single-device run: K micro-batches per step from the sampler that mimics the W
@@ -66,25 +87,21 @@ pub fn accumulation_micro_batches(cfg: &TrainConfig, bug: Option<Bug>, epoch: u6
     }
 }
 
-/// How a run is planned: its steps, what each micro-batch's loss is divided by, and
-/// whether it zeroes its gradients after a step.
-pub struct RunPlan {
-    pub steps: StepPlan,
-    /// K in accumulation, K/W on a rank (unless a planted bug changes it).
-    pub loss_divisor: usize,
-    /// False only to plant the stale-gradient bug.
-    pub zero_grad: bool,
-}
-
 impl RunPlan {
     pub fn accumulation(cfg: &TrainConfig) -> RunPlan {
-        let loss_divisor = cfg.inject.and_then(|b| b.accumulation_divisor(cfg)).unwrap_or(cfg.acc_steps);
-        RunPlan { steps: StepPlan::accumulation(cfg, cfg.inject), loss_divisor, zero_grad: true }
+        RunPlan { steps: StepPlan::accumulation(cfg, cfg.inject), norm: Normaliser::accumulation(cfg), zero_grad: true }
     }
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
         let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
-        RunPlan { steps: StepPlan::rank(cfg, rank, cfg.inject), loss_divisor: cfg.local_acc_steps(), zero_grad }
+        RunPlan { steps: StepPlan::rank(cfg, rank, cfg.inject), norm: Normaliser::rank(cfg), zero_grad }
+    }
+
+    /// One process, one micro-batch of K·B samples per step, normalised correctly: the
+    /// reference that catches a normalisation both other runs get wrong alike.
+    pub fn big_batch(cfg: &TrainConfig) -> RunPlan {
+        let held: Vec<usize> = StepPlan::accumulation(cfg, None).steps.iter().map(Vec::len).collect();
+        RunPlan { steps: StepPlan::big_batch(cfg), norm: Normaliser::big_batch(cfg, &held), zero_grad: true }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::spec::{Config, DeviceKind, Dtype, TrainConfig};
 /// linear model, or a trace of at most two small tensors).
 pub(crate) fn wide(o: &Outcome) -> bool {
     match o.config() {
-        Some(cfg) => cfg.train.model.is_resnet(),
+        Some(cfg) => cfg.train.model.is_deep(),
         None => o.accumulation.finals.len() > 2 || o.accumulation.finals.iter().any(|(_, t)| t.numel() > 16),
     }
 }
@@ -60,6 +60,35 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
         );
         injected(s);
         let _ = writeln!(s, "mode: {}", mode(t));
+    } else if t.model.token_loss() {
+        let _ = writeln!(
+            s,
+            "ddp-verify: tiny-lm ({} parameter tensors, {}), N={} sequences of {}..={} tokens (vocab {}), batch {}, \
+             K={} micro-batches per step vs W={} DDP ranks ({}), {} epochs{}, lr {}, momentum {}, weight decay {}, \
+             shuffle {}, drop_last {}, partial window {}, seed {}",
+            o.accumulation.finals.len(),
+            t.dtype.name(),
+            t.data_size,
+            t.min_len,
+            t.seq_len,
+            t.vocab,
+            t.batch_size,
+            t.acc_steps,
+            t.gpus,
+            engine(t),
+            t.epochs,
+            t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+            t.lr,
+            t.momentum,
+            t.weight_decay,
+            onoff(t.shuffle),
+            onoff(t.drop_last),
+            t.partial_window.name(),
+            t.seed,
+        );
+        injected(s);
+        let _ = writeln!(s, "loss: {}", LOSS_WORDS);
+        let _ = writeln!(s, "mode: {}", mode(t));
     } else {
         let _ = writeln!(
             s,
@@ -101,6 +130,15 @@ pub(crate) fn run_markdown(s: &mut String, cfg: &Config) {
             t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.seed
         );
         let _ = writeln!(s, "Mode: {}.\n", mode(t));
+    } else if t.model.token_loss() {
+        let _ = writeln!(
+            s,
+            "tiny-lm ({}), N={} sequences of {}..={} tokens (vocab {}), batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}, partial window {}, seed {}.\n",
+            t.dtype.name(), t.data_size, t.min_len, t.seq_len, t.vocab, t.batch_size, t.acc_steps, t.gpus, t.epochs,
+            t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+            t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.partial_window.name(), t.seed
+        );
+        let _ = writeln!(s, "Loss: {LOSS_WORDS}. Mode: {}.\n", mode(t));
     } else {
         let _ = writeln!(
             s,
@@ -162,20 +200,40 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     lines
 }
 
+/// tiny-lm's normalisation, in words.
+const LOSS_WORDS: &str = "token-level: the sum of per-token cross-entropy over the step's target tokens (all \
+     micro-batches, all ranks) divided by their count; DDP ranks all-reduce their counts before backward";
+
+/// The third run, in words: what it is, or why there is none.
+pub(crate) fn big_batch_words(t: &TrainConfig) -> &'static str {
+    match (t.model.has_big_batch(), t.big_batch) {
+        (true, true) => "one process, one micro-batch of each step's K·B samples, normalised over the whole step",
+        (true, false) => "not run (--no-big-batch)",
+        (false, _) => {
+            "not run: BatchNorm normalises each micro-batch by its own statistics, so one batch of K·B samples is a \
+             different computation"
+        }
+    }
+}
+
 /// Which mode the runs used, and why.
 fn mode(t: &TrainConfig) -> String {
     if t.lockstep {
         let why = if t.model.is_resnet() {
             "the default for ResNets: a deep BatchNorm net amplifies float32 rounding about a million-fold per step, \
              so free-running runs drift apart although they are equivalent; --free-running shows that drift"
+        } else if t.model.is_deep() {
+            "the default for deep nets: rounding carries from step to step in a free-running run; --free-running shows it"
         } else {
             "asked for with --lockstep"
         };
+        let who = if t.with_big_batch() { "DDP (and the big batch)" } else { "DDP" };
+        let what = if t.model.is_resnet() { "weights and BatchNorm buffers" } else { "weights" };
         format!(
-            "lockstep: before every optimizer step DDP restarts from the accumulation run's weights and BatchNorm \
-             buffers, so each step's difference is that step's arithmetic alone ({why})"
+            "lockstep: before every optimizer step {who} restarts from the accumulation run's {what}, so each step's \
+             difference is that step's arithmetic alone ({why})"
         )
-    } else if t.model.is_resnet() {
+    } else if t.model.is_deep() {
         let note = if t.dtype == Dtype::Float64 {
             "float64 rounding is 2^29 times finer than float32's, so equivalent runs stay close"
         } else {

@@ -52,6 +52,16 @@ pub fn json(o: &Outcome) -> Value {
     v["verdict"] = json!(o.verdict_word());
     v["runs"] = json!(o.runs);
     v["diagnosis"] = json!(o.diagnosis);
+    if let Some(cfg) = o.config() {
+        v["big_batch"] = match &o.big_batch {
+            Some(b) => json!({
+                "run": super::describe::big_batch_words(&cfg.train),
+                "comparison": b.comparison,
+                "diagnosis": b.diagnosis,
+            }),
+            None => json!({ "run": super::describe::big_batch_words(&cfg.train) }),
+        };
+    }
     v["golden"] = json!(o.golden);
     // Every value of a ResNet's weights would make the report as large as the model: the
     // linear model's only. (Its traces hold them all, with --save-trace.)

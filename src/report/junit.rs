@@ -74,7 +74,7 @@ fn suite(s: &mut String, c: &Comparison, o: &Outcome) {
 impl Exporter for Junit {
     fn render(&self, o: &Outcome) -> String {
         let mut body = String::new();
-        let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
+        let all = o.comparisons();
         for c in &all {
             suite(&mut body, c, o);
         }

@@ -28,6 +28,9 @@ impl Exporter for Markdown {
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "**Likely cause:** {}\n", d.detail);
         }
+        if let Some(d) = o.big_batch.as_ref().and_then(|b| b.diagnosis.as_ref()).filter(|_| o.diagnosis.is_none()) {
+            let _ = writeln!(s, "**Likely cause (vs the big batch):** {}\n", d.detail);
+        }
         let _ =
             writeln!(s, "| step | max \\|Δ\\| | max rel | max ulp | used | verdict |\n|---:|---:|---:|---:|---:|:---|");
         for (i, g) in o.runs.steps.iter().enumerate() {
@@ -67,6 +70,12 @@ impl Exporter for Markdown {
                 }
             }
             let _ = writeln!(s, "\n</details>");
+        }
+        if let Some(cfg) = o.config() {
+            let _ = writeln!(s, "\n**Big batch** ({})", super::describe::big_batch_words(&cfg.train));
+            if let Some(b) = &o.big_batch {
+                let _ = writeln!(s, "- {} vs {}: {}", b.comparison.left, b.comparison.right, summary(&b.comparison));
+            }
         }
         if let Some(g) = &o.golden_torch {
             let _ = writeln!(s, "\n**Golden** `{g}`\n");

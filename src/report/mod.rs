@@ -140,7 +140,7 @@ pub(crate) fn summary(c: &Comparison) -> String {
 
 pub(crate) fn verdict_line(o: &Outcome) -> String {
     let bound = bound_words(o);
-    let all: Vec<&Comparison> = std::iter::once(&o.runs).chain(&o.golden).collect();
+    let all = o.comparisons();
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
     if o.verdict() != Verdict::Diverged {
         let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);

@@ -90,6 +90,25 @@ impl Exporter for Table {
             }
             let _ = writeln!(s, "  {}", super::buffer_explanation(o));
         }
+        if let Some(cfg) = o.config() {
+            let _ = writeln!(s, "\nbig batch: {}", super::describe::big_batch_words(&cfg.train));
+        }
+        if let Some(b) = &o.big_batch {
+            let c = &b.comparison;
+            let _ = writeln!(s, "  {} vs {} gradients, per optimizer step", c.left, c.right);
+            for (i, g) in c.steps.iter().enumerate() {
+                let worst = if wide { format!("  {}", worst_name(g)) } else { String::new() };
+                let _ = writeln!(s, "  {:>4}  {}{worst}", i, row(g));
+            }
+            let _ = writeln!(s, "  {:>4}  {}  (final weights)", "end", row(&c.finals));
+            if c.left_steps != c.right_steps {
+                let _ = writeln!(
+                    s,
+                    "  {} made {} optimizer steps, {} made {}",
+                    c.left, c.left_steps, c.right, c.right_steps
+                );
+            }
+        }
         if let Some(g) = &o.golden_torch {
             let _ = writeln!(s, "\ngolden {g}");
             for c in &o.golden {
@@ -99,6 +118,9 @@ impl Exporter for Table {
         let _ = writeln!(s, "\n{}", verdict_line(o));
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "likely cause: {}", d.detail);
+        }
+        if let Some(d) = o.big_batch.as_ref().and_then(|b| b.diagnosis.as_ref()).filter(|_| o.diagnosis.is_none()) {
+            let _ = writeln!(s, "likely cause (vs the big batch): {}", d.detail);
         }
         let cfg = o.config();
         if let Some((true, Some(dir))) = cfg.map(|c| (c.bless, &c.golden)) {

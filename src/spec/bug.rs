@@ -21,11 +21,32 @@ pub enum Bug {
     NoPadding,
     /// DDP ranks never zero their gradients after a step.
     StaleZeroGrad,
+    /// Both runs average each micro-batch's loss over its own tokens, then divide by K
+    /// (K/W on a rank): every token weighs 1/(its micro-batch's count), not 1/(the step's).
+    MeanPerMicroBatch,
+    /// Each DDP rank divides by its own token count instead of the all-reduced one.
+    CountPerRank,
+    /// Both runs count tokens before the causal shift: every sample's L inputs, not its
+    /// L - 1 targets.
+    CountBeforeShift,
+    /// With `--partial-window step`, both runs divide a short final window's loss as if it
+    /// held K micro-batches.
+    LastWindowByK,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 6] =
-        [Bug::NoLossScale, Bug::DoubleScale, Bug::ContiguousSplit, Bug::NoSetEpoch, Bug::NoPadding, Bug::StaleZeroGrad];
+    pub const ALL: [Bug; 10] = [
+        Bug::NoLossScale,
+        Bug::DoubleScale,
+        Bug::ContiguousSplit,
+        Bug::NoSetEpoch,
+        Bug::NoPadding,
+        Bug::StaleZeroGrad,
+        Bug::MeanPerMicroBatch,
+        Bug::CountPerRank,
+        Bug::CountBeforeShift,
+        Bug::LastWindowByK,
+    ];
 
     pub fn name(self) -> &'static str {
         names::BUGS[self as usize]
@@ -44,13 +65,43 @@ impl Bug {
             Bug::NoSetEpoch => "no shuffle, one epoch, or one step covering each epoch",
             Bug::NoPadding => "N divisible by W, or drop_last",
             Bug::StaleZeroGrad => "a single optimizer step",
+            Bug::MeanPerMicroBatch => "every micro-batch of a step holding as many target tokens as the others",
+            Bug::CountPerRank => "W = 1, or every rank holding as many target tokens as the others",
+            Bug::CountBeforeShift => "never: every sample has one more input token than targets",
+            Bug::LastWindowByK => {
+                "no short window at an epoch's end (--partial-window carry, or windows that divide the epoch)"
+            }
         }
+    }
+
+    /// Whether `model` can carry this bug (and the gate can see it): the token-count bugs
+    /// need tiny-lm's token-level loss, and tiny-lm divides by tokens, not by K.
+    pub fn applies_to(self, model: super::ModelKind) -> bool {
+        match self {
+            b if b.needs_token_loss() => model.token_loss(),
+            Bug::NoLossScale | Bug::DoubleScale => !model.token_loss(),
+            // Both runs make it alike: only the big batch shows it, and ResNets have none.
+            Bug::LastWindowByK => model.has_big_batch(),
+            _ => true,
+        }
+    }
+
+    /// Bugs of the token-level loss, which only tiny-lm has.
+    pub fn needs_token_loss(self) -> bool {
+        matches!(self, Bug::MeanPerMicroBatch | Bug::CountPerRank | Bug::CountBeforeShift)
+    }
+
+    /// Bugs both runs make alike, as shared training code would: only the big batch,
+    /// which normalises its one batch correctly, can show them.
+    pub fn in_both_runs(self) -> bool {
+        matches!(self, Bug::MeanPerMicroBatch | Bug::CountBeforeShift | Bug::LastWindowByK)
     }
 
     /// Which run carries the bug.
     pub fn side(self) -> &'static str {
         match self {
-            Bug::NoSetEpoch | Bug::StaleZeroGrad => "ddp",
+            Bug::NoSetEpoch | Bug::StaleZeroGrad | Bug::CountPerRank => "ddp",
+            b if b.in_both_runs() => "both",
             _ => "accumulation",
         }
     }

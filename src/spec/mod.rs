@@ -14,4 +14,4 @@ pub use config::Config;
 pub use device::{DeviceKind, DeviceRequest};
 pub use report::{Format, ReportTarget};
 pub use tolerance::{Tolerance, ToleranceOverrides};
-pub use train::{Dtype, ModelKind, TrainConfig};
+pub use train::{Dtype, ModelKind, PartialWindow, TrainConfig};

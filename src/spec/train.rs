@@ -57,6 +57,54 @@ pub struct TrainConfig {
     /// Where both runs compute (`--device`, resolved before any rank starts).
     #[serde(default, skip_serializing_if = "is_default")]
     pub device: DeviceKind,
+    /// V: tiny-lm's vocabulary (`torch.randint(0, V, (N, T))`).
+    #[serde(default = "default_vocab", skip_serializing_if = "is_default_vocab")]
+    pub vocab: usize,
+    /// T: tiny-lm's sequence length, padding included.
+    #[serde(default = "default_seq_len", skip_serializing_if = "is_default_seq_len")]
+    pub seq_len: usize,
+    /// Each sequence's length is drawn from [min_len, seq_len].
+    #[serde(default = "default_min_len", skip_serializing_if = "is_default_min_len")]
+    pub min_len: usize,
+    /// What a window shorter than K at an epoch's end does.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub partial_window: PartialWindow,
+    /// Also train the third run, one batch of all a step's samples, and compare
+    /// accumulation with it. Not part of what a golden was made for.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub big_batch: bool,
+}
+
+/// A window of fewer than K micro-batches at an epoch's end (`--partial-window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PartialWindow {
+    /// Its gradient is kept and steps with the next epoch's first window (the article's loop).
+    #[default]
+    Carry,
+    /// It takes an optimizer step of its own at the epoch's end, its loss normalised by
+    /// what it holds (transformers' Trainer and most LM trainers).
+    Step,
+}
+
+impl PartialWindow {
+    /// tiny-lm's loss needs a window's token count before its first backward, which a
+    /// window carried into the next epoch cannot have: LM trainers step it instead.
+    pub fn default_for(model: ModelKind) -> Self {
+        if model.token_loss() {
+            PartialWindow::Step
+        } else {
+            PartialWindow::Carry
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        names::PARTIAL_WINDOWS[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [PartialWindow::Carry, PartialWindow::Step].into_iter().find(|p| p.name() == s)
+    }
 }
 
 /// Which network both runs train.
@@ -68,11 +116,13 @@ pub enum ModelKind {
     Linear,
     Resnet18,
     ResnetTiny,
+    /// A small causal transformer with token-level loss (`train::models::tiny_lm`).
+    TinyLm,
 }
 
 impl ModelKind {
-    const ALL: [ModelKind; 3] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny];
-    pub const NAMES: [&'static str; 3] = names::MODELS;
+    const ALL: [ModelKind; 4] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny, ModelKind::TinyLm];
+    pub const NAMES: [&'static str; 4] = names::MODELS;
 
     pub fn name(self) -> &'static str {
         names::MODELS[self as usize]
@@ -83,7 +133,24 @@ impl ModelKind {
     }
 
     pub fn is_resnet(self) -> bool {
+        matches!(self, ModelKind::Resnet18 | ModelKind::ResnetTiny)
+    }
+
+    /// A deep net, whose gradients depend on its weights: rounding carries from step to
+    /// step, so both runs default to lockstep.
+    pub fn is_deep(self) -> bool {
         self != ModelKind::Linear
+    }
+
+    /// The loss is normalised by the step's number of target tokens, not by K.
+    pub fn token_loss(self) -> bool {
+        self == ModelKind::TinyLm
+    }
+
+    /// Whether one batch of a step's samples computes the same mathematics as its
+    /// micro-batches: not with BatchNorm, whose statistics depend on the batch.
+    pub fn has_big_batch(self) -> bool {
+        !self.is_resnet()
     }
 }
 
@@ -145,6 +212,30 @@ fn default_classes() -> usize {
 fn is_default_classes(v: &usize) -> bool {
     *v == default_classes()
 }
+fn yes() -> bool {
+    true
+}
+fn is_yes(v: &bool) -> bool {
+    *v
+}
+fn default_vocab() -> usize {
+    defaults::VOCAB
+}
+fn is_default_vocab(v: &usize) -> bool {
+    *v == defaults::VOCAB
+}
+fn default_seq_len() -> usize {
+    defaults::SEQ_LEN
+}
+fn is_default_seq_len(v: &usize) -> bool {
+    *v == defaults::SEQ_LEN
+}
+fn default_min_len() -> usize {
+    defaults::MIN_LEN
+}
+fn is_default_min_len(v: &usize) -> bool {
+    *v == defaults::MIN_LEN
+}
 
 impl TrainConfig {
     /// The article's configuration (`ddp.py`: lr 0.01, momentum 0.9, seed 0), which is
@@ -173,6 +264,11 @@ impl TrainConfig {
             lockstep: false,
             init: None,
             device: DeviceKind::Cpu,
+            vocab: defaults::VOCAB,
+            seq_len: defaults::SEQ_LEN,
+            min_len: defaults::MIN_LEN,
+            partial_window: PartialWindow::Carry,
+            big_batch: true,
         }
     }
 
@@ -195,6 +291,18 @@ impl TrainConfig {
                 self.classes
             ));
         }
+        if self.model == ModelKind::TinyLm {
+            s.push_str(&format!(
+                " --model tiny-lm --vocab {} --seq-len {} --min-len {}",
+                self.vocab, self.seq_len, self.min_len
+            ));
+        }
+        if self.partial_window != PartialWindow::default_for(self.model) {
+            s.push_str(&format!(" --partial-window {}", self.partial_window.name()));
+        }
+        if !self.big_batch && self.model.has_big_batch() {
+            s.push_str(" --no-big-batch");
+        }
         if self.weight_decay != 0.0 {
             s.push_str(&format!(" --weight-decay {}", self.weight_decay));
         }
@@ -204,7 +312,7 @@ impl TrainConfig {
         if self.dtype != Dtype::Float32 {
             s.push_str(&format!(" --dtype {}", self.dtype.name()));
         }
-        if self.lockstep != self.model.is_resnet() {
+        if self.lockstep != self.model.is_deep() {
             s.push_str(if self.lockstep { " --lockstep" } else { " --free-running" });
         }
         if self.device != DeviceKind::Cpu {
@@ -225,7 +333,12 @@ impl TrainConfig {
     /// model). A free-running deep net feeds each step's rounding into the next step's
     /// gradients, which no per-step bound follows; it keeps the fixed tolerance.
     pub fn bounds_hold(&self) -> bool {
-        self.lockstep || !self.model.is_resnet()
+        self.lockstep || !self.model.is_deep()
+    }
+
+    /// Whether the big-batch run is made and compared.
+    pub fn with_big_batch(&self) -> bool {
+        self.big_batch && self.model.has_big_batch()
     }
 
     /// Micro-batches each rank accumulates under no_sync before an all-reduce.

@@ -33,12 +33,11 @@ use crate::spec::{Dtype, TrainConfig};
 
 /// The factor between what rounding explains and what is allowed.
 pub const HEADROOM: f64 = 2.0;
+/// Ulps of a tensor's largest gradient every element of it may differ by from the big batch.
+const CANCELLED_ULPS: f64 = 16.0;
 
 pub struct Bounds {
     world: usize,
-    /// Accumulation's loss divisor over W: DDP's, relative to accumulation's (K/W unless a
-    /// bug is planted in accumulation).
-    control_divisor: f64,
     /// DDP's micro-batch gradients are exactly W times accumulation's: no second backward.
     exact_scaling: bool,
     /// Unit roundoff of the all-reduce's additions.
@@ -63,11 +62,15 @@ pub struct Bounds {
     buf_mag: Vec<Option<Tensor>>,
     buf_err: Vec<Option<Tensor>>,
     weight_err: Vec<Option<Tensor>>,
+    /// The big batch is made: this window's Σ|micro-batch gradient| per parameter, and the
+    /// terms (samples, or token positions) its reductions add up.
+    big: bool,
+    micro_mag: Vec<Option<Tensor>>,
+    rows: usize,
 }
 
 impl Bounds {
-    /// `divisor`: what the accumulation run divides each loss by (K, unless a bug is planted).
-    pub fn new(cfg: &TrainConfig, divisor: usize, params: usize) -> Self {
+    pub fn new(cfg: &TrainConfig, params: usize) -> Self {
         let w = cfg.gpus;
         let narrow = matches!(cfg.dtype, Dtype::Bfloat16 | Dtype::Float16);
         // NCCL may round at every hop in the dtype itself; the host path adds in float32
@@ -84,7 +87,6 @@ impl Bounds {
         let none = || (0..params).map(|_| None).collect::<Vec<Option<Tensor>>>();
         Bounds {
             world: w,
-            control_divisor: divisor as f64 / w as f64,
             // float16's small gradients are subnormal, where scaling by W is not exact.
             exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16,
             reduce_u,
@@ -102,22 +104,28 @@ impl Bounds {
             buf_mag: none(),
             buf_err: none(),
             weight_err: none(),
+            big: cfg.with_big_batch(),
+            micro_mag: none(),
+            rows: 0,
         }
     }
 
     /// One micro-batch's backward, for the accumulation run: `.grad` grows by exactly what
     /// autograd would add (the first of a window by a plain backward, later ones by taking
     /// the micro-batch gradient and adding it, which is what autograd does), and the control
-    /// takes its share.
-    pub fn backward(&mut self, loss: &Tensor, divisor: usize, params: &[Tensor]) -> Result<()> {
+    /// takes its share. `divisor`: what accumulation divides this loss by; DDP divides it by
+    /// divisor / W (K/W for K, T/W for T tokens; unless a bug is planted in accumulation).
+    /// `rows`: the terms the micro-batch's reductions add up.
+    pub fn backward(&mut self, loss: &Tensor, divisor: f64, rows: usize, params: &[Tensor]) -> Result<()> {
         let rank = self.position % self.world;
         self.position += 1;
+        self.rows += rows;
         let control = match self.exact_scaling {
             // DDP's seed, through the same graph, kept for accumulation's backward below.
-            false => Some(Tensor::f_run_backward(&[loss / self.control_divisor], params, true, false)?),
+            false => Some(Tensor::f_run_backward(&[loss / (divisor / self.world as f64)], params, true, false)?),
             true => None,
         };
-        let scaled = loss / divisor as f64;
+        let scaled = loss / divisor;
         let fresh = params.iter().all(|p| !p.grad().defined());
         let grads: Vec<Tensor> = if fresh {
             scaled.f_backward()?;
@@ -141,6 +149,19 @@ impl Bounds {
             }
             grads
         };
+        if self.big {
+            let mags: Vec<Tensor> = match fresh {
+                true => params.iter().map(|p| p.grad()).collect(),
+                false => grads.iter().map(Tensor::shallow_clone).collect(),
+            };
+            for (m, g) in self.micro_mag.iter_mut().zip(mags) {
+                match m {
+                    _ if !g.defined() => {}
+                    Some(m) => *m += work(&g).abs(),
+                    None => *m = Some(work(&g).abs()),
+                }
+            }
+        }
         // DDP's micro-batch gradient: the control's, or W times accumulation's (exact), kept
         // unscaled here and so already the partial over W.
         let terms = control.unwrap_or(grads);
@@ -156,10 +177,12 @@ impl Bounds {
     }
 
     /// At an optimizer step, before it: `grads` are the accumulated gradients it will apply,
-    /// `weights` the weights it starts from. Returns what each gradient element may differ by.
-    pub fn step(&mut self, names: &[String], grads: &[Tensor], weights: &[Tensor]) -> Params {
+    /// `weights` the weights it starts from. Returns what each gradient element may differ
+    /// by in DDP, and in the big batch (empty when there is none).
+    pub fn step(&mut self, names: &[String], grads: &[Tensor], weights: &[Tensor]) -> (Params, Params) {
         self.fold_partials();
         self.position = 0;
+        let big = self.big_allowed(names, grads);
         let mut allowed = Params::new();
         for (i, (g, w)) in grads.iter().zip(weights).enumerate() {
             let w = work(w).abs();
@@ -199,7 +222,36 @@ impl Bounds {
             self.buf_err[i] = Some(e);
             allowed.push((names[i].clone(), a));
         }
-        allowed
+        (allowed, big)
+    }
+
+    /// The big batch adds the same terms as this window's micro-batches, all in one
+    /// reduction per element (over the step's samples, or token positions), where
+    /// accumulation adds them micro-batch by micro-batch. Each sum lies within γ(n)·Σ|terms|
+    /// of the exact one (Higham), n the step's terms; Σ|micro-batch gradient| + |gradient|
+    /// stands for Σ|terms|, and HEADROOM for the forward passes, which round alike but for
+    /// the blocking of their matrix products. Elements where micro-batch terms cancel are
+    /// also allowed a few ulps of their tensor's largest gradient.
+    fn big_allowed(&mut self, names: &[String], grads: &[Tensor]) -> Params {
+        let rows = std::mem::take(&mut self.rows);
+        if !self.big {
+            return Params::new();
+        }
+        let reach = HEADROOM * 2.0 * gamma(rows, self.u);
+        let mut out = Params::new();
+        for (i, g) in grads.iter().enumerate() {
+            let Some(mut m) = self.micro_mag[i].take() else { continue };
+            if !g.defined() {
+                continue;
+            }
+            let g = work(g).abs();
+            let peak = g.max().double_value(&[]);
+            m += &g;
+            m *= reach;
+            m += CANCELLED_ULPS * 2.0 * self.u * peak + self.tiny;
+            out.push((names[i].clone(), m));
+        }
+        out
     }
 
     /// HEADROOM times the farthest DDP's gradient can be from accumulation's `g`: the

@@ -1,6 +1,9 @@
 //! Training data exactly as PyTorch makes it, under `torch.manual_seed(seed)`:
 //! `torch.rand(N, D)` for the linear model; `torch.rand(N, 3, S, S)` then
-//! `torch.randint(0, C, (N,))` for the ResNets. tch drives the same libtorch CPU generator,
+//! `torch.randint(0, C, (N,))` for the ResNets; for tiny-lm `torch.randint(0, V, (N, T))`
+//! token ids then `torch.randint(min_len, T + 1, (N,))` lengths, each sequence padded with
+//! id 0 past its length and labelled with the next token, -100 where there is none
+//! (padding and the last position). tch drives the same libtorch CPU generator,
 //! so the numbers are bit-identical; float64 runs cast the same float32 draws (`x.double()`).
 
 use tch::{Device, Kind, Tensor};
@@ -13,10 +16,12 @@ pub fn linear_data(seed: u64, data_size: usize, features: usize) -> Result<Tenso
     Ok(seeded(seed, || Tensor::f_rand([data_size as i64, features as i64], (Kind::Float, Device::Cpu)))?)
 }
 
-/// Inputs, and class labels for the models that take them.
+/// Inputs, and class labels (or next-token labels) for the models that take them.
 pub struct Data {
     pub x: Tensor,
     pub y: Option<Tensor>,
+    /// tiny-lm: each sequence's length L before padding (its targets are L - 1).
+    pub lengths: Option<Vec<i64>>,
 }
 
 /// One micro-batch's rows.
@@ -30,6 +35,11 @@ impl Data {
     /// PyTorch's scripts draw it).
     pub fn new(cfg: &TrainConfig, device: Device) -> Result<Data> {
         let (n, opts) = (cfg.data_size as i64, (Kind::Float, Device::Cpu));
+        let on = |t: Tensor| if device == Device::Cpu { t } else { t.to_device(device) };
+        if cfg.model.token_loss() {
+            let (x, y, lengths) = token_data(cfg)?;
+            return Ok(Data { x: on(x), y: Some(on(y)), lengths: Some(lengths) });
+        }
         let (x, y) = if cfg.model.is_resnet() {
             let s = cfg.image_size as i64;
             let (x, y) = seeded(cfg.seed, || -> Result<_> {
@@ -42,8 +52,15 @@ impl Data {
             (linear_data(cfg.seed, cfg.data_size, cfg.features)?, None)
         };
         let x = if cfg.dtype == Dtype::Float32 { x } else { x.to_kind(cfg.dtype.kind()) };
-        let on = |t: Tensor| if device == Device::Cpu { t } else { t.to_device(device) };
-        Ok(Data { x: on(x), y: y.map(on) })
+        Ok(Data { x: on(x), y: y.map(on), lengths: None })
+    }
+
+    /// Tokens in these sequences the loss is taken over: targets (after the causal shift),
+    /// or with `before_shift` every input token (the bug that counts them).
+    pub fn tokens(&self, indices: &[i64], before_shift: bool) -> f64 {
+        let Some(lengths) = &self.lengths else { return 0.0 };
+        let per = |i: &i64| lengths[*i as usize] - i64::from(!before_shift);
+        indices.iter().map(per).sum::<i64>() as f64
     }
 
     /// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.
@@ -51,6 +68,25 @@ impl Data {
         let idx = Tensor::from_slice(indices).to_device(self.x.device());
         Batch { x: self.x.index_select(0, &idx), y: self.y.as_ref().map(|y| y.index_select(0, &idx)) }
     }
+}
+
+/// tiny-lm's ids `[N, T]`, labels `[N, T]` and lengths, as the module doc says.
+fn token_data(cfg: &TrainConfig) -> Result<(Tensor, Tensor, Vec<i64>)> {
+    let (n, t) = (cfg.data_size as i64, cfg.seq_len as i64);
+    let ints = (Kind::Int64, Device::Cpu);
+    let (tokens, lengths) = crate::plan::rng::seeded(cfg.seed, || -> Result<_> {
+        let tokens = Tensor::f_randint(cfg.vocab as i64, [n, t], ints)?;
+        let lengths = Tensor::f_randint_low(cfg.min_len as i64, t + 1, [n], ints)?;
+        Ok((tokens, lengths))
+    })?;
+    let lengths = Vec::<i64>::try_from(&lengths)?;
+    let positions = Tensor::arange(t, ints).unsqueeze(0);
+    let len = Tensor::from_slice(&lengths).unsqueeze(1);
+    // Position j is an input while j < L, and has a target while j + 1 < L.
+    let x = tokens.where_self(&positions.lt_tensor(&len), &Tensor::zeros([], ints));
+    let next = tokens.roll([-1], [1]);
+    let y = next.where_self(&(&positions + 1).lt_tensor(&len), &Tensor::full([], -100, ints));
+    Ok((x, y, lengths))
 }
 
 /// What each rank process costs before any data or model: libtorch and Open MPI (measured
@@ -67,7 +103,12 @@ const MIB: f64 = (1u64 << 20) as f64;
 /// accumulation run on rank 0 (with the bound's W partial sums). Names the flag whose
 /// part is largest, with the figures.
 pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
-    let row = if cfg.model.is_resnet() { 3.0 * (cfg.image_size as f64).powi(2) } else { cfg.features as f64 };
+    let row = match cfg.model {
+        m if m.is_resnet() => 3.0 * (cfg.image_size as f64).powi(2),
+        // ids and labels, int64, counted as two float32 rows each.
+        m if m.token_loss() => 4.0 * cfg.seq_len as f64,
+        _ => cfg.features as f64,
+    };
     // Drawn in float32, then cast: both copies live at once.
     let width = if cfg.dtype == Dtype::Float32 { 4.0 } else { 4.0 + cfg.dtype.kind().elt_size_in_bytes() as f64 };
     let n = cfg.data_size as f64;

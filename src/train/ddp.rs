@@ -19,7 +19,7 @@ pub fn ddp_run<'a>(cfg: &TrainConfig, comm: &'a dyn Collective, start: DdpStart)
         ));
     }
     let side = DdpSide { comm, broadcast_buffers: true, start };
-    Run::new(cfg, RunPlan::ddp_rank(cfg, rank), Some(side))
+    Run::new(cfg, RunPlan::ddp_rank(cfg, rank), Some(side), false)
 }
 
 /// One rank's whole trace, free-running; every rank returns the same gradients.

@@ -9,7 +9,7 @@ mod lockstep;
 pub mod models;
 pub mod optim;
 
-pub use accumulation::{accumulation, accumulation_run};
+pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
 pub use bounds::Bounds;
 pub use ddp::{ddp_rank, ddp_run};
 pub use lockstep::{lockstep, StepGrads, StepSink};
@@ -22,7 +22,7 @@ use self::optim::Sgd;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
 use crate::evidence::{snapshot, Params, Trace};
-use crate::plan::{RunPlan, StepPlan};
+use crate::plan::{Counts, Normaliser, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
 
 /// A run's weights and buffers as [`collective::flatten`] makes them.
@@ -53,9 +53,9 @@ pub struct Run<'a> {
     model: Box<dyn Model>,
     data: Data,
     opt: Sgd,
-    /// Its steps, loss divisor and zeroing, from `plan::RunPlan`.
+    /// Its steps, loss normalisation and zeroing, from `plan::RunPlan`.
     plan: StepPlan,
-    loss_divisor: usize,
+    norm: Normaliser,
     zero_grad: bool,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
@@ -67,13 +67,16 @@ pub struct Run<'a> {
     restarted: bool,
     /// The accumulation run's: what rounding may make DDP differ by (see `bounds`).
     bounds: Option<Bounds>,
-    /// What the last step's gradients may differ by, until taken.
+    /// What the last step's gradients may differ by, until taken: from DDP's, and from
+    /// the big batch's.
     allowed: Params,
+    allowed_big: Params,
 }
 
 impl<'a> Run<'a> {
-    fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>) -> Result<Self> {
-        let RunPlan { steps: plan, loss_divisor, zero_grad } = plan;
+    /// `bounds`: this run is the accumulation run, which derives what the others may differ by.
+    fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, bounds: bool) -> Result<Self> {
+        let RunPlan { steps: plan, norm, zero_grad } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
         let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
@@ -87,13 +90,13 @@ impl<'a> Run<'a> {
             true => model.parameters().iter().map(|(_, p)| p.detach().abs()).collect(),
             false => Vec::new(),
         };
-        let bounds = ddp.is_none().then(|| Bounds::new(cfg, loss_divisor, model.parameters().len()));
+        let bounds = bounds.then(|| Bounds::new(cfg, model.parameters().len()));
         let mut run = Run {
             model,
             data,
             opt,
             plan,
-            loss_divisor,
+            norm,
             zero_grad,
             ddp,
             peaks,
@@ -101,6 +104,7 @@ impl<'a> Run<'a> {
             restarted: false,
             bounds,
             allowed: Params::new(),
+            allowed_big: Params::new(),
         };
         if let Some(d) = run.ddp.as_ref().filter(|d| d.start == DdpStart::Broadcast) {
             // DDP's constructor broadcasts rank 0's parameters and buffers.
@@ -117,7 +121,8 @@ impl<'a> Run<'a> {
     /// Runs optimizer step `s`'s micro-batches and the step; returns the gradients it applied.
     pub fn step(&mut self, s: usize) -> Result<Params> {
         let group = std::mem::take(&mut self.plan.steps[s]);
-        self.forward_backward(&group)?;
+        let divisors = self.divisors(s, &group, true)?;
+        self.forward_backward(&group, &divisors)?;
         let params = self.model.parameters();
         if let Some(d) = &self.ddp {
             let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
@@ -134,7 +139,7 @@ impl<'a> Run<'a> {
             let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
             let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
             let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
-            self.allowed = b.step(&names, &grads, &tensors);
+            (self.allowed, self.allowed_big) = b.step(&names, &grads, &tensors);
         }
         self.opt.step()?;
         if let Some(b) = self.bounds.as_mut() {
@@ -152,13 +157,20 @@ impl<'a> Run<'a> {
         std::mem::take(&mut self.allowed)
     }
 
+    /// What they may differ by in the big batch (empty but for the accumulation run).
+    pub fn take_allowed_big(&mut self) -> Params {
+        std::mem::take(&mut self.allowed_big)
+    }
+
     /// Runs the micro-batches after the last step, then returns the final weights, buffers
     /// and peaks (no steps: the caller has them).
     pub fn finish(mut self) -> Result<Trace> {
         let tail = std::mem::take(&mut self.plan.tail);
         // They make no step, so the bounds need not see them.
         let bounds = self.bounds.take();
-        self.forward_backward(&tail)?;
+        // Never stepped, so its normalisation is never seen: no count is all-reduced.
+        let divisors = self.divisors(self.plan.steps.len(), &tail, false)?;
+        self.forward_backward(&tail, &divisors)?;
         let m = &self.model;
         let allowed_finals = match &bounds {
             Some(b) => {
@@ -181,13 +193,15 @@ impl<'a> Run<'a> {
 
     /// Every step, then [`Run::finish`]: a free-running run's whole trace.
     pub fn run_all(mut self) -> Result<Trace> {
-        let (mut steps, mut allowed) = (Vec::new(), Vec::new());
+        let (mut steps, mut allowed, mut allowed_big) = (Vec::new(), Vec::new(), Vec::new());
         for s in 0..self.steps() {
             steps.push(self.step(s)?);
             allowed.push(self.take_allowed());
+            allowed_big.push(self.take_allowed_big());
         }
         allowed.retain(|a| !a.is_empty());
-        Ok(Trace { steps, allowed, ..self.finish()? })
+        allowed_big.retain(|a| !a.is_empty());
+        Ok(Trace { steps, allowed, allowed_big, ..self.finish()? })
     }
 
     /// The weights and buffers, flattened: what another run restarts from in lockstep.
@@ -204,6 +218,31 @@ impl<'a> Run<'a> {
             self.track_peaks();
         }
         Ok(())
+    }
+
+    /// Restarts from another run's `state` in this process (the big batch from the
+    /// accumulation run's, in lockstep), with [`Run::restart_from`]'s peaks rule.
+    pub fn restart_local(&mut self, state: &State) {
+        collective::unflatten(&state.0, &self.state_tensors());
+        if !std::mem::replace(&mut self.restarted, true) {
+            self.track_peaks();
+        }
+    }
+
+    /// What each micro-batch of step `s` (`group`) divides its loss by. Token counts are
+    /// taken from the data; a DDP rank all-reduces its count first (when `reduce`), so
+    /// every rank divides by the step's.
+    fn divisors(&self, s: usize, group: &[Vec<i64>], reduce: bool) -> Result<Vec<f64>> {
+        let held = group.len();
+        let before_shift = self.norm.counts_tokens();
+        let count = |mb: &[i64]| before_shift.map_or(0.0, |b| self.data.tokens(mb, b));
+        let own: f64 = group.iter().map(|mb| count(mb)).sum();
+        let mut step = [own];
+        if let (true, true, Some(d)) = (reduce, self.norm.all_reduces(), &self.ddp) {
+            d.comm.all_reduce_sum_f64(&mut step)?;
+        }
+        let counts = |mb: &[i64]| Counts { step: step[0], own, micro_batch: count(mb) };
+        Ok(group.iter().map(|mb| self.norm.divisor(s, held, counts(mb))).collect())
     }
 
     /// Keeps each weight's largest magnitude so far.
@@ -225,8 +264,8 @@ impl<'a> Run<'a> {
         m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect()
     }
 
-    fn forward_backward(&mut self, group: &[Vec<i64>]) -> Result<()> {
-        for (j, idx) in group.iter().enumerate() {
+    fn forward_backward(&mut self, group: &[Vec<i64>], divisors: &[f64]) -> Result<()> {
+        for (j, (idx, &divisor)) in group.iter().zip(divisors).enumerate() {
             if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
                 let buffers: Vec<Tensor> = self.model.buffers().iter().map(|(_, b)| b.shallow_clone()).collect();
                 collective::broadcast_all(d.comm, &buffers, 0)?;
@@ -236,12 +275,21 @@ impl<'a> Run<'a> {
             match self.bounds.as_mut() {
                 Some(b) => {
                     let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
-                    b.backward(&loss, self.loss_divisor, &params)?;
+                    b.backward(&loss, divisor, batch_rows(&batch), &params)?;
                 }
-                // `loss / ACC_STEPS` with an integer divisor, as in the article.
-                None => (loss / self.loss_divisor as f64).f_backward()?,
+                // `loss / ACC_STEPS` with an integer divisor, as in the article; tiny-lm's
+                // summed loss over the step's token count.
+                None => (loss / divisor).f_backward()?,
             }
         }
         Ok(())
     }
+}
+
+/// Terms each gradient element sums over in this micro-batch: its samples, times their
+/// positions for sequences.
+fn batch_rows(batch: &data::Batch) -> usize {
+    let size = batch.x.size();
+    size.first().copied().unwrap_or(1) as usize
+        * if size.len() == 2 && batch.y.is_some() { size[1] as usize } else { 1 }
 }

@@ -46,6 +46,19 @@ golden_case! {
     golden_resnet_tiny_float16_lockstep_matches_torchrun => "resnet-tiny-float16",
 }
 
+/// tiny-lm's three runs against PyTorch's (fixtures/lm_reference.py): model, data, seeded
+/// init and token-level normalisation rebuilt op for op, so accumulation and the big batch
+/// match bit for bit, and DDP too where gloo adds two partials as we do.
+#[test]
+fn golden_tiny_lm_runs_match_pytorch_including_its_big_batch() {
+    for (case, exact) in [("tiny-lm-k2-w2", 3), ("tiny-lm-k4-w2-short-window", 3), ("tiny-lm-w3", 2)] {
+        let text = check_golden(case);
+        let line = text.lines().find(|l| l.trim_start().starts_with("big batch    vs golden big batch"));
+        assert!(line.is_some_and(|l| l.contains("steps + final weights")), "{case}: {text}");
+        assert_eq!(text.matches("max 0 ulp: exact").count(), exact, "{case}: {text}");
+    }
+}
+
 /// Narrow dtypes on the linear model: DDP's rounded all-reduce of two ranks and the
 /// accumulation run's sums match gloo's and PyTorch's bit for bit.
 #[test]

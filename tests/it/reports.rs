@@ -19,8 +19,10 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
     let golden = Golden::load(&dir, &meta.train, &models::shapes(&meta.train).unwrap()).unwrap();
     let acc = Trace::load(&dir.join("accumulation.safetensors")).unwrap();
     let ddp = Trace::load(&dir.join("ddp.safetensors")).unwrap();
+    // PyTorch's big batch where the golden has one (tiny-lm's).
+    let big = Trace::load(&dir.join("big_batch.safetensors")).ok();
     let cfg = Config {
-        train: meta.train,
+        train: ddp_verify::spec::TrainConfig { big_batch: big.is_some(), ..meta.train },
         tolerance,
         derive_bounds: false,
         save_trace: None,
@@ -33,7 +35,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
         strict_buffers: false,
         device_note: "cpu (--device cpu)".into(),
     };
-    assemble(&cfg, acc, ddp, Some(golden))
+    assemble(&cfg, acc, ddp, big, Some(golden))
 }
 
 /// W=3 traces (gloo and the single process sum in different orders) under a zero tolerance:

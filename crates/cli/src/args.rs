@@ -111,7 +111,8 @@ pub struct RunArgs {
 /// The model and how it is trained, beyond the sampling shape.
 #[derive(Args)]
 pub struct NetArgs {
-    /// linear (the seed article's), resnet18 (torchvision's) or resnet-tiny (widths 8-16-32-64, one block per stage).
+    /// linear (the seed article's), resnet18 (torchvision's), resnet-tiny (widths 8-16-32-64, one block per stage)
+    /// or tiny-lm (a 2-block causal transformer with token-level loss).
     #[arg(long, value_name = "MODEL", default_value = d::MODEL, value_parser = names::model)]
     pub model: String,
     /// S: ResNet inputs are S x S images (torch.rand(N, 3, S, S)).
@@ -120,6 +121,26 @@ pub struct NetArgs {
     /// C: ResNet classes (labels torch.randint(0, C, (N,))).
     #[arg(long, default_value_t = d::CLASSES)]
     pub classes: usize,
+    /// V: tiny-lm's vocabulary (token ids torch.randint(0, V, (N, T))).
+    #[arg(long, default_value_t = d::VOCAB)]
+    pub vocab: usize,
+    /// T: tiny-lm's sequence length, padding included.
+    #[arg(long, default_value_t = d::SEQ_LEN)]
+    pub seq_len: usize,
+    /// Shortest tiny-lm sequence: lengths are drawn from [--min-len, --seq-len], the rest padded.
+    #[arg(long, default_value_t = d::MIN_LEN)]
+    pub min_len: usize,
+    /// A window of fewer than K micro-batches at an epoch's end: carry (into the next epoch,
+    /// as the article's loop) or step (on its own, as LM trainers do) [default: step for tiny-lm, else carry].
+    #[arg(long, value_name = "POLICY", value_parser = names::partial_window)]
+    pub partial_window: Option<String>,
+    /// Require the third run, one batch of each step's K·B samples, compared with accumulation
+    /// [default: on for linear and tiny-lm; refused for ResNets].
+    #[arg(long, conflicts_with = "no_big_batch")]
+    pub big_batch: bool,
+    /// Skip the big-batch run.
+    #[arg(long)]
+    pub no_big_batch: bool,
     #[arg(long, default_value_t = d::WEIGHT_DECAY)]
     pub weight_decay: f64,
     /// Stop both runs after this many optimizer steps.
@@ -128,7 +149,7 @@ pub struct NetArgs {
     /// float32, float64, bfloat16 or float16, for data, model, gradients and optimizer (made in float32, then cast).
     #[arg(long, default_value = d::DTYPE, value_parser = names::dtype)]
     pub dtype: String,
-    /// Restart DDP from the accumulation run's weights and buffers before every step [default for ResNets].
+    /// Restart DDP from the accumulation run's weights and buffers before every step [default for ResNets and tiny-lm].
     #[arg(long, conflicts_with = "free_running")]
     pub lockstep: bool,
     /// Let both runs train on their own [default for the linear model]; deep nets drift in float32.

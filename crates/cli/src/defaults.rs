@@ -19,6 +19,12 @@ pub const IMAGE_SIZE: usize = 32;
 /// C: CIFAR-10's classes.
 pub const CLASSES: usize = 10;
 pub const MODEL: &str = "linear";
+/// V: tiny-lm's vocabulary.
+pub const VOCAB: usize = 64;
+/// T: tiny-lm's sequence length.
+pub const SEQ_LEN: usize = 16;
+/// Shortest tiny-lm sequence before padding.
+pub const MIN_LEN: usize = 4;
 pub const DTYPE: &str = "float32";
 pub const DEVICE: &str = "auto";
 /// Seconds the ranks of a verification may take.

@@ -1,14 +1,25 @@
 //! The words a flag's value may be, once: the library's enums take their names from here
 //! (by position), and the flags check against them so a typo is refused while parsing.
 
-pub const MODELS: [&str; 3] = ["linear", "resnet18", "resnet-tiny"];
+pub const MODELS: [&str; 4] = ["linear", "resnet18", "resnet-tiny", "tiny-lm"];
+pub const PARTIAL_WINDOWS: [&str; 2] = ["carry", "step"];
 pub const DTYPES: [&str; 4] = ["float32", "float64", "bfloat16", "float16"];
 pub const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
 pub const FORMATS: [&str; 4] = ["table", "json", "markdown", "junit"];
 /// Other spellings a report format is also known by.
 pub const FORMAT_ALIASES: [(&str, &str); 1] = [("md", "markdown")];
-pub const BUGS: [&str; 6] =
-    ["no-loss-scale", "double-scale", "contiguous-split", "no-set-epoch", "no-padding", "stale-zero-grad"];
+pub const BUGS: [&str; 10] = [
+    "no-loss-scale",
+    "double-scale",
+    "contiguous-split",
+    "no-set-epoch",
+    "no-padding",
+    "stale-zero-grad",
+    "mean-per-micro-batch",
+    "count-per-rank",
+    "count-before-shift",
+    "last-window-by-k",
+];
 
 /// `s` if it is one of `names`, else the one-line complaint clap shows after the flag.
 pub fn check(what: &str, s: &str, names: &[&str]) -> Result<String, String> {
@@ -28,6 +39,10 @@ pub(crate) fn dtype(s: &str) -> Result<String, String> {
 
 pub(crate) fn device(s: &str) -> Result<String, String> {
     check("device", s, &DEVICES)
+}
+
+pub(crate) fn partial_window(s: &str) -> Result<String, String> {
+    check("partial window", s, &PARTIAL_WINDOWS)
 }
 
 pub(crate) fn bug(s: &str) -> Result<String, String> {

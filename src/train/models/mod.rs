@@ -3,9 +3,11 @@
 
 mod linear;
 mod resnet;
+pub mod tiny_lm;
 
 pub use linear::Linear;
 pub use resnet::{ResNet, ResNetSpec};
+pub use tiny_lm::TinyLm;
 
 use tch::{Device, Tensor};
 
@@ -31,6 +33,10 @@ pub fn parameter_count(cfg: &TrainConfig) -> f64 {
         ModelKind::Linear => cfg.features as f64,
         ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64).parameter_count(),
         ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64).parameter_count(),
+        ModelKind::TinyLm => tiny_lm::layout(cfg.vocab as i64, cfg.seq_len as i64)
+            .iter()
+            .map(|(_, s)| s.iter().product::<i64>() as f64)
+            .sum(),
     }
 }
 
@@ -39,7 +45,7 @@ pub fn parameter_count(cfg: &TrainConfig) -> f64 {
 /// others waiting in a collective).
 pub fn check_init(cfg: &TrainConfig) -> Result<()> {
     let spec = match cfg.model {
-        ModelKind::Linear => return Ok(()),
+        ModelKind::Linear | ModelKind::TinyLm => return Ok(()),
         ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
         ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
     };
@@ -62,6 +68,9 @@ pub fn build(cfg: &TrainConfig, device: Device, blank: bool) -> Result<Box<dyn M
     let kind = cfg.dtype.kind();
     let spec = match cfg.model {
         ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device))),
+        ModelKind::TinyLm => {
+            return Ok(Box::new(TinyLm::new(cfg.vocab, cfg.seq_len, cfg.seed, blank, kind, device)));
+        }
         ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
         ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
     };
@@ -82,7 +91,7 @@ mod tests {
     /// The count the memory check uses is the built model's, without building it.
     #[test]
     fn parameter_counts_match_the_built_models() {
-        for model in [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::Resnet18] {
+        for model in [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::Resnet18, ModelKind::TinyLm] {
             for classes in [2, 10] {
                 let cfg = TrainConfig { model, classes, ..TrainConfig::article() };
                 let built = build(&cfg, Device::Cpu, true).unwrap();

@@ -1,0 +1,135 @@
+//! What each micro-batch's loss is divided by, per run: K micro-batches (K/W on a rank)
+//! for the linear model and ResNets, or the step's target tokens for tiny-lm. The rule is
+//! written here once; a run applies it to the counts it finds (a DDP rank after
+//! all-reducing its count, as current trainers do). Planted bugs change the rule.
+
+use crate::spec::{Bug, PartialWindow, TrainConfig};
+
+/// How one run normalises its losses.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Normaliser {
+    /// By micro-batches: `full` (K, or K/W on a rank) for a full window or one carried
+    /// into the next epoch; a short window (`--partial-window step`, `steps_short`) by the
+    /// micro-batches it holds, unless `short_by_full` (the last-window bug); the result
+    /// `times` over (W for the double-scale bug, else 1). `fixed`: the no-loss-scale bug's
+    /// divisor, whatever the window holds.
+    MicroBatches { full: usize, times: usize, fixed: Option<usize>, steps_short: bool, short_by_full: bool },
+    /// By target tokens (tiny-lm).
+    Tokens(TokenNorm),
+    /// The big batch of a model normalised by micro-batches: one value per step, the
+    /// accumulation window's own divisor.
+    PerStep(Vec<f64>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenNorm {
+    /// Micro-batches of a full window on this run (K, K/W on a rank, 1 for the big batch).
+    pub full: usize,
+    /// DDP ranks: W, whose average the divisor T/W undoes; else 1.
+    pub world: usize,
+    pub scope: Scope,
+    /// Counted after the causal shift (targets) or before it (inputs: the bug).
+    pub before_shift: bool,
+    pub short_by_full: bool,
+}
+
+/// Whose tokens the divisor counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The step's, over all ranks (all-reduced on a rank): correct.
+    Step,
+    /// The rank's own (the count-per-rank bug).
+    Rank,
+    /// The micro-batch's own, times the window's micro-batches (the mean-per-micro-batch bug).
+    MicroBatch,
+}
+
+/// The token counts a run finds for one micro-batch of a step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counts {
+    /// The step's, all ranks together.
+    pub step: f64,
+    /// This run's share of the step (a rank's; the whole step elsewhere).
+    pub own: f64,
+    pub micro_batch: f64,
+}
+
+impl Normaliser {
+    /// The accumulation run's, with `bug` planted where it belongs to that side.
+    pub fn accumulation(cfg: &TrainConfig) -> Normaliser {
+        Normaliser::of(cfg, cfg.acc_steps, 1, cfg.inject.filter(|b| b.side() != "ddp"))
+    }
+
+    /// A DDP rank's.
+    pub fn rank(cfg: &TrainConfig) -> Normaliser {
+        let bug = cfg.inject.filter(|b| matches!(b.side(), "ddp" | "both"));
+        Normaliser::of(cfg, cfg.local_acc_steps(), cfg.gpus, bug)
+    }
+
+    fn of(cfg: &TrainConfig, full: usize, world: usize, bug: Option<Bug>) -> Normaliser {
+        let short_by_full = bug == Some(Bug::LastWindowByK);
+        if !cfg.model.token_loss() {
+            let fixed = (bug == Some(Bug::NoLossScale)).then_some(1);
+            let times = if bug == Some(Bug::DoubleScale) { cfg.gpus } else { 1 };
+            let steps_short = cfg.partial_window == PartialWindow::Step;
+            return Normaliser::MicroBatches { full, times, fixed, steps_short, short_by_full };
+        }
+        let scope = match bug {
+            Some(Bug::CountPerRank) => Scope::Rank,
+            Some(Bug::MeanPerMicroBatch) => Scope::MicroBatch,
+            _ => Scope::Step,
+        };
+        let before_shift = bug == Some(Bug::CountBeforeShift);
+        Normaliser::Tokens(TokenNorm { full, world, scope, before_shift, short_by_full })
+    }
+
+    /// The big batch's: the step's tokens, or the accumulation window's own divisor for
+    /// each step of `held` micro-batches (K for a full or carried window, its count for a
+    /// short one).
+    pub fn big_batch(cfg: &TrainConfig, held: &[usize]) -> Normaliser {
+        if cfg.model.token_loss() {
+            let t = TokenNorm { full: 1, world: 1, scope: Scope::Step, before_shift: false, short_by_full: false };
+            return Normaliser::Tokens(t);
+        }
+        let k = cfg.acc_steps;
+        let step = cfg.partial_window == PartialWindow::Step;
+        Normaliser::PerStep(held.iter().map(|&h| if step && h < k { h } else { k } as f64).collect())
+    }
+
+    /// Whether the run must count tokens (and, on a rank, all-reduce them) before a step.
+    pub fn counts_tokens(&self) -> Option<bool> {
+        match self {
+            Normaliser::Tokens(t) => Some(t.before_shift),
+            _ => None,
+        }
+    }
+
+    /// Whether a DDP rank must all-reduce its count.
+    pub fn all_reduces(&self) -> bool {
+        matches!(self, Normaliser::Tokens(t) if t.world > 1 && t.scope == Scope::Step)
+    }
+
+    /// What step `step`'s micro-batch is divided by, the step holding `held` micro-batches.
+    pub fn divisor(&self, step: usize, held: usize, counts: Counts) -> f64 {
+        match self {
+            Normaliser::PerStep(d) => d.get(step).copied().unwrap_or(1.0),
+            Normaliser::MicroBatches { fixed: Some(d), .. } => *d as f64,
+            Normaliser::MicroBatches { full, times, fixed: None, steps_short, short_by_full } => {
+                let window = if held < *full && *steps_short && !short_by_full { held } else { *full };
+                (window * times) as f64
+            }
+            Normaliser::Tokens(t) => {
+                let short = held < t.full;
+                let window = if short && !t.short_by_full { held } else { t.full } as f64;
+                match t.scope {
+                    Scope::Step if short && t.short_by_full => {
+                        counts.step / t.world as f64 * (t.full as f64 / held as f64)
+                    }
+                    Scope::Step => counts.step / t.world as f64,
+                    Scope::Rank => counts.own,
+                    Scope::MicroBatch => counts.micro_batch * window,
+                }
+            }
+        }
+    }
+}

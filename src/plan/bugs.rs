@@ -19,7 +19,13 @@ impl Bug {
         let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
         let correct = StepPlan::accumulation(cfg, None);
         let buggy = match self {
-            Bug::NoLossScale => return whether(cfg.acc_steps > 1),
+            // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
+            // windows stepping on their own).
+            Bug::NoLossScale => {
+                let step = cfg.partial_window == crate::spec::PartialWindow::Step;
+                let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
+                return whether(correct.steps.iter().any(|s| divisor(s) > 1));
+            }
             Bug::DoubleScale => return whether(cfg.gpus > 1),
             Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
             Bug::CountBeforeShift => return Effect::Math,
@@ -61,15 +67,16 @@ pub enum Effect {
 
 /// Whether every group of a step's micro-batches (by `group(j)` of the micro-batch's
 /// position: itself, or the rank it mimics) holds as many target tokens as the others of
-/// its step. Lengths are drawn, so counts are equal for sure only when every sequence has
-/// the same length and every group as many sequences (or a step has one group).
+/// its step, from the lengths the seed draws.
 fn same_counts(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>], group: impl Fn(usize) -> usize) -> bool {
+    let targets = super::tokens::targets(cfg);
+    let count = |mb: &[i64]| mb.iter().map(|&i| targets.get(i as usize).copied().unwrap_or(0)).sum::<i64>();
     steps.iter().all(|s| {
-        let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
+        let mut counts = std::collections::BTreeMap::<usize, i64>::new();
         for (j, mb) in s.iter().enumerate() {
-            *sizes.entry(group(j)).or_default() += mb.len();
+            *counts.entry(group(j)).or_default() += count(mb);
         }
-        sizes.len() <= 1 || (cfg.min_len == cfg.seq_len && sizes.values().all(|&n| Some(&n) == sizes.values().next()))
+        counts.values().all(|&n| Some(&n) == counts.values().next())
     })
 }
 
@@ -77,20 +84,34 @@ fn indices(order: Vec<MicroBatch>) -> Vec<Vec<i64>> {
     order.into_iter().map(|m| m.indices).collect()
 }
 
-/// A plan's steps as the mathematics sees them. For the linear model a step's gradient
-/// depends on its multiset of samples alone; with BatchNorm it also depends on how they are
-/// grouped into micro-batches, so for ResNets each step is its sorted list of sorted
-/// micro-batches.
+/// A plan's steps as the mathematics sees them. Without BatchNorm a step's gradient is
+/// the sum of its samples' terms over the step's normaliser (K, a short window's count, or
+/// its target tokens), so each step is each sample's weight: its count over that divisor
+/// (a repeated sample in a window of two weighs what it does alone in a window of one).
+/// With BatchNorm it also depends on how they are grouped into micro-batches, so for
+/// ResNets each step is its sorted list of sorted micro-batches.
 fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
+    let targets = if cfg.model.token_loss() { super::tokens::targets(cfg) } else { Vec::new() };
+    let step_mode = cfg.partial_window == crate::spec::PartialWindow::Step;
     steps
         .iter()
         .map(|step| {
             let mut step: Vec<Vec<i64>> = step.clone();
             step.iter_mut().for_each(|m| m.sort_unstable());
             if !cfg.model.is_resnet() {
-                let mut all = step.concat();
-                all.sort_unstable();
-                step = vec![all];
+                let divisor = match cfg.model.token_loss() {
+                    true => step.iter().flatten().map(|&i| targets.get(i as usize).copied().unwrap_or(0)).sum::<i64>(),
+                    false if step_mode && step.len() < cfg.acc_steps => step.len() as i64,
+                    false => cfg.acc_steps as i64,
+                };
+                let mut counts = std::collections::BTreeMap::<i64, i64>::new();
+                for &i in step.iter().flatten() {
+                    *counts.entry(i).or_default() += 1;
+                }
+                // Equal rationals divide to the same double: exact comparison is sound.
+                let weights =
+                    counts.iter().flat_map(|(&i, &n)| [i, (n as f64 / divisor.max(1) as f64).to_bits() as i64]);
+                step = vec![weights.collect()];
             }
             step.sort();
             step

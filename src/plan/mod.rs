@@ -9,6 +9,7 @@ pub mod rng;
 pub mod sampler;
 pub mod split;
 pub mod steps;
+pub mod tokens;
 
 pub use bugs::Effect;
 pub use norm::{Counts, Normaliser};

@@ -133,3 +133,55 @@ impl Normaliser {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ModelKind;
+
+    fn lm(inject: Option<Bug>) -> TrainConfig {
+        let t = TrainConfig { model: ModelKind::TinyLm, acc_steps: 4, gpus: 2, inject, ..TrainConfig::article() };
+        TrainConfig { partial_window: PartialWindow::Step, ..t }
+    }
+
+    /// The step's 30 tokens, this rank's 12, this micro-batch's 5.
+    const COUNTS: Counts = Counts { step: 30.0, own: 12.0, micro_batch: 5.0 };
+
+    /// Accumulation divides by T, a rank by T/W (DDP's average makes it T); each bug as its
+    /// issue describes it.
+    #[test]
+    fn token_divisors_follow_the_step_count_and_each_bug_its_own() {
+        assert_eq!(Normaliser::accumulation(&lm(None)).divisor(0, 4, COUNTS), 30.0);
+        assert_eq!(Normaliser::rank(&lm(None)).divisor(0, 2, COUNTS), 15.0);
+        assert_eq!(Normaliser::rank(&lm(Some(Bug::CountPerRank))).divisor(0, 2, COUNTS), 12.0);
+        assert_eq!(Normaliser::accumulation(&lm(Some(Bug::CountPerRank))).divisor(0, 4, COUNTS), 30.0);
+        let mean = Some(Bug::MeanPerMicroBatch);
+        assert_eq!(Normaliser::accumulation(&lm(mean)).divisor(0, 4, COUNTS), 20.0);
+        assert_eq!(Normaliser::rank(&lm(mean)).divisor(0, 2, COUNTS), 10.0);
+        // A short window of one micro-batch per rank (two in accumulation) divides by its
+        // own tokens; the bug divides as if it held K, leaving K'/K = 1/2 of the gradient.
+        let by_k = Some(Bug::LastWindowByK);
+        assert_eq!(Normaliser::accumulation(&lm(None)).divisor(3, 2, COUNTS), 30.0);
+        assert_eq!(Normaliser::accumulation(&lm(by_k)).divisor(3, 2, COUNTS), 60.0);
+        assert_eq!(Normaliser::rank(&lm(by_k)).divisor(3, 1, COUNTS), 30.0);
+    }
+
+    #[test]
+    fn micro_batch_divisors_follow_the_window_policy() {
+        let linear = |partial_window, inject| TrainConfig {
+            acc_steps: 4,
+            gpus: 2,
+            partial_window,
+            inject,
+            ..TrainConfig::article()
+        };
+        let acc = |c| Normaliser::accumulation(&c);
+        assert_eq!(acc(linear(PartialWindow::Carry, None)).divisor(0, 6, COUNTS), 4.0);
+        assert_eq!(acc(linear(PartialWindow::Step, None)).divisor(0, 2, COUNTS), 2.0);
+        assert_eq!(acc(linear(PartialWindow::Step, Some(Bug::LastWindowByK))).divisor(0, 2, COUNTS), 4.0);
+        assert_eq!(acc(linear(PartialWindow::Step, Some(Bug::DoubleScale))).divisor(0, 2, COUNTS), 4.0);
+        assert_eq!(acc(linear(PartialWindow::Carry, Some(Bug::NoLossScale))).divisor(0, 4, COUNTS), 1.0);
+        let big = Normaliser::big_batch(&linear(PartialWindow::Step, None), &[4, 2]);
+        assert_eq!((big.divisor(0, 1, COUNTS), big.divisor(1, 1, COUNTS)), (4.0, 2.0));
+    }
+}

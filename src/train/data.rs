@@ -72,14 +72,9 @@ impl Data {
 
 /// tiny-lm's ids `[N, T]`, labels `[N, T]` and lengths, as the module doc says.
 fn token_data(cfg: &TrainConfig) -> Result<(Tensor, Tensor, Vec<i64>)> {
-    let (n, t) = (cfg.data_size as i64, cfg.seq_len as i64);
+    let t = cfg.seq_len as i64;
     let ints = (Kind::Int64, Device::Cpu);
-    let (tokens, lengths) = crate::plan::rng::seeded(cfg.seed, || -> Result<_> {
-        let tokens = Tensor::f_randint(cfg.vocab as i64, [n, t], ints)?;
-        let lengths = Tensor::f_randint_low(cfg.min_len as i64, t + 1, [n], ints)?;
-        Ok((tokens, lengths))
-    })?;
-    let lengths = Vec::<i64>::try_from(&lengths)?;
+    let (tokens, lengths) = crate::plan::tokens::draw(cfg)?;
     let positions = Tensor::arange(t, ints).unsqueeze(0);
     let len = Tensor::from_slice(&lengths).unsqueeze(1);
     // Position j is an input while j < L, and has a target while j + 1 < L.
@@ -118,7 +113,8 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
     let parts = [
         ("--gpus", w * RANK_BASELINE_BYTES),
         ("--data-size", runs * data),
-        (if cfg.model.is_resnet() { "--classes" } else { "--features" }, (runs * PARAMETER_COPIES + w) * params),
+        (parameter_flag(cfg), (runs * PARAMETER_COPIES + w) * params),
+        ("--batch-size", activation_bytes(cfg)),
     ];
     let total: f64 = parts.iter().map(|(_, b)| b).sum();
     let Some(available) = too_much(total) else { return Ok(()) };
@@ -127,6 +123,17 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
         "--gpus" => (
             format!("{} ranks need about {:.1} GiB before any data (110 MiB each)", cfg.gpus, gib(parts[0].1)),
             "use fewer --gpus",
+        ),
+        "--batch-size" => (
+            format!(
+                "one forward and backward of {} sequences of {} tokens over a vocabulary of {} holds about {:.1} GiB of \
+                 activations (logits and attention), in every process and in the big batch of K·B",
+                cfg.batch_size,
+                cfg.seq_len,
+                cfg.vocab,
+                gib(parts[3].1)
+            ),
+            "use a smaller --batch-size, --seq-len or --vocab",
         ),
         "--data-size" => (
             format!(
@@ -145,7 +152,11 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
                 gib(parts[2].1),
                 cfg.gpus + 1
             ),
-            if cfg.model.is_resnet() { "use fewer --classes" } else { "use fewer --features" },
+            match parameter_flag(cfg) {
+                "--classes" => "use fewer --classes",
+                "--vocab" => "use a smaller --vocab (or --seq-len)",
+                _ => "use fewer --features",
+            },
         ),
     };
     Err(Error::bad_flag(
@@ -153,6 +164,30 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
         format!("{problem}: about {:.1} GiB in all, but only {:.1} GiB is available", gib(total), gib(available)),
         fix,
     ))
+}
+
+/// tiny-lm's activations at their largest: each rank's micro-batch of B sequences, and on
+/// rank 0 also accumulation's and the big batch's K·B (logits and their gradient at V per
+/// position, attention scores at T per position and head, the residual stream's copies).
+/// The other models' activations are small beside their data and parameters.
+fn activation_bytes(cfg: &TrainConfig) -> f64 {
+    use super::models::tiny_lm::{D_MODEL, HEADS, LAYERS, MLP};
+    if !cfg.model.token_loss() {
+        return 0.0;
+    }
+    let rows = ((cfg.gpus + 1) * cfg.batch_size + cfg.acc_steps * cfg.batch_size) as f64 * cfg.seq_len as f64;
+    let per_position = 4.0 * cfg.vocab as f64
+        + LAYERS as f64 * (4.0 * HEADS as f64 * cfg.seq_len as f64 + 16.0 * D_MODEL as f64 + 4.0 * MLP as f64);
+    rows * per_position * cfg.dtype.kind().elt_size_in_bytes() as f64
+}
+
+/// The flag that sizes the model most.
+fn parameter_flag(cfg: &TrainConfig) -> &'static str {
+    match cfg.model {
+        m if m.is_resnet() => "--classes",
+        m if m.token_loss() => "--vocab",
+        _ => "--features",
+    }
 }
 
 /// `split` holds the index lists of one epoch in one process, and with `--json` their text:

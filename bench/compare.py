@@ -5,7 +5,8 @@
 For each linear configuration it times the two reference scripts the way a user runs them
 (fixtures/linear_reference.py in one process, then under torchrun with gloo; their times
 added) and `ddp-verify` end to end, N times each, and prints min and median with the ratio
-reference / ours. Then `ddp-verify explore` throughput. Then the ResNet golden cases:
+reference / ours. Then `ddp-verify explore` throughput. Then tiny-lm at its default size against
+the three scripts that make its goldens (fixtures/lm_reference.py). Then the ResNet golden cases:
 ddp-verify end to end against the pure compute of its two runs (examples/pure_compute.rs:
 forward, backward and step of every step, timed alone in one process), and resnet18's peak
 memory (RSS of all processes) as the number of steps doubles. Results also go to JSON.
@@ -38,6 +39,10 @@ CONFIGS = {
 }
 
 
+# tiny-lm at its default size: ddp-verify's three runs against the three reference scripts
+# that make its goldens (fixtures/lm_reference.py: accumulation, torchrun ddp, big batch).
+TINY_LM = "--data-size 8 --batch-size 4 --acc-steps 2 --gpus 2 --epochs 2"
+
 RETRIES = []
 
 
@@ -62,6 +67,30 @@ def reference(flags, tmp):
     d, _ = timed([TORCHRUN, "--standalone", f"--nproc_per_node={gpus}", "fixtures/linear_reference.py", "ddp",
                   "--out", tmp, *flags.split()], env, retry=True)
     return a + d
+
+
+def lm_reference(flags, tmp):
+    """The three tiny-lm reference runs, in lockstep as ddp-verify runs them: times added."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    script, args = "fixtures/lm_reference.py", ["--out", tmp, *flags.split(), "--lockstep"]
+    a, _ = timed([PY, script, "accumulation", *args], env, retry=True)
+    d, _ = timed([TORCHRUN, "--standalone", "--nproc_per_node=2", script, "ddp", *args], env, retry=True)
+    b, _ = timed([PY, script, "big-batch", *args], env, retry=True)
+    return a + d + b
+
+
+def tiny_lm_rows(runs):
+    """tiny-lm: the reference scripts against ddp-verify, and ddp-verify's peak memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = summary([lm_reference(TINY_LM, tmp) for _ in range(runs)])
+    ours = summary([timed([TOOL, "--model", "tiny-lm", *TINY_LM.split()])[0] for _ in range(runs)])
+    ratio = ref["median"] / ours["median"]
+    rss = max(peak_rss_mib(f"--model tiny-lm {TINY_LM}") for _ in range(runs))
+    name = "tiny-lm (N=8 B=4 K=2 W=2, 2 epochs, + big batch)"
+    print(f"{name:<58} {ref['min']:>7.2f} / {ref['median']:<7.2f} {ours['min']:>7.2f} / {ours['median']:<7.2f} "
+          f"{ratio:>7.1f}x  ddp-verify <= 5 s: {'met' if ours['median'] <= 5 else 'NOT met'}")
+    print(f"{'tiny-lm peak RSS, all processes (MiB)':<58} {'':>17} {rss:>17}")
+    return {"flags": TINY_LM, "reference_s": ref, "ddp_verify_s": ours, "speedup": ratio, "peak_rss_mib": rss}
 
 
 def golden_train(case):
@@ -100,7 +129,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", default=os.path.join(ROOT, "target/bench/compare.json"))
+    p.add_argument("--only", choices=["tiny-lm"], help="time only these rows")
     a = p.parse_args()
+    if a.only == "tiny-lm":
+        print(f"{'configuration':<58} {'PyTorch scripts':>17} {'ddp-verify':>17} {'speedup':>8}  target")
+        json.dump({"tiny_lm": tiny_lm_rows(a.runs)}, sys.stdout, indent=2)
+        print()
+        return
     rows, results = [], {"machine": f"{os.cpu_count()} cores", "configs": {}, "explore": None}
     with tempfile.TemporaryDirectory() as tmp:
         for name, flags in CONFIGS.items():
@@ -121,6 +156,7 @@ def main():
               f"{ratio:>7.1f}x  {target}")
     print(f"{'explore, linear, up to 4 ranks (configs per minute)':<58} {'':>17} {per_min:>17.0f} {'':>8}  "
           f">= 1000: {'met' if per_min >= 1000 else 'NOT met'}")
+    results["tiny_lm"] = tiny_lm_rows(a.runs)
     resnet = {}
     print(f"\n{'ResNet golden case':<58} {'pure compute':>17} {'ddp-verify':>17} {'overhead':>8}  target")
     print(f"{'':<58} {'min / median s':>17} {'min / median s':>17}")

@@ -203,14 +203,15 @@ pub struct ExploreArgs {
     #[arg(long, default_value_t = d::EXPLORE_MAX_GPUS)]
     pub max_gpus: usize,
     /// Draw configurations of: linear, resnet-tiny (lockstep in every dtype, and float64
-    /// free-running), or all (a ResNet one draw in four).
+    /// free-running), tiny-lm, or all (linear three draws in five).
     #[arg(long, value_name = "MODEL|all", default_value = d::EXPLORE_MODEL)]
     pub model: String,
     /// Seed of the random draws [default: a fresh one, printed for replay].
     #[arg(long)]
     pub seed: Option<u64>,
     /// Plant BUG in every case, or `all` for one pass per known bug: no-loss-scale,
-    /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad.
+    /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad, and for tiny-lm
+    /// mean-per-micro-batch, count-per-rank, count-before-shift; last-window-by-k.
     #[arg(long, value_name = "BUG|all")]
     pub inject: Option<String>,
     #[command(flatten)]

@@ -47,15 +47,15 @@ impl ExploreReport {
         if !bugs.is_empty() {
             let _ = writeln!(
                 s,
-                "\n  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8}  likely cause reported",
+                "\n  {:<20} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8}  likely cause reported",
                 "injected bug", "planted in", "configs", "changes math", "caught", "missed", "false+", "margin"
             );
             for t in &bugs {
                 let b = t.bug.expect("bug tally");
-                notes.push(format!("    {:<17} {}", b.name(), b.harmless_when()));
+                notes.push(format!("    {:<20} {}", b.name(), b.harmless_when()));
                 let _ = writeln!(
                     s,
-                    "  {:<17} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8} {}",
+                    "  {:<20} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8} {}",
                     b.name(),
                     b.side(),
                     t.cases,

@@ -313,16 +313,9 @@ fn flat(p: &Params) -> Vec<f64> {
 /// residual measured at the largest |x|: a deep net's backward rescaled by a K that is no
 /// power of two rounds every element anew, and elements that cancel lose their ratio.
 fn constant_ratio(x: &[f64], y: &[f64], eps: f64) -> Option<f64> {
-    let (sxy, sxx) = x.iter().zip(y).fold((0.0, 0.0), |(sxy, sxx), (a, b)| (sxy + a * b, sxx + a * a));
-    if sxx == 0.0 || x.len() != y.len() {
-        return None;
-    }
-    let r = sxy / sxx;
-    let peak = x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let tol = slack(1e-4, eps, 4.0);
-    let same = x.iter().zip(y).all(|(a, b)| (b - r * a).abs() <= tol * r.abs() * peak);
     let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= tol * v;
-    (same && (whole(r) || whole(1.0 / r))).then_some(r)
+    fitted_ratio(x, y, eps).filter(|&r| whole(r) || whole(1.0 / r))
 }
 
 /// Equal up to rounding: relative to each element, or to the largest one where a deep net's

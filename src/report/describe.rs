@@ -23,6 +23,20 @@ fn onoff(b: bool) -> &'static str {
     }
 }
 
+/// Epochs, optimizer and sampler flags, as the deep models' table headers say them.
+fn schedule(t: &TrainConfig) -> String {
+    format!(
+        "{} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}",
+        t.epochs,
+        t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+        t.lr,
+        t.momentum,
+        t.weight_decay,
+        onoff(t.shuffle),
+        onoff(t.drop_last)
+    )
+}
+
 /// The table's header for a run.
 pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     let t = &cfg.train;
@@ -35,8 +49,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
         let _ = writeln!(
             s,
             "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
-             K={} micro-batches per step vs W={} DDP ranks ({}), {} epochs{}, lr {}, momentum {}, weight decay {}, \
-             shuffle {}, drop_last {}, seed {}, init {}",
+             K={} micro-batches per step vs W={} DDP ranks ({}), {}, seed {}, init {}",
             t.model.name(),
             o.accumulation.finals.len(),
             t.dtype.name(),
@@ -48,13 +61,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             t.acc_steps,
             t.gpus,
             engine(t),
-            t.epochs,
-            t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-            t.lr,
-            t.momentum,
-            t.weight_decay,
-            onoff(t.shuffle),
-            onoff(t.drop_last),
+            schedule(t),
             t.seed,
             t.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
         );
@@ -64,8 +71,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
         let _ = writeln!(
             s,
             "ddp-verify: tiny-lm ({} parameter tensors, {}), N={} sequences of {}..={} tokens (vocab {}), batch {}, \
-             K={} micro-batches per step vs W={} DDP ranks ({}), {} epochs{}, lr {}, momentum {}, weight decay {}, \
-             shuffle {}, drop_last {}, partial window {}, seed {}",
+             K={} micro-batches per step vs W={} DDP ranks ({}), {}, partial window {}, seed {}",
             o.accumulation.finals.len(),
             t.dtype.name(),
             t.data_size,
@@ -76,13 +82,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             t.acc_steps,
             t.gpus,
             engine(t),
-            t.epochs,
-            t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-            t.lr,
-            t.momentum,
-            t.weight_decay,
-            onoff(t.shuffle),
-            onoff(t.drop_last),
+            schedule(t),
             t.partial_window.name(),
             t.seed,
         );

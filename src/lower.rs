@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use ddp_verify_cli::{
-    defaults, names, parse_case, CaseValue, CompareArgs, ExploreArgs, ReportArgs, RunArgs, SplitArgs, SplitShape,
-    SuiteArgs, ToleranceArgs,
+    defaults, names, parse_case, CaseValue, CompareArgs, ExploreArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs,
+    SplitShape, SuiteArgs, ToleranceArgs,
 };
 
 use crate::dist::{device, world};
@@ -19,8 +19,8 @@ use crate::jobs::explore::ExploreOptions;
 use crate::jobs::suite::{Suite, SuiteCase};
 use crate::plan;
 use crate::spec::{
-    Bug, Config, DeviceRequest, Dtype, Format, ModelKind, PartialWindow, ReportTarget, Tolerance, ToleranceOverrides,
-    TrainConfig,
+    Bug, Config, DeviceRequest, Dtype, Format, ModelKind, OptimConfig, Optimizer, PartialWindow, ReportTarget,
+    Schedule, Tolerance, ToleranceOverrides, TrainConfig,
 };
 use crate::train::{data, models};
 
@@ -77,6 +77,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             None => PartialWindow::default_for(model),
         },
         big_batch: !n.no_big_batch,
+        optim: optim(&args.optim)?,
         ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
     };
     // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
@@ -340,6 +341,29 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
 
 /// A named value the flag's parser already checked against the same names; an error
 /// rather than a panic should the two ever disagree.
+/// `--optimizer`, `--betas`, `--eps`, `--clip-grad-norm`, `--lr-schedule` (their ranges are
+/// `plan::checks`').
+fn optim(o: &OptimArgs) -> Result<OptimConfig> {
+    let betas = match o.betas.as_deref() {
+        None => defaults::BETAS,
+        Some(&[b1, b2]) => (b1, b2),
+        Some(_) => return Err(Error::bad_flag("--betas", "takes two numbers", "pass e.g. --betas 0.9 0.999")),
+    };
+    Ok(OptimConfig {
+        optimizer: known("--optimizer", &o.optimizer, Optimizer::parse)?,
+        betas,
+        eps: o.eps,
+        clip_grad_norm: o.clip_grad_norm,
+        lr_schedule: Schedule::parse(&o.lr_schedule).ok_or_else(|| {
+            Error::bad_flag(
+                "--lr-schedule",
+                format!("unknown schedule '{}'", o.lr_schedule),
+                "pass constant, warmup:N or cosine:N with N >= 1",
+            )
+        })?,
+    })
+}
+
 fn known<T>(flag: &'static str, value: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T> {
     parse(value).ok_or_else(|| Error::bad_flag(flag, format!("unknown value '{value}'"), "see ddp-verify --help"))
 }

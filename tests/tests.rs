@@ -22,6 +22,8 @@ mod faults;
 mod golden_cases;
 #[path = "it/no_harm.rs"]
 mod no_harm;
+#[path = "it/optimizer_step.rs"]
+mod optimizer_step;
 #[path = "it/own_loop.rs"]
 mod own_loop;
 #[path = "it/properties.rs"]

@@ -155,8 +155,25 @@ fn check_layout(
             fix,
         ));
     }
+    // Under AdamW the finals also hold each parameter's moments, as `exp_avg.<param>` and
+    // `exp_avg_sq.<param>`.
+    let mut want_finals: Vec<(String, Vec<i64>)> = want.iter().map(|(n, s)| (n.to_string(), s.clone())).collect();
+    if train.optim.optimizer == crate::spec::Optimizer::AdamW {
+        for (n, s) in &want {
+            want_finals.extend([(format!("exp_avg.{n}"), s.clone()), (format!("exp_avg_sq.{n}"), s.clone())]);
+        }
+    }
+    want_finals.sort();
+    let want_finals: Vec<(&str, Vec<i64>)> = want_finals.iter().map(|(n, s)| (n.as_str(), s.clone())).collect();
     for (what, params) in trace.steps.iter().map(|p| ("gradient", p)).chain([("final weight", &trace.finals)]) {
-        let got: Vec<(&str, Vec<i64>)> = params.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+        let mut got: Vec<(&str, Vec<i64>)> = params.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+        let want = match what {
+            "gradient" => want.clone(),
+            _ => {
+                got.sort();
+                want_finals.clone()
+            }
+        };
         if got != want {
             let problem = if got.len() > 4 || want.len() > 4 {
                 let diff = got.iter().zip(&want).find(|(g, w)| g != w);

@@ -38,9 +38,18 @@ pub struct Trace {
     pub allowed_finals: Params,
     /// The accumulation run's: what rounding may make the big batch's gradients differ by.
     pub allowed_big: Vec<Params>,
+    /// Likewise for the big batch's final weights and moments, under AdamW (whose updates
+    /// amplify a gradient's rounding where it is noise); empty otherwise.
+    pub allowed_finals_big: Params,
     /// Per step and element, the sum of |micro-batch gradient| that made the step's gradient
     /// (recorded by `ddp_verify_trace`): rounding is relative to it where terms cancel.
     pub scales: Vec<Params>,
+    /// The learning rate each step applied (`lr.<step>`, float64), when recorded: a run
+    /// that applies another one at some step is not the same training.
+    pub lrs: Vec<f64>,
+    /// How many times each step clipped its gradients (`clips.<step>`, int64), when
+    /// recorded: once per step is right, once per micro-batch clips partial sums.
+    pub clips: Vec<i64>,
     /// The file's header, when it has one.
     pub meta: TraceMeta,
 }
@@ -70,9 +79,33 @@ impl Trace {
         let mut peaks = Params::new();
         let mut buffers = Params::new();
         let float = tensors.iter().find(|(n, _)| n.starts_with("final.")).map_or(Kind::Float, |(_, t)| t.kind());
+        let mut lrs: BTreeMap<usize, f64> = BTreeMap::new();
+        let mut clips: BTreeMap<usize, i64> = BTreeMap::new();
         for (name, t) in tensors {
             if let Some(b) = name.strip_prefix("buffer.") {
                 buffers.push((b.to_string(), t));
+                continue;
+            }
+            if let Some(step) = name.strip_prefix("clips.") {
+                let n = step
+                    .parse::<usize>()
+                    .ok()
+                    .zip((t.numel() == 1 && t.kind() == Kind::Int64).then(|| t.int64_value(&[0])));
+                let (step, n) = n.ok_or_else(|| {
+                    Error::bad_file(path, format!("tensor {name} is not one int64 count of a numbered step"), fix)
+                })?;
+                clips.insert(step, n);
+                continue;
+            }
+            if let Some(step) = name.strip_prefix("lr.") {
+                let step: usize = step
+                    .parse()
+                    .map_err(|_| Error::bad_file(path, format!("tensor {name} has no step number"), fix))?;
+                let lr = (t.numel() == 1).then(|| t.to_kind(Kind::Double).flatten(0, -1).double_value(&[0]));
+                let lr = lr.filter(|v| v.is_finite()).ok_or_else(|| {
+                    Error::bad_file(path, format!("tensor {name} is not one finite learning rate"), fix)
+                })?;
+                lrs.insert(step, lr);
                 continue;
             }
             if t.kind() != float || !matches!(float, Kind::Float | Kind::Double | Kind::BFloat16 | Kind::Half) {
@@ -116,7 +149,16 @@ impl Trace {
             let problem = format!("scale.<step>.* covers {} of {} steps", scales.len(), steps.len());
             return Err(Error::bad_file(path, problem, fix));
         }
-        let mut trace = Trace { finals, buffers, peaks, meta, ..Trace::default() };
+        if !lrs.is_empty() && (lrs.len() != steps.len() || lrs.keys().zip(steps.keys()).any(|(a, b)| a != b)) {
+            let problem = format!("lr.<step> covers {} of {} steps", lrs.len(), steps.len());
+            return Err(Error::bad_file(path, problem, fix));
+        }
+        if !clips.is_empty() && clips.len() != steps.len() {
+            let problem = format!("clips.<step> covers {} of {} steps", clips.len(), steps.len());
+            return Err(Error::bad_file(path, problem, fix));
+        }
+        let (lrs, clips) = (lrs.into_values().collect(), clips.into_values().collect());
+        let mut trace = Trace { finals, buffers, peaks, meta, lrs, clips, ..Trace::default() };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -157,6 +199,19 @@ fn read_meta(path: &Path) -> std::result::Result<TraceMeta, String> {
 }
 
 impl Trace {
+    /// The accumulation run's trace as the big batch is judged against it: the big batch's
+    /// allowances in place of DDP's (under SGD none for the finals, which keep the fixed
+    /// tolerance at their peaks; AdamW carries one).
+    pub fn for_big_batch(self) -> Trace {
+        Trace {
+            allowed: self.allowed_big,
+            allowed_big: Vec::new(),
+            allowed_finals: self.allowed_finals_big,
+            allowed_finals_big: Params::new(),
+            ..self
+        }
+    }
+
     /// The same finals, buffers and peaks (shared, not copied), without the steps.
     pub fn without_steps(&self) -> Trace {
         let share = |p: &Params| p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
@@ -168,7 +223,10 @@ impl Trace {
             allowed: Vec::new(),
             allowed_finals: share(&self.allowed_finals),
             allowed_big: Vec::new(),
+            allowed_finals_big: share(&self.allowed_finals_big),
             scales: Vec::new(),
+            lrs: self.lrs.clone(),
+            clips: self.clips.clone(),
             meta: self.meta.clone(),
         }
     }

@@ -49,6 +49,12 @@ impl TraceWriter {
         for (prefix, group) in [("final", &trace.finals), ("buffer", &trace.buffers), ("peak", &trace.peaks)] {
             group.iter().try_for_each(|(n, t)| self.add(&format!("{prefix}.{n}"), t))?;
         }
+        for (s, lr) in trace.lrs.iter().enumerate() {
+            self.add(&format!("lr.{s}"), &Tensor::from_slice(&[*lr]))?;
+        }
+        for (s, n) in trace.clips.iter().enumerate() {
+            self.add(&format!("clips.{s}"), &Tensor::from_slice(&[*n]))?;
+        }
         for (s, scales) in trace.scales.iter().enumerate() {
             scales.iter().try_for_each(|(n, t)| self.add(&format!("scale.{s}.{n}"), t))?;
         }

@@ -27,6 +27,8 @@ pub struct Context {
     /// The first step made by a window shorter than K (`--partial-window step`), if any,
     /// with what it holds over K: the factor dividing it by K would leave.
     pub first_short: Option<(usize, f64)>,
+    /// The optimizer is AdamW, which hides a gradient's scale from the weights.
+    pub adamw: bool,
 }
 
 impl Context {
@@ -55,6 +57,7 @@ impl Context {
                 .iter()
                 .position(|s| s.len() < t.acc_steps)
                 .map(|i| (i, correct.steps[i].len() as f64 / t.acc_steps as f64)),
+            adamw: t.optim.optimizer == crate::spec::Optimizer::AdamW,
         }
     }
 
@@ -68,6 +71,7 @@ impl Context {
             token_loss: false,
             same_samples: None,
             first_short: None,
+            adamw: false,
         }
     }
 }
@@ -146,6 +150,16 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     }
+    if let Some(l) = c.lr {
+        return Some(Diagnosis {
+            reason: "learning-rate schedule",
+            detail: format!(
+                "{} applied lr {} at step {} where {} applied {}: the schedule must tick once per optimizer step \
+                 (scheduler.step() after optimizer.step()), not once per micro-batch, which runs it K times faster",
+                c.left, l.left, l.step, c.right, l.right
+            ),
+        });
+    }
     let first_bad = c.steps.iter().chain([&c.finals]).flat_map(|g| &g.tensors).find_map(|t| t.problem.as_ref());
     if let Some(p) = first_bad.filter(|p| p.starts_with("non-finite")) {
         return Some(Diagnosis {
@@ -181,6 +195,9 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     };
+    if let Some(d) = clip_count(a, b, c, s) {
+        return Some(d);
+    }
     let (x, y) = (flat(xs), flat(ys));
     // Stale first: it only starts after step 0, and for a model whose gradient does not
     // depend on the weights it can also look like a constant ratio.
@@ -204,8 +221,15 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
         return Some(Diagnosis {
             reason: "loss scaling",
             detail: format!(
-                "{} gradients are exactly {r:.2}x {}'s from step {s}: loss scaling (divide each loss by K in accumulation, by K/W on each rank)",
-                c.right, c.left
+                "{} gradients are exactly {r:.2}x {}'s from step {s}: loss scaling (divide each loss by K in accumulation, by K/W on each rank){}",
+                c.right,
+                c.left,
+                if cx.adamw {
+                    "; under AdamW the weights barely show it (Adam divides by √v, so a gradient K times too large \
+                     makes almost the same step), which is why the gradients are compared"
+                } else {
+                    ""
+                }
             ),
         });
     }
@@ -248,6 +272,9 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
     }
     let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
     let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else { return cause(a, b, c, cx) };
+    if let Some(d) = clip_count(a, b, c, s) {
+        return Some(d);
+    }
     let (x, y) = (flat(xs), flat(ys));
     let ratio = fitted_ratio(&y, &x, cx.eps);
     let diagnosis = |reason: &'static str, detail: String| Some(Diagnosis { reason, detail });
@@ -286,6 +313,20 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
         ),
         None => cause(a, b, c, cx),
     }
+}
+
+/// The runs clipped a different number of times in step `s` (`Trace::clips`).
+fn clip_count(a: &Trace, b: &Trace, c: &Comparison, s: usize) -> Option<Diagnosis> {
+    let (m, n) = (a.clips.get(s)?, b.clips.get(s)?);
+    (m != n).then(|| Diagnosis {
+        reason: "gradient clipping",
+        detail: format!(
+            "{} clipped its gradients {m} times in step {s} and {} {n} times: clip once per step, on the \
+             accumulated and synchronised gradient right before optimizer.step(), not after every \
+             micro-batch's backward (which clips partial sums)",
+            c.left, c.right
+        ),
+    })
 }
 
 /// y = r * x for one r of any size (see [`constant_ratio`] for the fit), r not 1.

@@ -77,7 +77,19 @@ pub struct Comparison {
     /// Whether `buffers` counts toward the verdict (`--strict-buffers`, or two traces of the
     /// same kind of run, where buffers must agree like anything else).
     pub buffers_counted: bool,
+    /// The first step at which the runs applied different learning rates, when both
+    /// recorded them: not the same training, whatever the gradients say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<LrMismatch>,
     pub verdict: Verdict,
+}
+
+/// One step's learning rate in each run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LrMismatch {
+    pub step: usize,
+    pub left: f64,
+    pub right: f64,
 }
 
 /// Compares two runs step by step as their gradients arrive, so no step needs to be kept.
@@ -168,6 +180,15 @@ impl Comparer {
         if self.left_steps != self.right_steps {
             verdict = Verdict::Diverged;
         }
+        // Both computed as lr · f(tick) in float64 from whole numbers: equal or not.
+        let lr = a.lrs.iter().zip(&b.lrs).enumerate().find(|(_, (x, y))| x != y);
+        let lr = lr.map(|(step, (&left, &right))| LrMismatch { step, left, right });
+        let mut worst_fraction = worst_fraction;
+        if lr.is_some() {
+            // Learning rates are compared exactly: no difference is allowed.
+            verdict = Verdict::Diverged;
+            worst_fraction = f64::INFINITY;
+        }
         Comparison {
             left: self.left,
             right: self.right,
@@ -180,6 +201,7 @@ impl Comparer {
             finals,
             buffers,
             buffers_counted,
+            lr,
             verdict,
         }
     }

@@ -10,7 +10,7 @@ use crate::spec::{Config, Tolerance};
 
 /// What was judged: two runs ddp-verify trained, or two traces a user recorded.
 pub enum Subject {
-    Run(Config),
+    Run(Box<Config>),
     Traces(TracePair),
 }
 
@@ -83,7 +83,7 @@ impl Outcome {
     /// The verification's config, when ddp-verify trained the runs.
     pub fn config(&self) -> Option<&Config> {
         match &self.subject {
-            Subject::Run(c) => Some(c),
+            Subject::Run(c) => Some(c.as_ref()),
             Subject::Traces(_) => None,
         }
     }
@@ -183,9 +183,7 @@ impl Judging {
         let big_end = big.as_ref().map(Trace::without_steps);
         let big_batch = match (self.big, big) {
             (Some(cmp), Some(trace)) => {
-                // Final weights keep the fixed tolerance at their peaks: the derived bound
-                // carried through SGD is DDP's.
-                let acc_end = Trace { allowed_finals: Params::new(), ..accumulation.without_steps() };
+                let acc_end = accumulation.without_steps().for_big_batch();
                 let comparison = cmp.finish(&acc_end, &trace.without_steps(), true);
                 let diagnosis = diagnose::big_batch(
                     &accumulation,
@@ -218,7 +216,7 @@ impl Judging {
             None => (Vec::new(), None),
         };
         let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
-        let subject = Subject::Run(self.config);
+        let subject = Subject::Run(Box::new(self.config));
         Outcome { subject, accumulation, ddp, runs, big_batch, golden, golden_torch, diagnosis }
     }
 }

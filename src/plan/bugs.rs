@@ -21,12 +21,20 @@ impl Bug {
         let buggy = match self {
             // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
             // windows stepping on their own).
-            Bug::NoLossScale => {
+            Bug::NoLossScale | Bug::AdamwNoLossScale => {
                 let step = cfg.partial_window == crate::spec::PartialWindow::Step;
                 let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
                 return whether(correct.steps.iter().any(|s| divisor(s) > 1));
             }
             Bug::DoubleScale => return whether(cfg.gpus > 1),
+            // Whether a gradient reaches the max norm is the data's to say: assumed.
+            Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1)),
+            Bug::SchedulePerMicroBatch => {
+                return whether(
+                    super::schedule::factors(cfg, &correct, None)
+                        != super::schedule::factors(cfg, &correct, Some(self)),
+                )
+            }
             Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
             Bug::CountBeforeShift => return Effect::Math,
             Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),

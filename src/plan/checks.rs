@@ -4,13 +4,14 @@
 //! draws only configurations it accepts.
 
 use crate::error::{Error, Result};
-use crate::spec::TrainConfig;
+use crate::spec::{Bug, Optimizer, Schedule, TrainConfig};
 
 /// Every check of the training flags that needs nothing but the flags.
 pub fn check_train(t: &TrainConfig) -> Result<()> {
     check_split(t)?;
     check_resnet(t)?;
     check_tiny_lm(t)?;
+    check_optim(t)?;
     check_bug(t)?;
     if t.max_steps == Some(0) {
         return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
@@ -134,9 +135,55 @@ fn check_tiny_lm(t: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// A planted bug the model has: the token-count bugs need tiny-lm's token-level loss.
+/// AdamW's betas in [0, 1), ε and the clipping norm positive and finite.
+pub fn check_optim(t: &TrainConfig) -> Result<()> {
+    let o = &t.optim;
+    let (b1, b2) = o.betas;
+    if ![b1, b2].iter().all(|b| (0.0..1.0).contains(b)) {
+        return Err(Error::bad_flag(
+            "--betas",
+            format!("{b1} {b2} are not both in [0, 1)"),
+            "pass e.g. --betas 0.9 0.999",
+        ));
+    }
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(o.eps) {
+        return Err(Error::bad_flag(
+            "--eps",
+            format!("{} is not a finite positive number", o.eps),
+            "pass e.g. --eps 1e-8",
+        ));
+    }
+    if let Some(x) = o.clip_grad_norm.filter(|&x| !positive(x)) {
+        return Err(Error::bad_flag(
+            "--clip-grad-norm",
+            format!("{x} is not a finite positive norm"),
+            "pass e.g. --clip-grad-norm 1.0, or leave it out to clip nothing",
+        ));
+    }
+    Ok(())
+}
+
+/// A planted bug the configuration has: the token-count bugs need tiny-lm's token-level
+/// loss, the optimizer-step bugs what they misuse.
 fn check_bug(t: &TrainConfig) -> Result<()> {
+    let o = &t.optim;
     match t.inject {
+        Some(Bug::AdamwNoLossScale) if o.optimizer != Optimizer::AdamW => Err(Error::bad_flag(
+            "--inject",
+            "adamw-no-loss-scale is the missing 1/K under AdamW",
+            "add --optimizer adamw, or inject no-loss-scale for SGD",
+        )),
+        Some(Bug::ClipPerMicroBatch) if o.clip_grad_norm.is_none() => Err(Error::bad_flag(
+            "--inject",
+            "clip-per-micro-batch misplaces gradient clipping, and nothing is clipped",
+            "add --clip-grad-norm X",
+        )),
+        Some(Bug::SchedulePerMicroBatch) if o.lr_schedule == Schedule::Constant => Err(Error::bad_flag(
+            "--inject",
+            "schedule-per-micro-batch ticks the learning-rate schedule too often, and a constant one never changes",
+            "add --lr-schedule warmup:N or cosine:N",
+        )),
         Some(b) if b.needs_token_loss() && !b.applies_to(t.model) => Err(Error::bad_flag(
             "--inject",
             format!("{} is a bug of the token-level loss, which only tiny-lm has", b.name()),

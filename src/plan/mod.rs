@@ -7,6 +7,7 @@ pub mod checks;
 pub mod norm;
 pub mod rng;
 pub mod sampler;
+pub mod schedule;
 pub mod split;
 pub mod steps;
 pub mod tokens;

@@ -69,7 +69,7 @@ impl Normaliser {
     fn of(cfg: &TrainConfig, full: usize, world: usize, bug: Option<Bug>) -> Normaliser {
         let short_by_full = bug == Some(Bug::LastWindowByK);
         if !cfg.model.token_loss() {
-            let fixed = (bug == Some(Bug::NoLossScale)).then_some(1);
+            let fixed = matches!(bug, Some(Bug::NoLossScale | Bug::AdamwNoLossScale)).then_some(1);
             let times = if bug == Some(Bug::DoubleScale) { cfg.gpus } else { 1 };
             let steps_short = cfg.partial_window == PartialWindow::Step;
             return Normaliser::MicroBatches { full, times, fixed, steps_short, short_by_full };

@@ -24,6 +24,12 @@ pub struct RunPlan {
     pub norm: Normaliser,
     /// False only to plant the stale-gradient bug.
     pub zero_grad: bool,
+    /// Each step's learning rate: lr times the schedule's factor at the step's tick.
+    pub lrs: Vec<f64>,
+    /// `--clip-grad-norm`, and whether this run clips after every micro-batch instead of
+    /// once per step (`clip-per-micro-batch`).
+    pub clip: Option<f64>,
+    pub clip_each_micro_batch: bool,
 }
 
 impl StepPlan {
@@ -88,20 +94,28 @@ pub fn accumulation_micro_batches(cfg: &TrainConfig, bug: Option<Bug>, epoch: u6
 }
 
 impl RunPlan {
+    /// A run's plan from its steps; `bug` is the planted bug where this run carries it.
+    fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, zero_grad: bool, bug: Option<Bug>) -> RunPlan {
+        let lrs = super::schedule::factors(cfg, &steps, bug).iter().map(|f| cfg.lr * f).collect();
+        let clip_each_micro_batch = bug == Some(Bug::ClipPerMicroBatch);
+        RunPlan { steps, norm, zero_grad, lrs, clip: cfg.optim.clip_grad_norm, clip_each_micro_batch }
+    }
+
     pub fn accumulation(cfg: &TrainConfig) -> RunPlan {
-        RunPlan { steps: StepPlan::accumulation(cfg, cfg.inject), norm: Normaliser::accumulation(cfg), zero_grad: true }
+        let steps = StepPlan::accumulation(cfg, cfg.inject);
+        RunPlan::new(cfg, steps, Normaliser::accumulation(cfg), true, cfg.inject)
     }
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
         let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
-        RunPlan { steps: StepPlan::rank(cfg, rank, cfg.inject), norm: Normaliser::rank(cfg), zero_grad }
+        RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, None)
     }
 
     /// One process, one micro-batch of K·B samples per step, normalised correctly: the
     /// reference that catches a normalisation both other runs get wrong alike.
     pub fn big_batch(cfg: &TrainConfig) -> RunPlan {
         let held: Vec<usize> = StepPlan::accumulation(cfg, None).steps.iter().map(Vec::len).collect();
-        RunPlan { steps: StepPlan::big_batch(cfg), norm: Normaliser::big_batch(cfg, &held), zero_grad: true }
+        RunPlan::new(cfg, StepPlan::big_batch(cfg), Normaliser::big_batch(cfg, &held), true, None)
     }
 }
 

@@ -15,6 +15,11 @@ pub(crate) fn wide(o: &Outcome) -> bool {
     }
 }
 
+/// The model's parameter tensors among the finals (AdamW's moments are finals too).
+fn parameter_tensors(o: &Outcome) -> usize {
+    o.accumulation.finals.iter().filter(|(n, _)| !n.starts_with("exp_avg")).count()
+}
+
 fn onoff(b: bool) -> &'static str {
     if b {
         "on"
@@ -37,6 +42,26 @@ fn schedule(t: &TrainConfig) -> String {
     )
 }
 
+/// The optimizer step in words when it is not the article's (SGD, constant lr, no
+/// clipping), else None.
+pub(crate) fn optimizer_step(t: &TrainConfig) -> Option<String> {
+    let o = &t.optim;
+    if o == &crate::spec::OptimConfig::default() {
+        return None;
+    }
+    let mut words = match o.optimizer {
+        crate::spec::Optimizer::AdamW => {
+            format!("AdamW (betas {} {}, eps {}, weight decay {})", o.betas.0, o.betas.1, o.eps, t.weight_decay)
+        }
+        crate::spec::Optimizer::Sgd => format!("SGD (momentum {}, weight decay {})", t.momentum, t.weight_decay),
+    };
+    words.push_str(&format!(", lr {} {}", t.lr, o.lr_schedule));
+    if let Some(x) = o.clip_grad_norm {
+        words.push_str(&format!(", gradients clipped to norm {x} once per step"));
+    }
+    Some(words)
+}
+
 /// The table's header for a run.
 pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     let t = &cfg.train;
@@ -51,7 +76,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
              K={} micro-batches per step vs W={} DDP ranks ({}), {}, seed {}, init {}",
             t.model.name(),
-            o.accumulation.finals.len(),
+            parameter_tensors(o),
             t.dtype.name(),
             t.data_size,
             t.image_size,
@@ -72,7 +97,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             s,
             "ddp-verify: tiny-lm ({} parameter tensors, {}), N={} sequences of {}..={} tokens (vocab {}), batch {}, \
              K={} micro-batches per step vs W={} DDP ranks ({}), {}, partial window {}, seed {}",
-            o.accumulation.finals.len(),
+            parameter_tensors(o),
             t.dtype.name(),
             t.data_size,
             t.min_len,
@@ -113,6 +138,9 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             let _ = writeln!(s, "mode: {}", mode(t));
         }
     }
+    if let Some(words) = optimizer_step(t) {
+        let _ = writeln!(s, "optimizer: {words}");
+    }
     if !cfg.device_note.is_empty() {
         let _ = writeln!(s, "device: {}", cfg.device_note);
     }
@@ -145,6 +173,9 @@ pub(crate) fn run_markdown(s: &mut String, cfg: &Config) {
             "Linear model{}, N={} D={}, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}.\n",
             dtype_note(t), t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
         );
+    }
+    if let Some(words) = optimizer_step(t) {
+        let _ = writeln!(s, "Optimizer: {words}.\n");
     }
     if !cfg.device_note.is_empty() {
         let _ = writeln!(s, "Device: {}, DDP ranks on {}.\n", cfg.device_note, engine(t));

@@ -151,6 +151,12 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
         );
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
+    if let Some(l) = first.lr {
+        return format!(
+            "NOT EQUIVALENT: {} applied learning rate {} at step {} where {} applied {}",
+            first.left, l.left, l.step, first.right, l.right
+        );
+    }
     let (what, g) = match first.steps.iter().position(|g| g.verdict == Verdict::Diverged) {
         Some(i) => (format!("step {i}"), &first.steps[i]),
         None if first.finals.verdict == Verdict::Diverged => ("final weights".to_string(), &first.finals),

@@ -38,10 +38,11 @@ impl Exporter for Table {
                 o.runs.left, o.runs.left_steps, o.runs.right, o.runs.right_steps
             );
         }
-        let how = if o.runs.derived {
-            "each element against the bound carried through SGD"
-        } else {
-            "differences measured at each weight's largest magnitude during training"
+        let adamw = o.config().is_some_and(|c| c.train.optim.optimizer == crate::spec::Optimizer::AdamW);
+        let how = match (o.runs.derived, adamw) {
+            (true, false) => "each element against the bound carried through SGD",
+            (true, true) => "each element, and AdamW's moments, against the bound carried through AdamW",
+            _ => "differences measured at each weight's largest magnitude during training",
         };
         let _ = writeln!(s, "\nfinal weights ({how})");
         if wide {

@@ -32,10 +32,18 @@ pub enum Bug {
     /// With `--partial-window step`, both runs divide a short final window's loss as if it
     /// held K micro-batches.
     LastWindowByK,
+    /// Accumulation clips after every micro-batch's backward (the partial sums), not once
+    /// on the step's gradient.
+    ClipPerMicroBatch,
+    /// Accumulation ticks the learning-rate schedule after every micro-batch.
+    SchedulePerMicroBatch,
+    /// Accumulation forgets 1/K under AdamW, which hides it in the weights (Adam is nearly
+    /// invariant to the gradient's scale) but not in the gradients.
+    AdamwNoLossScale,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 10] = [
+    pub const ALL: [Bug; 13] = [
         Bug::NoLossScale,
         Bug::DoubleScale,
         Bug::ContiguousSplit,
@@ -46,6 +54,9 @@ impl Bug {
         Bug::CountPerRank,
         Bug::CountBeforeShift,
         Bug::LastWindowByK,
+        Bug::ClipPerMicroBatch,
+        Bug::SchedulePerMicroBatch,
+        Bug::AdamwNoLossScale,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,7 +70,7 @@ impl Bug {
     /// The configurations this bug cannot change, in words.
     pub fn harmless_when(self) -> &'static str {
         match self {
-            Bug::NoLossScale => "K = 1",
+            Bug::NoLossScale | Bug::AdamwNoLossScale => "K = 1",
             Bug::DoubleScale => "W = 1",
             Bug::ContiguousSplit => "each step sees the same samples either way (W = 1, or one step per epoch)",
             Bug::NoSetEpoch => "no shuffle, one epoch, or one step covering each epoch",
@@ -71,6 +82,10 @@ impl Bug {
             Bug::LastWindowByK => {
                 "no short window at an epoch's end (--partial-window carry, or windows that divide the epoch)"
             }
+            Bug::ClipPerMicroBatch => "K = 1, or a max norm that no step's gradient and no partial sum reaches",
+            Bug::SchedulePerMicroBatch => {
+                "K = 1, or a schedule whose steps' learning rates the extra ticks leave alone"
+            }
         }
     }
 
@@ -79,7 +94,7 @@ impl Bug {
     pub fn applies_to(self, model: super::ModelKind) -> bool {
         match self {
             b if b.needs_token_loss() => model.token_loss(),
-            Bug::NoLossScale | Bug::DoubleScale => !model.token_loss(),
+            Bug::NoLossScale | Bug::DoubleScale | Bug::AdamwNoLossScale => !model.token_loss(),
             // Both runs make it alike: only the big batch shows it, and ResNets have none.
             Bug::LastWindowByK => model.has_big_batch(),
             _ => true,

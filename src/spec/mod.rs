@@ -5,6 +5,7 @@
 mod bug;
 mod config;
 mod device;
+mod optim;
 mod report;
 mod tolerance;
 mod train;
@@ -12,6 +13,7 @@ mod train;
 pub use bug::Bug;
 pub use config::Config;
 pub use device::{DeviceKind, DeviceRequest};
+pub use optim::{OptimConfig, Optimizer, Schedule};
 pub use report::{Format, ReportTarget};
 pub use tolerance::{Tolerance, ToleranceOverrides};
 pub use train::{Dtype, ModelKind, PartialWindow, TrainConfig};

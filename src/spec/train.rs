@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use ddp_verify_cli::{defaults, names};
 
-use super::{Bug, DeviceKind};
+use super::{Bug, DeviceKind, OptimConfig, Optimizer};
 
 /// What to train and how to split it. Mirrors the seed article's flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +73,10 @@ pub struct TrainConfig {
     /// accumulation with it. Not part of what a golden was made for.
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub big_batch: bool,
+    /// The optimizer, clipping and learning-rate schedule (`lr`, `momentum` and
+    /// `weight_decay` above are theirs too).
+    #[serde(flatten)]
+    pub optim: OptimConfig,
 }
 
 /// A window of fewer than K micro-batches at an epoch's end (`--partial-window`).
@@ -269,6 +273,7 @@ impl TrainConfig {
             min_len: defaults::MIN_LEN,
             partial_window: PartialWindow::Carry,
             big_batch: true,
+            optim: OptimConfig::default(),
         }
     }
 
@@ -305,6 +310,19 @@ impl TrainConfig {
         }
         if self.weight_decay != 0.0 {
             s.push_str(&format!(" --weight-decay {}", self.weight_decay));
+        }
+        let o = &self.optim;
+        if o.optimizer != Optimizer::Sgd {
+            s.push_str(&format!(" --optimizer {}", o.optimizer.name()));
+        }
+        if (o.betas, o.eps) != (OptimConfig::default().betas, OptimConfig::default().eps) {
+            s.push_str(&format!(" --betas {} {} --eps {}", o.betas.0, o.betas.1, o.eps));
+        }
+        if let Some(x) = o.clip_grad_norm {
+            s.push_str(&format!(" --clip-grad-norm {x}"));
+        }
+        if o.lr_schedule != Default::default() {
+            s.push_str(&format!(" --lr-schedule {}", o.lr_schedule));
         }
         if let Some(m) = self.max_steps {
             s.push_str(&format!(" --max-steps {m}"));

@@ -26,10 +26,11 @@
 
 use tch::{Kind, Tensor};
 
+use super::adamw_bounds::{AdamWParams, AdamWTrack};
 use crate::error::Result;
 use crate::evidence::Params;
 use crate::spec::DeviceKind;
-use crate::spec::{Dtype, TrainConfig};
+use crate::spec::{Dtype, Optimizer, TrainConfig};
 
 /// The factor between what rounding explains and what is allowed.
 pub const HEADROOM: f64 = 2.0;
@@ -45,6 +46,8 @@ pub struct Bounds {
     /// The gradients' dtype; sums of subnormals round in absolute terms, by up to `tiny`.
     dtype: Kind,
     tiny: f64,
+    /// The dtype's smallest subnormal: where values are that small, rounding is absolute.
+    subnormal: f64,
     u: f64,
     lr: f64,
     momentum: f64,
@@ -62,6 +65,9 @@ pub struct Bounds {
     buf_mag: Vec<Option<Tensor>>,
     buf_err: Vec<Option<Tensor>>,
     weight_err: Vec<Option<Tensor>>,
+    /// Under AdamW: its settings, and a bound tracker for DDP and one for the big batch.
+    adamw: Option<(AdamWParams, Vec<AdamWTrack>)>,
+    steps: u32,
     /// The big batch is made: this window's Σ|micro-batch gradient| per parameter, and the
     /// terms (samples, or token positions) its reductions add up.
     big: bool,
@@ -92,6 +98,7 @@ impl Bounds {
             reduce_u,
             dtype: cfg.dtype.kind(),
             tiny: tiny * (cfg.acc_steps + w) as f64,
+            subnormal: tiny,
             u: cfg.dtype.epsilon() / 2.0,
             lr: cfg.lr,
             momentum: cfg.momentum,
@@ -104,6 +111,18 @@ impl Bounds {
             buf_mag: none(),
             buf_err: none(),
             weight_err: none(),
+            adamw: (cfg.optim.optimizer == Optimizer::AdamW).then(|| {
+                let p = AdamWParams {
+                    betas: cfg.optim.betas,
+                    eps: cfg.optim.eps,
+                    weight_decay: cfg.weight_decay,
+                    u: cfg.dtype.epsilon() / 2.0,
+                    lockstep: cfg.lockstep,
+                };
+                let runs = if cfg.with_big_batch() { 2 } else { 1 };
+                (p, (0..runs).map(|_| AdamWTrack::new(params)).collect())
+            }),
+            steps: 0,
             big: cfg.with_big_batch(),
             micro_mag: none(),
             rows: 0,
@@ -176,21 +195,68 @@ impl Bounds {
         Ok(())
     }
 
+    /// The accumulation run multiplied its gradient so far by `coef` (clipping a partial
+    /// sum): DDP's partial sums of the same micro-batches follow, so the control keeps
+    /// replaying this run's mathematics.
+    pub fn rescale(&mut self, coef: f64) {
+        for p in self.partials.iter_mut().flatten().chain(self.micro_mag.iter_mut()).flatten() {
+            *p *= coef;
+        }
+    }
+
     /// At an optimizer step, before it: `grads` are the accumulated gradients it will apply,
     /// `weights` the weights it starts from. Returns what each gradient element may differ
     /// by in DDP, and in the big batch (empty when there is none).
-    pub fn step(&mut self, names: &[String], grads: &[Tensor], weights: &[Tensor]) -> (Params, Params) {
+    pub fn step(
+        &mut self,
+        names: &[String],
+        grads: &[Tensor],
+        weights: &[Tensor],
+        lr: f64,
+        clip: Option<Clip>,
+    ) -> (Params, Params) {
         self.fold_partials();
         self.position = 0;
-        let big = self.big_allowed(names, grads);
+        self.lr = lr;
+        let mut big = self.big_allowed(names, grads);
+        let gs: Vec<Tensor> =
+            grads.iter().zip(weights).map(|(g, w)| if g.defined() { work(g) } else { work(w).zeros_like() }).collect();
+        let mut pre: Vec<Tensor> = gs
+            .iter()
+            .enumerate()
+            .map(|(i, g)| match (self.control[i].take(), self.partial_mag[i].take()) {
+                (Some(c), Some(mag)) => self.allowed(c, mag, g),
+                _ => g.zeros_like() + self.tiny,
+            })
+            .collect();
+        let mut gs = gs;
+        if let Some(c) = clip {
+            if !big.is_empty() {
+                let big_grads: Vec<Tensor> = big
+                    .iter()
+                    .map(|(n, _)| {
+                        names.iter().position(|m| m == n).map_or_else(|| gs[0].zeros_like(), |i| gs[i].shallow_clone())
+                    })
+                    .collect();
+                let mut a: Vec<Tensor> = big.iter().map(|(_, t)| t.shallow_clone()).collect();
+                self.clipped(&mut a, &big_grads, c);
+                big = big.into_iter().zip(a).map(|((n, _), t)| (n, t)).collect();
+            }
+            self.clipped(&mut pre, &gs, c);
+            gs = gs.iter().map(|g| g * c.coef).collect();
+        }
         let mut allowed = Params::new();
-        for (i, (g, w)) in grads.iter().zip(weights).enumerate() {
+        for (i, ((g, w), a)) in gs.into_iter().zip(weights).zip(pre).enumerate() {
             let w = work(w).abs();
-            let g = if g.defined() { work(g) } else { w.zeros_like() };
-            let a = match (self.control[i].take(), self.partial_mag[i].take()) {
-                (Some(c), Some(mag)) => self.allowed(c, mag, &g),
-                _ => w.zeros_like() + self.tiny,
-            };
+            if let Some((_, tracks)) = self.adamw.as_mut() {
+                let g_abs = g.abs();
+                tracks[0].before_step(i, &a, &g_abs);
+                if let (Some(t), Some((_, b))) = (tracks.get_mut(1), big.iter().find(|(n, _)| n == &names[i])) {
+                    t.before_step(i, b, &g_abs);
+                }
+                allowed.push((names[i].clone(), a));
+                continue;
+            }
             // SGD: d = g + wd·w; buf = μ·buf + d; w -= lr·buf. Each run rounds d and buf
             // itself (three operations of at most |buf| each, on both sides). In place: a
             // resnet18 step is 11M elements per buffer.
@@ -223,6 +289,31 @@ impl Bounds {
             allowed.push((names[i].clone(), a));
         }
         (allowed, big)
+    }
+
+    /// Clipping multiplies every gradient by one coefficient, which each run computes from
+    /// its own total norm: the totals differ by at most the allowance's 2-norm (the norm is
+    /// 1-Lipschitz) plus each run's rounding of it (a cascaded sum of squares of n terms,
+    /// within γ(⌈log₂ n⌉ + 32) of the exact one in the accumulating precision, then one
+    /// rounding to the dtype), so the coefficients by at most what
+    /// min(1, max / (x + 1e-6)) moves over that interval, plus their own rounding. Each
+    /// element's allowance becomes coef·a + HEADROOM·(|g|·Δcoef + the product's rounding).
+    fn clipped(&self, allowed: &mut [Tensor], grads: &[Tensor], c: Clip) {
+        let n: i64 = grads.iter().map(|g| g.numel() as i64).sum();
+        let depth = (n.max(1) as f64).log2().ceil() as usize + (grads.len().max(1) as f64).log2().ceil() as usize + 32;
+        let spread: f64 = allowed.iter().map(|a| a.square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
+        // ATen accumulates a narrow dtype's norm in float32 and rounds the result once.
+        let acc_u = if matches!(self.dtype, Kind::BFloat16 | Kind::Half) { f32::EPSILON as f64 / 2.0 } else { self.u };
+        let d = spread + 2.0 * (gamma(depth, acc_u) + self.u) * c.total;
+        let f = |x: f64| (c.max / (x.max(0.0) + 1e-6)).min(1.0);
+        // The coefficient's three roundings in each run: relative, or half a subnormal
+        // spacing each where it is that small (float16: a coefficient under 6e-5).
+        let dcoef = f(c.total - d) - f(c.total + d) + 6.0 * (self.u * c.coef + self.subnormal);
+        for (a, g) in allowed.iter_mut().zip(grads) {
+            let g = g.abs();
+            // `a` holds HEADROOM already; what clipping's rounding adds gets it too.
+            *a = &*a * c.coef + (&g * dcoef + g * (c.coef * 2.0 * self.u) + 2.0 * self.subnormal) * HEADROOM;
+        }
     }
 
     /// The big batch adds the same terms as this window's micro-batches, all in one
@@ -282,7 +373,18 @@ impl Bounds {
     }
 
     /// After the optimizer step: the weights it made. Each run rounds lr·buf and the update.
-    pub fn after_step(&mut self, weights: &[Tensor]) {
+    pub fn after_step(&mut self, weights: &[Tensor], moments: &[Option<(Tensor, Tensor)>]) {
+        if let Some((p, tracks)) = self.adamw.as_mut() {
+            self.steps += 1;
+            for (i, w) in weights.iter().enumerate() {
+                let Some(Some((m, v))) = moments.get(i) else { continue };
+                let (m, v, w) = (work(m), work(v), work(w).abs());
+                for t in tracks.iter_mut() {
+                    t.after_step(i, p, self.steps, self.lr, &m, &v, &w);
+                }
+            }
+            return;
+        }
         for (i, w) in weights.iter().enumerate() {
             let (Some(e), Some(b)) = (&self.buf_err[i], &self.buf_mag[i]) else { continue };
             let rounding = (work(w).abs() + b * self.lr) * (2.0 * self.u);
@@ -297,18 +399,33 @@ impl Bounds {
         }
     }
 
-    /// What each final weight may differ by.
+    /// What each final weight may differ by in DDP, and under AdamW each moment
+    /// (`exp_avg.<param>`, `exp_avg_sq.<param>`).
     pub fn finals(&self, names: &[String], weights: &[Tensor]) -> Params {
-        let parts = names.iter().zip(weights).zip(&self.weight_err);
+        let weights: Vec<Tensor> = weights.iter().map(work).collect();
+        if let Some((_, tracks)) = &self.adamw {
+            return tracks[0].finals(names, &weights, HEADROOM, self.tiny);
+        }
+        let parts = names.iter().zip(&weights).zip(&self.weight_err);
         parts
             .map(|((n, w), f)| {
                 let f = match f {
                     Some(f) => f * HEADROOM,
-                    None => work(w).zeros_like(),
+                    None => w.zeros_like(),
                 };
                 (n.clone(), f + self.tiny)
             })
             .collect()
+    }
+
+    /// Likewise in the big batch, under AdamW (empty otherwise: SGD's finals keep the
+    /// fixed tolerance there).
+    pub fn finals_big(&self, names: &[String], weights: &[Tensor]) -> Params {
+        let weights: Vec<Tensor> = weights.iter().map(work).collect();
+        match &self.adamw {
+            Some((_, tracks)) if tracks.len() > 1 => tracks[1].finals(names, &weights, HEADROOM, self.tiny),
+            _ => Params::new(),
+        }
     }
 
     /// Each rank's partial, times 1/W as the reducer does it, added to the control's total
@@ -335,6 +452,15 @@ impl Bounds {
             }
         }
     }
+}
+
+/// The accumulation run's clipping of one step: `max_norm`, its gradient's total norm, and
+/// the coefficient it multiplied every gradient by.
+#[derive(Clone, Copy, Debug)]
+pub struct Clip {
+    pub max: f64,
+    pub total: f64,
+    pub coef: f64,
 }
 
 fn gamma(n: usize, u: f64) -> f64 {

@@ -2,6 +2,7 @@
 //! step plan it is handed (`plan::RunPlan`) by one loop; lockstep drives both at once.
 
 mod accumulation;
+mod adamw_bounds;
 mod bounds;
 pub mod data;
 mod ddp;
@@ -10,7 +11,7 @@ pub mod models;
 pub mod optim;
 
 pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
-pub use bounds::Bounds;
+pub use bounds::{Bounds, Clip};
 pub use ddp::{ddp_rank, ddp_run};
 pub use lockstep::{lockstep, StepGrads, StepSink};
 
@@ -18,7 +19,7 @@ use tch::Tensor;
 
 use self::data::Data;
 use self::models::Model;
-use self::optim::Sgd;
+use self::optim::Optimizer;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
 use crate::evidence::{snapshot, Params, Trace};
@@ -52,11 +53,21 @@ pub enum DdpStart {
 pub struct Run<'a> {
     model: Box<dyn Model>,
     data: Data,
-    opt: Sgd,
+    opt: Optimizer,
     /// Its steps, loss normalisation and zeroing, from `plan::RunPlan`.
     plan: StepPlan,
     norm: Normaliser,
     zero_grad: bool,
+    /// Each step's learning rate, and the clipping (see `plan::RunPlan`).
+    lrs: Vec<f64>,
+    clip: Option<f64>,
+    clip_each_micro_batch: bool,
+    /// A schedule other than constant was asked for.
+    lr_scheduled: bool,
+    /// Clipping calls each step made so far, and the parameters in PyTorch's order, in
+    /// which clipping sums their norms.
+    clips: Vec<i64>,
+    torch_order: Vec<usize>,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
     peaks: Vec<Tensor>,
@@ -76,14 +87,16 @@ pub struct Run<'a> {
 impl<'a> Run<'a> {
     /// `bounds`: this run is the accumulation run, which derives what the others may differ by.
     fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, bounds: bool) -> Result<Self> {
-        let RunPlan { steps: plan, norm, zero_grad } = plan;
+        let RunPlan { steps: plan, norm, zero_grad, lrs, clip, clip_each_micro_batch } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
         let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
         let model = models::build(cfg, device, blank)?;
+        let torch_order = models::torch_order(model.as_ref());
         let data = Data::new(cfg, device)?;
-        let tensors: Vec<Tensor> = model.parameters().iter().map(|(_, t)| t.shallow_clone()).collect();
-        let mut opt = Sgd::new(&tensors, cfg.lr, cfg.momentum, cfg.weight_decay)?;
+        let named: Vec<(String, Tensor)> =
+            model.parameters().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        let mut opt = Optimizer::new(cfg, &named)?;
         opt.zero_grad()?;
         let traced = ddp.as_ref().is_none_or(|d| d.comm.rank() == 0);
         let peaks = match traced {
@@ -98,6 +111,12 @@ impl<'a> Run<'a> {
             plan,
             norm,
             zero_grad,
+            lrs,
+            clip,
+            clip_each_micro_batch,
+            lr_scheduled: cfg.optim.lr_schedule != crate::spec::Schedule::Constant,
+            clips: Vec::new(),
+            torch_order,
             ddp,
             peaks,
             traced,
@@ -128,6 +147,30 @@ impl<'a> Run<'a> {
             let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
             collective::average_gradients(d.comm, &grads)?;
         }
+        let lr = self.lrs[s];
+        self.clips.push(match (self.clip, self.clip_each_micro_batch) {
+            (None, _) => 0,
+            (Some(_), false) => 1,
+            (Some(_), true) => group.len() as i64,
+        });
+        let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+        let clip = match (self.clip, self.clip_each_micro_batch) {
+            (Some(max), false) => {
+                let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| tensors[i].grad()).collect();
+                let (total, coef) = optim::clip_coefficient(&grads, max)?;
+                Some((Clip { max, total: total.double_value(&[]), coef: coef.double_value(&[]) }, coef))
+            }
+            _ => None,
+        };
+        if let Some(b) = self.bounds.as_mut() {
+            // Before clipping: the bounds follow what clipping does to them.
+            let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+            let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
+            (self.allowed, self.allowed_big) = b.step(&names, &grads, &tensors, lr, clip.as_ref().map(|c| c.0));
+        }
+        if let Some((_, coef)) = &clip {
+            optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
+        }
         let grads = match (self.traced, self.zero_grad && self.model_device() == tch::Device::Cpu) {
             (false, _) => Params::new(),
             // zero_grad drops these tensors for new ones and SGD only reads them, so
@@ -135,15 +178,10 @@ impl<'a> Run<'a> {
             (true, true) => params.iter().map(|(n, p)| (n.clone(), p.grad().detach())).collect(),
             (true, false) => snapshot(params.iter().map(|(n, p)| (n, p.grad()))),
         };
-        if let Some(b) = self.bounds.as_mut() {
-            let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-            let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-            let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
-            (self.allowed, self.allowed_big) = b.step(&names, &grads, &tensors);
-        }
+        self.opt.set_lr(lr)?;
         self.opt.step()?;
         if let Some(b) = self.bounds.as_mut() {
-            b.after_step(&params.iter().map(|(_, p)| p.shallow_clone()).collect::<Vec<_>>());
+            b.after_step(&tensors, &self.opt.moments());
         }
         self.track_peaks();
         if self.zero_grad {
@@ -172,19 +210,32 @@ impl<'a> Run<'a> {
         let divisors = self.divisors(self.plan.steps.len(), &tail, false)?;
         self.forward_backward(&tail, &divisors)?;
         let m = &self.model;
-        let allowed_finals = match &bounds {
+        let (allowed_finals, allowed_finals_big) = match &bounds {
             Some(b) => {
                 let params = m.parameters();
                 let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-                b.finals(&names, &params.iter().map(|(_, p)| p.shallow_clone()).collect::<Vec<_>>())
+                let weights: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+                (b.finals(&names, &weights), b.finals_big(&names, &weights))
             }
-            None => Params::new(),
+            None => (Params::new(), Params::new()),
         };
         Ok(Trace {
             allowed: Vec::new(),
             allowed_finals,
+            allowed_finals_big,
             steps: Vec::new(),
-            finals: snapshot(m.parameters().iter().map(|(n, p)| (n, p.shallow_clone()))),
+            finals: snapshot(
+                m.parameters()
+                    .iter()
+                    .map(|(n, p)| (n, p.shallow_clone()))
+                    .chain(self.opt.state().iter().map(|(n, t)| (n, t.shallow_clone()))),
+            ),
+            // Recorded where they change (as the reference scripts do): compared exactly.
+            lrs: match self.lrs.windows(2).all(|w| w[0] == w[1]) && !self.lr_scheduled {
+                true => Vec::new(),
+                false => self.lrs[..self.plan.steps.len()].to_vec(),
+            },
+            clips: if self.clip.is_some() { self.clips } else { Vec::new() },
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
             ..Trace::default()
@@ -280,6 +331,14 @@ impl<'a> Run<'a> {
                 // `loss / ACC_STEPS` with an integer divisor, as in the article; tiny-lm's
                 // summed loss over the step's token count.
                 None => (loss / divisor).f_backward()?,
+            }
+            if let (true, Some(max)) = (self.clip_each_micro_batch, self.clip) {
+                let params = self.model.parameters();
+                let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| params[i].1.grad()).collect();
+                let coef = optim::clip_grad_norm(&grads, max)?;
+                if let Some(b) = self.bounds.as_mut() {
+                    b.rescale(coef);
+                }
             }
         }
         Ok(())

@@ -59,6 +59,20 @@ fn golden_tiny_lm_runs_match_pytorch_including_its_big_batch() {
     }
 }
 
+/// The optimizer step against PyTorch's (fixtures/*_reference.py --optimizer, --clip-grad-norm,
+/// --lr-schedule): AdamW with decoupled weight decay, clipping that fires at some steps and
+/// not others, warmup and cosine schedules, each step's learning rate compared exactly and
+/// AdamW's moments compared like weights.
+#[test]
+fn golden_optimizer_steps_match_pytorch() {
+    for (case, moments) in [("adamw-clip-warmup", true), ("sgd-cosine-clip-w3", false), ("tiny-lm-adamw-cosine", true)]
+    {
+        let text = check_golden(case);
+        assert_eq!(text.contains("and AdamW's moments, against the bound"), moments, "{case}: {text}");
+        assert!(text.contains("optimizer: "), "{case}: {text}");
+    }
+}
+
 /// Narrow dtypes on the linear model: DDP's rounded all-reduce of two ranks and the
 /// accumulation run's sums match gloo's and PyTorch's bit for bit.
 #[test]

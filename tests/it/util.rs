@@ -48,6 +48,7 @@ pub fn golden_flags(case: &str) -> Vec<String> {
             serde_json::Value::Bool(true) => flags.push(flag),
             serde_json::Value::Bool(false) => {}
             serde_json::Value::String(s) => flags.extend([flag, s.clone()]),
+            serde_json::Value::Array(vs) => flags.extend(std::iter::once(flag).chain(vs.iter().map(|v| v.to_string()))),
             other => flags.extend([flag, other.to_string()]),
         }
     }

@@ -82,6 +82,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub net: NetArgs,
     #[command(flatten)]
+    pub optim: OptimArgs,
+    #[command(flatten)]
     pub tolerance: ToleranceArgs,
     /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
     #[arg(long, value_name = "DIR")]
@@ -168,6 +170,30 @@ pub struct NetArgs {
     /// (accumulation on cuda:0, DDP rank r on cuda:<local rank>, NCCL all-reduce).
     #[arg(long, value_name = "DEVICE", default_value = d::DEVICE, value_parser = names::device)]
     pub device: String,
+}
+
+/// What the optimizer step does, once per step in every run (--lr, --momentum and
+/// --weight-decay are its too).
+#[derive(Args)]
+pub struct OptimArgs {
+    /// sgd (torch.optim.SGD: --momentum, --weight-decay) or adamw (torch.optim.AdamW,
+    /// foreach=False: --betas, --eps, --weight-decay; --momentum unused).
+    #[arg(long, value_name = "OPTIMIZER", default_value = d::OPTIMIZER, value_parser = names::optimizer)]
+    pub optimizer: String,
+    /// AdamW's β1 and β2 [default: 0.9 0.999].
+    #[arg(long, num_args = 2, value_names = ["B1", "B2"], allow_negative_numbers = true)]
+    pub betas: Option<Vec<f64>>,
+    /// AdamW's ε.
+    #[arg(long, default_value_t = d::EPS, allow_negative_numbers = true)]
+    pub eps: f64,
+    /// Clip the gradient's total 2-norm to X once per step, after accumulation and the
+    /// all-reduce, before the optimizer (torch.nn.utils.clip_grad_norm_).
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub clip_grad_norm: Option<f64>,
+    /// constant, warmup:N (lr·min(1, (s+1)/N)) or cosine:N (lr·(1+cos(π·min(s,N)/N))/2),
+    /// ticking once per optimizer step (LambdaLR).
+    #[arg(long, value_name = "SCHEDULE", default_value = d::LR_SCHEDULE)]
+    pub lr_schedule: String,
 }
 
 /// Where the verdict goes, the same for a run, `compare` and `suite`.

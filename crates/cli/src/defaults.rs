@@ -14,6 +14,11 @@ pub const EPOCHS: usize = 2;
 pub const LR: f64 = 0.01;
 pub const MOMENTUM: f64 = 0.9;
 pub const WEIGHT_DECAY: f64 = 0.0;
+pub const OPTIMIZER: &str = "sgd";
+/// AdamW's (β1, β2) and ε: torch.optim.AdamW's.
+pub const BETAS: (f64, f64) = (0.9, 0.999);
+pub const EPS: f64 = 1e-8;
+pub const LR_SCHEDULE: &str = "constant";
 /// S: CIFAR-sized images.
 pub const IMAGE_SIZE: usize = 32;
 /// C: CIFAR-10's classes.

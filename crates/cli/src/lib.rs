@@ -11,7 +11,7 @@ mod exit;
 pub mod names;
 
 pub use args::{
-    Cli, Command, CompareArgs, ExploreArgs, NetArgs, ReportArgs, RunArgs, SplitArgs, SplitShape, SuiteArgs,
+    Cli, Command, CompareArgs, ExploreArgs, NetArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs, SplitShape, SuiteArgs,
     ToleranceArgs, Verification,
 };
 pub use case::{case_keys, parse_case, CaseError, CaseValue};

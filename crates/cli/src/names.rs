@@ -4,11 +4,12 @@
 pub const MODELS: [&str; 4] = ["linear", "resnet18", "resnet-tiny", "tiny-lm"];
 pub const PARTIAL_WINDOWS: [&str; 2] = ["carry", "step"];
 pub const DTYPES: [&str; 4] = ["float32", "float64", "bfloat16", "float16"];
+pub const OPTIMIZERS: [&str; 2] = ["sgd", "adamw"];
 pub const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
 pub const FORMATS: [&str; 4] = ["table", "json", "markdown", "junit"];
 /// Other spellings a report format is also known by.
 pub const FORMAT_ALIASES: [(&str, &str); 1] = [("md", "markdown")];
-pub const BUGS: [&str; 10] = [
+pub const BUGS: [&str; 13] = [
     "no-loss-scale",
     "double-scale",
     "contiguous-split",
@@ -19,6 +20,9 @@ pub const BUGS: [&str; 10] = [
     "count-per-rank",
     "count-before-shift",
     "last-window-by-k",
+    "clip-per-micro-batch",
+    "schedule-per-micro-batch",
+    "adamw-no-loss-scale",
 ];
 
 /// `s` if it is one of `names`, else the one-line complaint clap shows after the flag.
@@ -43,6 +47,10 @@ pub(crate) fn device(s: &str) -> Result<String, String> {
 
 pub(crate) fn partial_window(s: &str) -> Result<String, String> {
     check("partial window", s, &PARTIAL_WINDOWS)
+}
+
+pub(crate) fn optimizer(s: &str) -> Result<String, String> {
+    check("optimizer", s, &OPTIMIZERS)
 }
 
 pub(crate) fn bug(s: &str) -> Result<String, String> {

@@ -18,7 +18,7 @@ use crate::dist::{world as launch, Collective as _};
 use crate::error::{Error, Exit, Result};
 use crate::judge::{diagnose, Comparer, Context, Diagnosis, Verdict};
 use crate::plan::Effect;
-use crate::spec::{Bug, Dtype, ModelKind, ToleranceOverrides, TrainConfig};
+use crate::spec::{Bug, Dtype, ModelKind, OptimConfig, Optimizer, Schedule, ToleranceOverrides, TrainConfig};
 use crate::train::accumulation;
 
 pub struct ExploreOptions {
@@ -52,10 +52,69 @@ pub fn strategy(max_gpus: usize, models: &[ModelKind]) -> BoxedStrategy<TrainCon
     if models.contains(&ModelKind::TinyLm) {
         arms.push((1, tiny_lm_strategy(max_gpus).boxed()));
     }
-    match arms.len() {
+    let models = match arms.len() {
         0 => linear_strategy(max_gpus).boxed(),
         1 => arms.pop().expect("one arm").1,
         _ => proptest::strategy::Union::new_weighted(arms).boxed(),
+    };
+    // Narrow dtypes keep SGD: AdamW's state in bfloat16 or float16 is what AMP avoids
+    // (float32 moments), and what this tool checks there is the reduction. So do free-running
+    // deep nets, held to a fixed tolerance: AdamW turns a rounding difference in a noise
+    // gradient into a whole step, which only the derived (lockstep) bound follows.
+    let narrow = |c: &TrainConfig| matches!(c.dtype, Dtype::Bfloat16 | Dtype::Float16) || !c.bounds_hold();
+    (models, optim_strategy())
+        .prop_map(move |(c, optim)| {
+            let optim = if narrow(&c) { OptimConfig { optimizer: Optimizer::Sgd, ..optim } } else { optim };
+            TrainConfig { optim, ..c }
+        })
+        .boxed()
+}
+
+/// The optimizer step: SGD or AdamW (half each), clipping in one draw of three at a norm
+/// that may or may not engage, and a constant, warmup or cosine schedule.
+pub fn optim_strategy() -> impl Strategy<Value = OptimConfig> {
+    (
+        any::<bool>(),
+        prop_oneof![2 => Just(None), 1 => (0.01f64..5.0).prop_map(Some)],
+        prop_oneof![
+            Just(Schedule::Constant),
+            (1usize..6).prop_map(Schedule::Warmup),
+            (1usize..6).prop_map(Schedule::Cosine)
+        ],
+        prop_oneof![Just(1e-8), Just(1e-6)],
+    )
+        .prop_map(|(adamw, clip_grad_norm, lr_schedule, eps)| OptimConfig {
+            optimizer: if adamw { Optimizer::AdamW } else { Optimizer::Sgd },
+            clip_grad_norm,
+            lr_schedule,
+            eps,
+            ..OptimConfig::default()
+        })
+}
+
+/// Plants `bug` in a drawn configuration, with what it misuses: clipping that always
+/// engages (1e-4; float16 1e-2) for clip-per-micro-batch, a warmup for schedule-per-micro-batch, AdamW
+/// for adamw-no-loss-scale. The other bugs are drawn without clipping: clipping that
+/// engages at every step renormalises a wrongly scaled gradient, which hides a scaling bug
+/// in a way no plan can foresee (it depends on the gradients' norms).
+pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
+    cfg.inject = bug;
+    let dtype = cfg.dtype;
+    let o = &mut cfg.optim;
+    match bug {
+        None => {}
+        // float16's clipped gradients would be subnormal at 1e-4, rounded to a few bits.
+        Some(Bug::ClipPerMicroBatch) => o.clip_grad_norm = Some(if dtype == Dtype::Float16 { 1e-2 } else { 1e-4 }),
+        Some(b) => {
+            o.clip_grad_norm = None;
+            match b {
+                Bug::SchedulePerMicroBatch if o.lr_schedule == Schedule::Constant => {
+                    o.lr_schedule = Schedule::Warmup(4)
+                }
+                Bug::AdamwNoLossScale => o.optimizer = Optimizer::AdamW,
+                _ => {}
+            }
+        }
     }
 }
 
@@ -282,11 +341,8 @@ impl Runner<'_> {
         let mut diagnosis = diagnose(&acc, &ddp, &c, &cx);
         let (mut verdict, mut used) = (c.verdict, c.worst_fraction);
         if let Some(big) = big {
-            // The same judgement a verification makes: its own bound for the gradients,
-            // the fixed tolerance for the final weights.
-            let mut acc = acc;
-            let allowed = std::mem::take(&mut acc.allowed_big);
-            let acc = crate::evidence::Trace { allowed, allowed_finals: crate::evidence::Params::new(), ..acc };
+            // The same judgement a verification makes (`Trace::for_big_batch`).
+            let acc = acc.for_big_batch();
             let b = Comparer::new("accumulation", "big batch", &tol, None).derived(derive).finish(&acc, &big, true);
             let runs_agree = c.verdict != Verdict::Diverged;
             if diagnosis.is_none() {
@@ -469,7 +525,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             Error::bad_flag("--max-gpus", format!("no valid configuration could be drawn ({e})"), "raise --max-gpus")
         })?;
         let mut cfg = tree.current();
-        cfg.inject = bug;
+        plant(&mut cfg, bug);
         let case = runner.evaluate(&cfg)?;
         let outcome = record(&mut tally, &cfg, &case);
         let rank = |o: Finding| match o {
@@ -488,11 +544,11 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         if tally.example.is_none() {
             let config = shrink(&mut tree, |c| {
                 let mut c = c.clone();
-                c.inject = bug;
+                plant(&mut c, bug);
                 Ok(classify(bug, &c, &runner.evaluate(&c)?) == outcome)
             })?;
             let mut config = config;
-            config.inject = bug;
+            plant(&mut config, bug);
             let diagnosis = runner.evaluate(&config)?.diagnosis;
             if outcome == Finding::Failure {
                 append_regression(opts.regressions.as_ref(), &config)?;

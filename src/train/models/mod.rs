@@ -25,6 +25,30 @@ pub trait Model {
     }
     /// The micro-batch's loss before any accumulation scaling.
     fn loss(&self, batch: &Batch) -> Tensor;
+    /// Module names in the order PyTorch's `__init__` registers them (`model.parameters()`
+    /// order), where it is not the names' order: clipping sums the squared norms in it.
+    fn registration(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// Indices into `model.parameters()` in PyTorch's registration order: names compared
+/// component by component, by each component's place in `model.registration()`, numbers
+/// (`blocks.1`, `layer1.0`) by value.
+pub fn torch_order(model: &dyn Model) -> Vec<usize> {
+    let ranks = model.registration();
+    let key = |name: &str| -> Vec<(usize, u64)> {
+        name.split('.')
+            .map(|c| match c.parse::<u64>() {
+                Ok(n) => (0, n),
+                Err(_) => (1, ranks.iter().position(|r| *r == c).unwrap_or(ranks.len()) as u64),
+            })
+            .collect()
+    };
+    let params = model.parameters();
+    let mut order: Vec<usize> = (0..params.len()).collect();
+    order.sort_by_key(|&i| key(&params[i].0));
+    order
 }
 
 /// How many values the model learns, without building it.

@@ -252,6 +252,10 @@ impl ResNet {
 }
 
 impl Model for ResNet {
+    fn registration(&self) -> &'static [&'static str] {
+        &["conv1", "bn1", "conv2", "bn2", "downsample", "layer1", "layer2", "layer3", "layer4", "fc", "weight", "bias"]
+    }
+
     fn parameters(&self) -> &[(String, Tensor)] {
         &self.params
     }

@@ -141,6 +141,13 @@ fn is_layer_norm_weight(name: &str) -> bool {
 }
 
 impl Model for TinyLm {
+    fn registration(&self) -> &'static [&'static str] {
+        &[
+            "tok_emb", "pos_emb", "blocks", "ln_f", "head", "ln1", "attn", "ln2", "mlp", "qkv", "fc", "proj", "weight",
+            "bias",
+        ]
+    }
+
     fn parameters(&self) -> &[(String, Tensor)] {
         &self.params
     }

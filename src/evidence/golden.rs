@@ -168,15 +168,15 @@ fn check_layout(
     for (what, params) in trace.steps.iter().map(|p| ("gradient", p)).chain([("final weight", &trace.finals)]) {
         let mut got: Vec<(&str, Vec<i64>)> = params.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
         let want = match what {
-            "gradient" => want.clone(),
+            "gradient" => &want,
             _ => {
                 got.sort();
-                want_finals.clone()
+                &want_finals
             }
         };
-        if got != want {
+        if got != *want {
             let problem = if got.len() > 4 || want.len() > 4 {
-                let diff = got.iter().zip(&want).find(|(g, w)| g != w);
+                let diff = got.iter().zip(want).find(|(g, w)| g != w);
                 format!(
                     "{what} tensors differ from the model's ({} vs {} tensors; first difference {diff:?})",
                     got.len(),

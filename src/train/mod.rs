@@ -148,11 +148,9 @@ impl<'a> Run<'a> {
             collective::average_gradients(d.comm, &grads)?;
         }
         let lr = self.lrs[s];
-        self.clips.push(match (self.clip, self.clip_each_micro_batch) {
-            (None, _) => 0,
-            (Some(_), false) => 1,
-            (Some(_), true) => group.len() as i64,
-        });
+        if self.clip.is_some() {
+            self.clips.push(if self.clip_each_micro_batch { group.len() as i64 } else { 1 });
+        }
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         let clip = match (self.clip, self.clip_each_micro_batch) {
             (Some(max), false) => {
@@ -231,11 +229,8 @@ impl<'a> Run<'a> {
                     .chain(self.opt.state().iter().map(|(n, t)| (n, t.shallow_clone()))),
             ),
             // Recorded where they change (as the reference scripts do): compared exactly.
-            lrs: match self.lrs.windows(2).all(|w| w[0] == w[1]) && !self.lr_scheduled {
-                true => Vec::new(),
-                false => self.lrs[..self.plan.steps.len()].to_vec(),
-            },
-            clips: if self.clip.is_some() { self.clips } else { Vec::new() },
+            lrs: if self.lr_scheduled { self.lrs[..self.plan.steps.len()].to_vec() } else { Vec::new() },
+            clips: self.clips,
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
             ..Trace::default()

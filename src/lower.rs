@@ -77,6 +77,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             None => PartialWindow::default_for(model),
         },
         big_batch: !n.no_big_batch,
+        dropout: n.dropout,
         optim: optim(&args.optim)?,
         ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
     };

@@ -7,6 +7,7 @@
 //! carry gradients and state, and stay on the device where the backend can reach them.
 
 pub mod device;
+pub mod fingerprint;
 mod mpi;
 mod nccl;
 pub mod world;

@@ -20,6 +20,16 @@ pub type Params = Vec<(String, Tensor)>;
 /// A trace file's string header (`__metadata__`): who wrote it, W, K, dtype, ...
 pub type TraceMeta = BTreeMap<String, String>;
 
+/// The first tensor a DDP rank held differently from rank 0 after a step
+/// (`dist::fingerprint`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RankDrift {
+    pub step: usize,
+    pub rank: usize,
+    /// `param <name>`, `grad <name>`, or an optimizer state tensor (`exp_avg.<name>`).
+    pub tensor: String,
+}
+
 #[derive(Debug, Default)]
 pub struct Trace {
     /// `steps[s]`: the gradients optimizer step `s` (counted from 0) applied.
@@ -50,6 +60,11 @@ pub struct Trace {
     /// How many times each step clipped its gradients (`clips.<step>`, int64), when
     /// recorded: once per step is right, once per micro-batch clips partial sums.
     pub clips: Vec<i64>,
+    /// A DDP rank's: the first step at which some rank held another model than rank 0.
+    pub rank_drift: Option<RankDrift>,
+    /// tiny-lm with dropout, ours: per step, a digest of the keys its masks were drawn from
+    /// (`plan::dropout::digest`; all ranks' summed in DDP). Runs that key masks alike agree.
+    pub dropout_keys: Vec<f64>,
     /// The file's header, when it has one.
     pub meta: TraceMeta,
 }
@@ -227,6 +242,8 @@ impl Trace {
             scales: Vec::new(),
             lrs: self.lrs.clone(),
             clips: self.clips.clone(),
+            rank_drift: self.rank_drift.clone(),
+            dropout_keys: self.dropout_keys.clone(),
             meta: self.meta.clone(),
         }
     }

@@ -150,6 +150,17 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     }
+    if let Some(d) = &c.rank_drift {
+        return Some(Diagnosis {
+            reason: "ranks differ",
+            detail: format!(
+                "after step {} DDP rank {} held another {} than rank 0: the ranks no longer train one model; a \
+                 parameter left out of the all-reduce (a hand-written all-reduce that skips one, a parameter \
+                 registered after DDP wrapped the model) steps with each rank's own gradient",
+                d.step, d.rank, d.tensor
+            ),
+        });
+    }
     if let Some(l) = c.lr {
         return Some(Diagnosis {
             reason: "learning-rate schedule",
@@ -195,7 +206,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     };
-    if let Some(d) = clip_count(a, b, c, s) {
+    if let Some(d) = step_record(a, b, c, cx, s) {
         return Some(d);
     }
     let (x, y) = (flat(xs), flat(ys));
@@ -272,7 +283,7 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
     }
     let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
     let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else { return cause(a, b, c, cx) };
-    if let Some(d) = clip_count(a, b, c, s) {
+    if let Some(d) = step_record(a, b, c, cx, s) {
         return Some(d);
     }
     let (x, y) = (flat(xs), flat(ys));
@@ -315,16 +326,31 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
     }
 }
 
-/// The runs clipped a different number of times in step `s` (`Trace::clips`).
-fn clip_count(a: &Trace, b: &Trace, c: &Comparison, s: usize) -> Option<Diagnosis> {
-    let (m, n) = (a.clips.get(s)?, b.clips.get(s)?);
-    (m != n).then(|| Diagnosis {
-        reason: "gradient clipping",
+/// What the runs recorded of step `s` besides its numbers, where it differs: how often they
+/// clipped (`Trace::clips`), or which keys their dropout masks came from (when the plans put
+/// the same samples in the step).
+fn step_record(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, s: usize) -> Option<Diagnosis> {
+    let (l, r) = (&c.left, &c.right);
+    if let (Some(m), Some(n)) = (a.clips.get(s), b.clips.get(s)) {
+        if m != n {
+            return Some(Diagnosis {
+                reason: "gradient clipping",
+                detail: format!(
+                    "{l} clipped its gradients {m} times in step {s} and {r} {n} times: clip once per step, on the \
+                     accumulated and synchronised gradient right before optimizer.step(), not after every \
+                     micro-batch's backward (which clips partial sums)"
+                ),
+            });
+        }
+    }
+    // Other samples draw other masks too: only the same samples keyed otherwise is this.
+    let (m, n) = (a.dropout_keys.get(s)?, b.dropout_keys.get(s)?);
+    (m != n && cx.same_samples != Some(false)).then(|| Diagnosis {
+        reason: "dropout masks",
         detail: format!(
-            "{} clipped its gradients {m} times in step {s} and {} {n} times: clip once per step, on the \
-             accumulated and synchronised gradient right before optimizer.step(), not after every \
-             micro-batch's backward (which clips partial sums)",
-            c.left, c.right
+            "{l} and {r} drew step {s}'s dropout masks from different keys: masks must follow the samples \
+             (seed, epoch, sample index, layer), not each rank's own counter or stream, or ranks repeat one \
+             another's masks"
         ),
     })
 }

@@ -10,7 +10,7 @@ pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
 use serde::Serialize;
 use tch::Tensor;
 
-use crate::evidence::{Params, Trace};
+use crate::evidence::{Params, RankDrift, Trace};
 use crate::spec::Tolerance;
 
 /// Three-way, as criterion does it: bit-identical, inside the tolerance, or not.
@@ -81,6 +81,10 @@ pub struct Comparison {
     /// recorded them: not the same training, whatever the gradients say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lr: Option<LrMismatch>,
+    /// A DDP rank that held another model than rank 0 after some step (either trace's):
+    /// the ranks were not running one training, whatever rank 0's numbers say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank_drift: Option<RankDrift>,
     pub verdict: Verdict,
 }
 
@@ -184,8 +188,10 @@ impl Comparer {
         let lr = a.lrs.iter().zip(&b.lrs).enumerate().find(|(_, (x, y))| x != y);
         let lr = lr.map(|(step, (&left, &right))| LrMismatch { step, left, right });
         let mut worst_fraction = worst_fraction;
-        if lr.is_some() {
-            // Learning rates are compared exactly: no difference is allowed.
+        let rank_drift = a.rank_drift.clone().or_else(|| b.rank_drift.clone());
+        if lr.is_some() || rank_drift.is_some() {
+            // Learning rates and the ranks' fingerprints are compared exactly: no
+            // difference is allowed.
             verdict = Verdict::Diverged;
             worst_fraction = f64::INFINITY;
         }
@@ -202,6 +208,7 @@ impl Comparer {
             buffers,
             buffers_counted,
             lr,
+            rank_drift,
             verdict,
         }
     }

@@ -26,7 +26,12 @@ impl Bug {
                 let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
                 return whether(correct.steps.iter().any(|s| divisor(s) > 1));
             }
-            Bug::DoubleScale => return whether(cfg.gpus > 1),
+            Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.gpus > 1),
+            Bug::DropoutSameSeed => {
+                return whether(
+                    cfg.dropout > 0.0 && (0..cfg.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))),
+                )
+            }
             // Whether a gradient reaches the max norm is the data's to say: assumed.
             Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1)),
             Bug::SchedulePerMicroBatch => {
@@ -59,6 +64,21 @@ impl Bug {
     pub fn zeroes_grad(self) -> bool {
         self != Bug::StaleZeroGrad
     }
+}
+
+/// Whether a rank's n-th sample of some epoch is not sample n: then keying dropout by the
+/// rank's counter draws other masks than keying it by the sample.
+fn counters_differ(plan: &StepPlan) -> bool {
+    let mut seen = (None, 0i64);
+    plan.steps.iter().zip(&plan.epochs).any(|(step, &epoch)| {
+        if seen.0 != Some(epoch) {
+            seen = (Some(epoch), 0);
+        }
+        step.iter().flatten().any(|&i| {
+            seen.1 += 1;
+            i != seen.1 - 1
+        })
+    })
 }
 
 /// What a planted bug does to one configuration.

@@ -12,6 +12,7 @@ pub fn check_train(t: &TrainConfig) -> Result<()> {
     check_resnet(t)?;
     check_tiny_lm(t)?;
     check_optim(t)?;
+    check_dropout(t)?;
     check_bug(t)?;
     if t.max_steps == Some(0) {
         return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
@@ -135,6 +136,21 @@ fn check_tiny_lm(t: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
+/// Dropout in [0, 1), and only where there are dropout layers.
+fn check_dropout(t: &TrainConfig) -> Result<()> {
+    if !(0.0..1.0).contains(&t.dropout) {
+        return Err(Error::bad_flag("--dropout", format!("{} is not in [0, 1)", t.dropout), "pass e.g. --dropout 0.1"));
+    }
+    if t.dropout > 0.0 && !t.model.token_loss() {
+        return Err(Error::bad_flag(
+            "--dropout",
+            "only tiny-lm has dropout layers",
+            "add --model tiny-lm, or drop --dropout",
+        ));
+    }
+    Ok(())
+}
+
 /// AdamW's betas in [0, 1), ε and the clipping norm positive and finite.
 pub fn check_optim(t: &TrainConfig) -> Result<()> {
     let o = &t.optim;
@@ -173,6 +189,11 @@ fn check_bug(t: &TrainConfig) -> Result<()> {
             "--inject",
             "adamw-no-loss-scale is the missing 1/K under AdamW",
             "add --optimizer adamw, or inject no-loss-scale for SGD",
+        )),
+        Some(Bug::DropoutSameSeed) if t.dropout == 0.0 && t.model.token_loss() => Err(Error::bad_flag(
+            "--inject",
+            "dropout-same-seed misdraws dropout masks, and there is no dropout",
+            "add --dropout P",
         )),
         Some(Bug::ClipPerMicroBatch) if o.clip_grad_norm.is_none() => Err(Error::bad_flag(
             "--inject",

@@ -4,6 +4,7 @@
 
 pub mod bugs;
 pub mod checks;
+pub mod dropout;
 pub mod norm;
 pub mod rng;
 pub mod sampler;

@@ -16,6 +16,11 @@ use crate::spec::{Bug, PartialWindow, TrainConfig};
 pub struct StepPlan {
     pub steps: Vec<Vec<Vec<i64>>>,
     pub tail: Vec<Vec<i64>>,
+    /// The epoch whose sampler drew each step's last micro-batch, and the tail's (what
+    /// dropout keys on; a step crosses epochs only when a window carries, which tiny-lm
+    /// never does).
+    pub epochs: Vec<u64>,
+    pub tail_epoch: u64,
 }
 
 /// Which samples, which normalisation, and whether gradients are zeroed: one run's plan.
@@ -30,6 +35,12 @@ pub struct RunPlan {
     /// once per step (`clip-per-micro-batch`).
     pub clip: Option<f64>,
     pub clip_each_micro_batch: bool,
+    /// A DDP rank leaves its last registered parameter out of the all-reduce
+    /// (`unsynced-param`).
+    pub unsynced_param: bool,
+    /// A DDP rank keys dropout by its own sample counter, so every rank draws one mask
+    /// stream (`dropout-same-seed`).
+    pub dropout_same_seed: bool,
 }
 
 impl StepPlan {
@@ -37,22 +48,24 @@ impl StepPlan {
     /// short window at an epoch's end carries or steps (`--partial-window`); stops right
     /// after `--max-steps` steps.
     pub fn walk(cfg: &TrainConfig, micro_batches: impl Fn(u64) -> Vec<Vec<i64>>, window: usize) -> StepPlan {
-        let (mut steps, mut open) = (Vec::new(), Vec::new());
+        let (mut steps, mut open, mut epochs, mut tail_epoch) = (Vec::new(), Vec::new(), Vec::new(), 0);
         let step_short = cfg.partial_window == PartialWindow::Step;
         'epochs: for epoch in 0..cfg.epochs as u64 {
+            tail_epoch = epoch;
             let epoch_batches = micro_batches(epoch);
             let n = epoch_batches.len();
             for (i, mb) in epoch_batches.into_iter().enumerate() {
                 open.push(mb);
                 if (i + 1) % window == 0 || (step_short && i + 1 == n) {
                     steps.push(std::mem::take(&mut open));
+                    epochs.push(epoch);
                     if Some(steps.len()) == cfg.max_steps {
                         break 'epochs;
                     }
                 }
             }
         }
-        StepPlan { steps, tail: open }
+        StepPlan { steps, tail: open, epochs, tail_epoch }
     }
 
     /// The big batch: each of the accumulation run's steps (without any planted bug) as
@@ -60,7 +73,8 @@ impl StepPlan {
     pub fn big_batch(cfg: &TrainConfig) -> StepPlan {
         let acc = StepPlan::accumulation(cfg, None);
         let tail = if acc.tail.is_empty() { Vec::new() } else { vec![acc.tail.concat()] };
-        StepPlan { steps: acc.steps.iter().map(|s| vec![s.concat()]).collect(), tail }
+        let steps = acc.steps.iter().map(|s| vec![s.concat()]).collect();
+        StepPlan { steps, tail, epochs: acc.epochs, tail_epoch: acc.tail_epoch }
     }
 
     /// The single-device run: K micro-batches per step from the sampler that mimics the W
@@ -98,7 +112,10 @@ impl RunPlan {
     fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, zero_grad: bool, bug: Option<Bug>) -> RunPlan {
         let lrs = super::schedule::factors(cfg, &steps, bug).iter().map(|f| cfg.lr * f).collect();
         let clip_each_micro_batch = bug == Some(Bug::ClipPerMicroBatch);
-        RunPlan { steps, norm, zero_grad, lrs, clip: cfg.optim.clip_grad_norm, clip_each_micro_batch }
+        let unsynced_param = bug == Some(Bug::UnsyncedParam);
+        let dropout_same_seed = bug == Some(Bug::DropoutSameSeed);
+        let clip = cfg.optim.clip_grad_norm;
+        RunPlan { steps, norm, zero_grad, lrs, clip, clip_each_micro_batch, unsynced_param, dropout_same_seed }
     }
 
     pub fn accumulation(cfg: &TrainConfig) -> RunPlan {
@@ -108,7 +125,8 @@ impl RunPlan {
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
         let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
-        RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, None)
+        let bug = cfg.inject.filter(|&b| matches!(b, Bug::UnsyncedParam | Bug::DropoutSameSeed));
+        RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, bug)
     }
 
     /// One process, one micro-batch of K·B samples per step, normalised correctly: the

@@ -151,6 +151,12 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
         );
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
+    if let Some(d) = &first.rank_drift {
+        return format!(
+            "NOT EQUIVALENT: DDP rank {} held another {} than rank 0 after step {}",
+            d.rank, d.tensor, d.step
+        );
+    }
     if let Some(l) = first.lr {
         return format!(
             "NOT EQUIVALENT: {} applied learning rate {} at step {} where {} applied {}",

@@ -40,10 +40,16 @@ pub enum Bug {
     /// Accumulation forgets 1/K under AdamW, which hides it in the weights (Adam is nearly
     /// invariant to the gradient's scale) but not in the gradients.
     AdamwNoLossScale,
+    /// DDP leaves one parameter (the last registered) out of the all-reduce: each rank
+    /// steps it with its own gradient, and the ranks' models part.
+    UnsyncedParam,
+    /// DDP ranks key dropout by their own sample counter: every rank draws one mask stream
+    /// (transformers#31412), where the masks must follow the samples.
+    DropoutSameSeed,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 13] = [
+    pub const ALL: [Bug; 15] = [
         Bug::NoLossScale,
         Bug::DoubleScale,
         Bug::ContiguousSplit,
@@ -57,6 +63,8 @@ impl Bug {
         Bug::ClipPerMicroBatch,
         Bug::SchedulePerMicroBatch,
         Bug::AdamwNoLossScale,
+        Bug::UnsyncedParam,
+        Bug::DropoutSameSeed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +79,8 @@ impl Bug {
     pub fn harmless_when(self) -> &'static str {
         match self {
             Bug::NoLossScale | Bug::AdamwNoLossScale => "K = 1",
+            Bug::UnsyncedParam => "W = 1",
+            Bug::DropoutSameSeed => "every rank's n-th sample of an epoch being sample n (W = 1, no shuffle)",
             Bug::DoubleScale => "W = 1",
             Bug::ContiguousSplit => "each step sees the same samples either way (W = 1, or one step per epoch)",
             Bug::NoSetEpoch => "no shuffle, one epoch, or one step covering each epoch",
@@ -94,6 +104,8 @@ impl Bug {
     pub fn applies_to(self, model: super::ModelKind) -> bool {
         match self {
             b if b.needs_token_loss() => model.token_loss(),
+            // Only tiny-lm has dropout layers.
+            Bug::DropoutSameSeed => model.token_loss(),
             Bug::NoLossScale | Bug::DoubleScale | Bug::AdamwNoLossScale => !model.token_loss(),
             // Both runs make it alike: only the big batch shows it, and ResNets have none.
             Bug::LastWindowByK => model.has_big_batch(),
@@ -115,7 +127,9 @@ impl Bug {
     /// Which run carries the bug.
     pub fn side(self) -> &'static str {
         match self {
-            Bug::NoSetEpoch | Bug::StaleZeroGrad | Bug::CountPerRank => "ddp",
+            Bug::NoSetEpoch | Bug::StaleZeroGrad | Bug::CountPerRank | Bug::UnsyncedParam | Bug::DropoutSameSeed => {
+                "ddp"
+            }
             b if b.in_both_runs() => "both",
             _ => "accumulation",
         }

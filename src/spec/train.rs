@@ -73,6 +73,10 @@ pub struct TrainConfig {
     /// accumulation with it. Not part of what a golden was made for.
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub big_batch: bool,
+    /// tiny-lm's dropout probability at each block's two residual branches, masks keyed by
+    /// sample (`plan::dropout`); 0 is none.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dropout: f64,
     /// The optimizer, clipping and learning-rate schedule (`lr`, `momentum` and
     /// `weight_decay` above are theirs too).
     #[serde(flatten)]
@@ -273,6 +277,7 @@ impl TrainConfig {
             min_len: defaults::MIN_LEN,
             partial_window: PartialWindow::Carry,
             big_batch: true,
+            dropout: 0.0,
             optim: OptimConfig::default(),
         }
     }
@@ -307,6 +312,9 @@ impl TrainConfig {
         }
         if !self.big_batch && self.model.has_big_batch() {
             s.push_str(" --no-big-batch");
+        }
+        if self.dropout != 0.0 {
+            s.push_str(&format!(" --dropout {}", self.dropout));
         }
         if self.weight_decay != 0.0 {
             s.push_str(&format!(" --weight-decay {}", self.weight_decay));
@@ -362,5 +370,22 @@ impl TrainConfig {
     /// Micro-batches each rank accumulates under no_sync before an all-reduce.
     pub fn local_acc_steps(&self) -> usize {
         self.acc_steps / self.gpus
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Explore and suites send each case to the ranks as JSON: every float must come back
+    /// bit for bit (a learning rate once came back 1 ulp off, and the ranks' models parted).
+    #[test]
+    fn a_config_survives_json_bit_for_bit() {
+        let mut c = TrainConfig { lr: 0.011312096496120005, momentum: 0.1865353356759756, ..TrainConfig::article() };
+        c.weight_decay = 0.002814535734954946;
+        c.optim.eps = 1e-6;
+        let back: TrainConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!((back.lr.to_bits(), back.momentum.to_bits()), (c.lr.to_bits(), c.momentum.to_bits()));
+        assert_eq!(back, c);
     }
 }

@@ -28,6 +28,8 @@ pub struct Data {
 pub struct Batch {
     pub x: Tensor,
     pub y: Option<Tensor>,
+    /// tiny-lm's dropout masks `[sites, B, T, D]`, when it drops out (`train::dropout`).
+    pub dropout: Option<Tensor>,
 }
 
 impl Data {
@@ -66,7 +68,7 @@ impl Data {
     /// The rows of one micro-batch, as `DataLoader`'s default collate stacks them.
     pub fn batch(&self, indices: &[i64]) -> Batch {
         let idx = Tensor::from_slice(indices).to_device(self.x.device());
-        Batch { x: self.x.index_select(0, &idx), y: self.y.as_ref().map(|y| y.index_select(0, &idx)) }
+        Batch { x: self.x.index_select(0, &idx), y: self.y.as_ref().map(|y| y.index_select(0, &idx)), dropout: None }
     }
 }
 

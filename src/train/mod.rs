@@ -6,6 +6,7 @@ mod adamw_bounds;
 mod bounds;
 pub mod data;
 mod ddp;
+mod dropout;
 mod lockstep;
 pub mod models;
 pub mod optim;
@@ -68,6 +69,17 @@ pub struct Run<'a> {
     /// which clipping sums their norms.
     clips: Vec<i64>,
     torch_order: Vec<usize>,
+    /// A DDP rank: the first step at which some rank held another model than rank 0, and
+    /// whether it plants `unsynced-param`.
+    drift: Option<crate::evidence::RankDrift>,
+    unsynced_param: bool,
+    /// tiny-lm's dropout; whether this rank keys it by its own sample counter
+    /// (`dropout-same-seed`), that counter (epoch, samples so far), and each step's digest
+    /// of the keys its masks were drawn from (all ranks' together in DDP).
+    dropout: Option<dropout::Dropout>,
+    dropout_same_seed: bool,
+    counter: (Option<u64>, i64),
+    dropout_keys: Vec<f64>,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
     peaks: Vec<Tensor>,
@@ -87,7 +99,16 @@ pub struct Run<'a> {
 impl<'a> Run<'a> {
     /// `bounds`: this run is the accumulation run, which derives what the others may differ by.
     fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, bounds: bool) -> Result<Self> {
-        let RunPlan { steps: plan, norm, zero_grad, lrs, clip, clip_each_micro_batch } = plan;
+        let RunPlan {
+            steps: plan,
+            norm,
+            zero_grad,
+            lrs,
+            clip,
+            clip_each_micro_batch,
+            unsynced_param,
+            dropout_same_seed,
+        } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
         let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
@@ -117,6 +138,12 @@ impl<'a> Run<'a> {
             lr_scheduled: cfg.optim.lr_schedule != crate::spec::Schedule::Constant,
             clips: Vec::new(),
             torch_order,
+            drift: None,
+            unsynced_param,
+            dropout: dropout::Dropout::new(cfg, device),
+            dropout_same_seed,
+            counter: (None, 0),
+            dropout_keys: Vec::new(),
             ddp,
             peaks,
             traced,
@@ -141,10 +168,20 @@ impl<'a> Run<'a> {
     pub fn step(&mut self, s: usize) -> Result<Params> {
         let group = std::mem::take(&mut self.plan.steps[s]);
         let divisors = self.divisors(s, &group, true)?;
-        self.forward_backward(&group, &divisors)?;
+        let keys = self.forward_backward(&group, &divisors, self.plan.epochs[s])?;
+        if self.dropout.is_some() {
+            let mut keys = [keys];
+            if let Some(d) = &self.ddp {
+                d.comm.all_reduce_sum_f64(&mut keys)?;
+            }
+            self.dropout_keys.push(keys[0]);
+        }
         let params = self.model.parameters();
         if let Some(d) = &self.ddp {
-            let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
+            // `unsynced-param` leaves out the last parameter PyTorch registers.
+            let left_out = self.torch_order.last().copied().filter(|_| self.unsynced_param);
+            let grads: Vec<Tensor> =
+                params.iter().enumerate().filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
             collective::average_gradients(d.comm, &grads)?;
         }
         let lr = self.lrs[s];
@@ -181,6 +218,7 @@ impl<'a> Run<'a> {
         if let Some(b) = self.bounds.as_mut() {
             b.after_step(&tensors, &self.opt.moments());
         }
+        self.compare_ranks(s)?;
         self.track_peaks();
         if self.zero_grad {
             self.opt.zero_grad()?;
@@ -206,7 +244,7 @@ impl<'a> Run<'a> {
         let bounds = self.bounds.take();
         // Never stepped, so its normalisation is never seen: no count is all-reduced.
         let divisors = self.divisors(self.plan.steps.len(), &tail, false)?;
-        self.forward_backward(&tail, &divisors)?;
+        self.forward_backward(&tail, &divisors, self.plan.tail_epoch)?;
         let m = &self.model;
         let (allowed_finals, allowed_finals_big) = match &bounds {
             Some(b) => {
@@ -231,6 +269,8 @@ impl<'a> Run<'a> {
             // Recorded where they change (as the reference scripts do): compared exactly.
             lrs: if self.lr_scheduled { self.lrs[..self.plan.steps.len()].to_vec() } else { Vec::new() },
             clips: self.clips,
+            rank_drift: self.drift,
+            dropout_keys: self.dropout_keys,
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
             ..Trace::default()
@@ -291,6 +331,22 @@ impl<'a> Run<'a> {
         Ok(group.iter().map(|mb| self.norm.divisor(s, held, counts(mb))).collect())
     }
 
+    /// A DDP rank, after step `s`: whether every rank holds the same weights, synchronised
+    /// gradients and optimizer state as rank 0 (`dist::fingerprint`); the first difference is
+    /// kept. Every rank learns the same answer, so all stop comparing together.
+    fn compare_ranks(&mut self, s: usize) -> Result<()> {
+        let Some(d) = self.ddp.as_ref().filter(|_| self.drift.is_none()) else { return Ok(()) };
+        let params = self.model.parameters();
+        let named: Vec<(String, Tensor)> = params
+            .iter()
+            .map(|(n, p)| (format!("param {n}"), p.shallow_clone()))
+            .chain(params.iter().map(|(n, p)| (format!("grad {n}"), p.grad())))
+            .chain(self.opt.state())
+            .collect();
+        self.drift = collective::fingerprint::compare_ranks(d.comm, s, &named)?;
+        Ok(())
+    }
+
     /// Keeps each weight's largest magnitude so far.
     fn track_peaks(&mut self) {
         if !self.traced {
@@ -310,13 +366,29 @@ impl<'a> Run<'a> {
         m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect()
     }
 
-    fn forward_backward(&mut self, group: &[Vec<i64>], divisors: &[f64]) -> Result<()> {
+    /// Returns the digest of the dropout keys its masks were drawn from (0 without dropout).
+    fn forward_backward(&mut self, group: &[Vec<i64>], divisors: &[f64], epoch: u64) -> Result<f64> {
+        let mut digest = 0.0;
         for (j, (idx, &divisor)) in group.iter().zip(divisors).enumerate() {
             if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
                 let buffers: Vec<Tensor> = self.model.buffers().iter().map(|(_, b)| b.shallow_clone()).collect();
                 collective::broadcast_all(d.comm, &buffers, 0)?;
             }
-            let batch = self.data.batch(idx);
+            let mut batch = self.data.batch(idx);
+            if let Some(d) = &self.dropout {
+                if self.counter.0 != Some(epoch) {
+                    self.counter = (Some(epoch), 0);
+                }
+                let keys: Vec<i64> = match self.dropout_same_seed {
+                    // Every rank's n-th sample of the epoch draws the n-th masks.
+                    true => (self.counter.1..self.counter.1 + idx.len() as i64).collect(),
+                    false => idx.clone(),
+                };
+                self.counter.1 += idx.len() as i64;
+                let (masks, keys) = d.masks(epoch, &keys)?;
+                batch.dropout = Some(masks);
+                digest += keys;
+            }
             let loss = self.model.loss(&batch);
             match self.bounds.as_mut() {
                 Some(b) => {
@@ -336,7 +408,7 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        Ok(())
+        Ok(digest)
     }
 }
 

@@ -73,6 +73,21 @@ fn golden_optimizer_steps_match_pytorch() {
     }
 }
 
+/// tiny-lm with dropout (masks keyed by seed, epoch, sample and layer, which
+/// fixtures/lm_reference.py draws the same way): accumulation and the big batch match
+/// PyTorch's bit for bit, so the masks are PyTorch's.
+#[test]
+fn golden_dropout_masks_match_pytorch() {
+    for case in ["tiny-lm-dropout", "tiny-lm-dropout-w3"] {
+        let text = check_golden(case);
+        for side in ["accumulation vs golden accumulation", "big batch    vs golden big batch"] {
+            let line =
+                text.lines().find(|l| l.trim_start().starts_with(side)).unwrap_or_else(|| panic!("{side}: {text}"));
+            assert!(line.contains("max 0 ulp: exact"), "{case}: {line}");
+        }
+    }
+}
+
 /// Narrow dtypes on the linear model: DDP's rounded all-reduce of two ranks and the
 /// accumulation run's sums match gloo's and PyTorch's bit for bit.
 #[test]

@@ -143,6 +143,10 @@ pub struct NetArgs {
     /// Skip the big-batch run.
     #[arg(long)]
     pub no_big_batch: bool,
+    /// tiny-lm: dropout probability after each block's attention and MLP, masks keyed by
+    /// (seed, epoch, sample, layer) so every run draws the same ones.
+    #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub dropout: f64,
     #[arg(long, default_value_t = d::WEIGHT_DECAY)]
     pub weight_decay: f64,
     /// Stop both runs after this many optimizer steps.
@@ -237,7 +241,9 @@ pub struct ExploreArgs {
     pub seed: Option<u64>,
     /// Plant BUG in every case, or `all` for one pass per known bug: no-loss-scale,
     /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad, and for tiny-lm
-    /// mean-per-micro-batch, count-per-rank, count-before-shift; last-window-by-k.
+    /// mean-per-micro-batch, count-per-rank, count-before-shift; last-window-by-k; at the
+    /// optimizer step clip-per-micro-batch, schedule-per-micro-batch, adamw-no-loss-scale; and
+    /// unsynced-param.
     #[arg(long, value_name = "BUG|all")]
     pub inject: Option<String>,
     #[command(flatten)]

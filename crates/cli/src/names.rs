@@ -9,7 +9,7 @@ pub const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
 pub const FORMATS: [&str; 4] = ["table", "json", "markdown", "junit"];
 /// Other spellings a report format is also known by.
 pub const FORMAT_ALIASES: [(&str, &str); 1] = [("md", "markdown")];
-pub const BUGS: [&str; 13] = [
+pub const BUGS: [&str; 15] = [
     "no-loss-scale",
     "double-scale",
     "contiguous-split",
@@ -23,6 +23,8 @@ pub const BUGS: [&str; 13] = [
     "clip-per-micro-batch",
     "schedule-per-micro-batch",
     "adamw-no-loss-scale",
+    "unsynced-param",
+    "dropout-same-seed",
 ];
 
 /// `s` if it is one of `names`, else the one-line complaint clap shows after the flag.

@@ -62,10 +62,13 @@ pub fn strategy(max_gpus: usize, models: &[ModelKind]) -> BoxedStrategy<TrainCon
     // deep nets, held to a fixed tolerance: AdamW turns a rounding difference in a noise
     // gradient into a whole step, which only the derived (lockstep) bound follows.
     let narrow = |c: &TrainConfig| matches!(c.dtype, Dtype::Bfloat16 | Dtype::Float16) || !c.bounds_hold();
-    (models, optim_strategy())
-        .prop_map(move |(c, optim)| {
+    // tiny-lm drops out in one draw of three.
+    let dropout = prop_oneof![2 => Just(0.0), 1 => 0.05f64..0.5];
+    (models, optim_strategy(), dropout)
+        .prop_map(move |(c, optim, dropout)| {
             let optim = if narrow(&c) { OptimConfig { optimizer: Optimizer::Sgd, ..optim } } else { optim };
-            TrainConfig { optim, ..c }
+            let dropout = if c.model.token_loss() { dropout } else { 0.0 };
+            TrainConfig { optim, dropout, ..c }
         })
         .boxed()
 }
@@ -94,7 +97,7 @@ pub fn optim_strategy() -> impl Strategy<Value = OptimConfig> {
 
 /// Plants `bug` in a drawn configuration, with what it misuses: clipping that always
 /// engages (1e-4; float16 1e-2) for clip-per-micro-batch, a warmup for schedule-per-micro-batch, AdamW
-/// for adamw-no-loss-scale. The other bugs are drawn without clipping: clipping that
+/// for adamw-no-loss-scale, dropout for dropout-same-seed. The other bugs are drawn without clipping: clipping that
 /// engages at every step renormalises a wrongly scaled gradient, which hides a scaling bug
 /// in a way no plan can foresee (it depends on the gradients' norms).
 pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
@@ -112,6 +115,7 @@ pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
                     o.lr_schedule = Schedule::Warmup(4)
                 }
                 Bug::AdamwNoLossScale => o.optimizer = Optimizer::AdamW,
+                Bug::DropoutSameSeed if cfg.dropout == 0.0 => cfg.dropout = 0.1,
                 _ => {}
             }
         }

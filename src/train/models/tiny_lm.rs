@@ -109,7 +109,13 @@ impl TinyLm {
     /// PyTorch's `h = h + ...` does: tch's `+=` is in place and would overwrite the input
     /// LayerNorm saved for its backward.
     #[allow(clippy::assign_op_pattern)]
-    fn forward(&self, ids: &Tensor) -> Tensor {
+    /// `masks`: dropout's `[2·LAYERS, b, T, D]`, multiplying each block's attention output
+    /// (site 2l) and MLP output (site 2l + 1) before its residual add.
+    fn forward(&self, ids: &Tensor, masks: Option<&Tensor>) -> Tensor {
+        let drop = |y: Tensor, site: i64| match masks {
+            Some(m) => y * m.get(site),
+            None => y,
+        };
         let (b, t) = (ids.size()[0], ids.size()[1]);
         let hd = D_MODEL / HEADS;
         let positions = Tensor::arange(t, (Kind::Int64, ids.device()));
@@ -126,10 +132,10 @@ impl TinyLm {
             let att = q.matmul(&k.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt());
             let att = att.masked_fill(&causal, f64::NEG_INFINITY).softmax(-1, None::<Kind>);
             let y = att.matmul(&v).transpose(1, 2).contiguous().view([b, t, D_MODEL]);
-            h = h + self.linear(&y, &format!("{blk}.attn.proj"), true);
+            h = h + drop(self.linear(&y, &format!("{blk}.attn.proj"), true), 2 * l);
             let m = self.layer_norm(&h, &format!("{blk}.ln2"));
             let f = self.linear(&m, &format!("{blk}.mlp.fc"), true).gelu("none");
-            h = h + self.linear(&f, &format!("{blk}.mlp.proj"), true);
+            h = h + drop(self.linear(&f, &format!("{blk}.mlp.proj"), true), 2 * l + 1);
         }
         let h = self.layer_norm(&h, "ln_f");
         self.linear(&h, "head", false)
@@ -156,7 +162,7 @@ impl Model for TinyLm {
     /// (`F.cross_entropy(..., ignore_index=-100, reduction="sum")`).
     fn loss(&self, batch: &Batch) -> Tensor {
         let labels = batch.y.as_ref().expect("tiny-lm batches carry labels");
-        let logits = self.forward(&batch.x);
+        let logits = self.forward(&batch.x, batch.dropout.as_ref());
         let vocab = logits.size()[2];
         logits.reshape([-1, vocab]).cross_entropy_loss::<Tensor>(
             &labels.reshape([-1]),

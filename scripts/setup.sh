@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh Debian machine; safe to run again (it skips what is done).
 #  - Open MPI (the CPU collective engine and rank launcher) and clang (bindgen for rsmpi)
+#  - iproute2 (`ip netns`), for the two-hosts test (tests/hosts/two_hosts.sh)
 #  - a project-local virtualenv .venv with PyTorch 2.13.0 from PyPI: libtorch for tch 0.26,
 #    and the fixtures' reference scripts
 #  - the ddp_verify_trace recorder (python/, editable) and pytest for its tests
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev openmpi-bin)
+command -v ip >/dev/null || need_apt+=(iproute2)
 command -v clang >/dev/null && [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need_apt+=(libclang-dev clang)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

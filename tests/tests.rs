@@ -20,6 +20,8 @@ mod explore;
 mod faults;
 #[path = "it/golden_cases.rs"]
 mod golden_cases;
+#[path = "it/hosts.rs"]
+mod hosts;
 #[path = "it/no_harm.rs"]
 mod no_harm;
 #[path = "it/optimizer_step.rs"]

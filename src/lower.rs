@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use ddp_verify_cli::{
-    defaults, names, parse_case, CaseValue, CompareArgs, ExploreArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs,
-    SplitShape, SuiteArgs, ToleranceArgs,
+    defaults, names, parse_case, AmpArgs, CaseValue, CompareArgs, ExploreArgs, OptimArgs, ReportArgs, RunArgs,
+    SplitArgs, SplitShape, SuiteArgs, ToleranceArgs,
 };
 
 use crate::dist::{device, world};
@@ -19,8 +19,8 @@ use crate::jobs::explore::ExploreOptions;
 use crate::jobs::suite::{Suite, SuiteCase};
 use crate::plan;
 use crate::spec::{
-    Bug, Config, DeviceRequest, Dtype, Format, ModelKind, OptimConfig, Optimizer, PartialWindow, ReportTarget,
-    Schedule, Tolerance, ToleranceOverrides, TrainConfig,
+    Amp, AmpConfig, Bug, Config, DeviceRequest, Dtype, Format, ModelKind, OptimConfig, Optimizer, PartialWindow,
+    ReportTarget, Schedule, Tolerance, ToleranceOverrides, TrainConfig,
 };
 use crate::train::{data, models};
 
@@ -79,12 +79,13 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         big_batch: !n.no_big_batch,
         dropout: n.dropout,
         optim: optim(&args.optim)?,
+        amp: amp(&args.amp)?,
         ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
     };
     // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
     let local_ranks = if world::inside_mpi_world() { device::local_size().unwrap_or(1) } else { train.gpus };
     let device = device::resolve(known("--device", &n.device, DeviceRequest::parse)?, local_ranks)?;
-    let train = TrainConfig { device: device.kind, ..train };
+    let train = TrainConfig { device: device.kind, shared_gpus: device.shared_gpus, ..train };
     let overrides = overrides(&args.tolerance);
     let cfg = Config {
         tolerance: overrides.tolerance(train.dtype, train.lockstep),
@@ -101,6 +102,14 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         device_note: device.note,
     };
     check_timeout(cfg.timeout_s)?;
+    if n.big_batch && cfg.train.amp.amp.is_some() {
+        return Err(Error::bad_flag(
+            "--big-batch",
+            "under --amp the big batch rounds its matrix products to the autocast dtype over K·B samples at \
+             once, where accumulation rounds each micro-batch's: no bound follows that, so it is not made",
+            "drop --big-batch; accumulation vs DDP is the comparison under --amp",
+        ));
+    }
     if n.big_batch && !model.has_big_batch() {
         return Err(Error::bad_flag(
             "--big-batch",
@@ -362,6 +371,17 @@ fn optim(o: &OptimArgs) -> Result<OptimConfig> {
                 "pass constant, warmup:N or cosine:N with N >= 1",
             )
         })?,
+    })
+}
+
+/// `--amp`, `--init-scale`, `--growth-interval`, `--overflow-step` (their ranges and what
+/// they need are `plan::checks`').
+fn amp(a: &AmpArgs) -> Result<AmpConfig> {
+    Ok(AmpConfig {
+        amp: a.amp.as_deref().map(|s| known("--amp", s, Amp::parse)).transpose()?,
+        init_scale: a.init_scale,
+        growth_interval: a.growth_interval,
+        overflow_step: a.overflow_step,
     })
 }
 

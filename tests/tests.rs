@@ -4,6 +4,8 @@
 #[path = "it/util.rs"]
 mod util;
 
+#[path = "it/amp.rs"]
+mod amp;
 #[path = "it/architecture.rs"]
 mod architecture;
 #[path = "it/ci_examples.rs"]

@@ -123,8 +123,6 @@ def main(args=None):
         print("Model weights : ", model.module.linear.weight)
         print(100 * "=")
 
-    dist.destroy_process_group()
-
 
 if __name__ == "__main__":
 
@@ -143,3 +141,9 @@ if __name__ == "__main__":
     print(args)
 
     main(args)
+    # Destroyed here, after main's frame (and DDP's reducer with it) is gone: torch 2.13's
+    # gloo otherwise aborts or hangs at exit now and then ("terminate called without an
+    # active exception"), the reducer dropping the group while a gloo thread waits for the GIL.
+    world = dist.group.WORLD
+    dist.destroy_process_group()
+    del world

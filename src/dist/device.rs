@@ -22,6 +22,8 @@ pub struct Probe {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
     pub kind: DeviceKind,
+    /// CUDA with fewer GPUs than ranks on a machine: the G GPUs the ranks share.
+    pub shared_gpus: Option<usize>,
     pub note: String,
 }
 
@@ -29,32 +31,38 @@ pub struct Choice {
 /// how many DDP ranks share this machine (each needs its own GPU).
 pub fn decide(req: DeviceRequest, local_ranks: usize, probe: impl FnOnce() -> Probe) -> Result<Choice> {
     if req == DeviceRequest::Cpu {
-        return Ok(Choice { kind: DeviceKind::Cpu, note: "cpu (--device cpu)".into() });
+        return Ok(Choice { kind: DeviceKind::Cpu, shared_gpus: None, note: "cpu (--device cpu)".into() });
     }
     let p = probe();
     let why_not = match (&p.gpus, &p.nccl) {
         (Err(why), _) => why.clone(),
+        // NCCL refuses two ranks on one GPU: the ranks share the GPUs round-robin and sum
+        // through host memory with Open MPI (no NCCL needed). Only when asked for: auto keeps
+        // NCCL's one GPU per rank, or the CPU.
         (Ok(n), _) if *n < local_ranks => {
             if req == DeviceRequest::Cuda {
-                return Err(Error::bad_flag(
-                    "--gpus",
-                    format!("{local_ranks} DDP ranks on this machine need {local_ranks} GPUs but CUDA sees {n}"),
-                    format!("pass --gpus {n} (and an --acc-steps that is a multiple of it), or --device cpu"),
-                ));
+                return Ok(Choice {
+                    kind: DeviceKind::Cuda,
+                    shared_gpus: Some(*n),
+                    note: format!("cuda ({local_ranks} ranks on {n} GPUs, shared; NCCL needs one GPU per rank)"),
+                });
             }
-            format!("{local_ranks} ranks need {local_ranks} GPUs, CUDA sees {n}")
+            format!("{local_ranks} ranks need {local_ranks} GPUs for NCCL, CUDA sees {n}; --device cuda shares them")
         }
         (Ok(_), Err(why)) => why.clone(),
         (Ok(n), Ok(v)) => {
             let how = if req == DeviceRequest::Auto { "auto: " } else { "" };
             return Ok(Choice {
                 kind: DeviceKind::Cuda,
+                shared_gpus: None,
                 note: format!("cuda ({how}{n} GPUs, NCCL {}, one GPU per rank)", nccl_version_text(*v)),
             });
         }
     };
     match req {
-        DeviceRequest::Auto => Ok(Choice { kind: DeviceKind::Cpu, note: format!("cpu (auto: {why_not})") }),
+        DeviceRequest::Auto => {
+            Ok(Choice { kind: DeviceKind::Cpu, shared_gpus: None, note: format!("cpu (auto: {why_not})") })
+        }
         _ => Err(Error::bad_flag(
             "--device",
             format!("cuda was asked for but {why_not}"),
@@ -257,12 +265,27 @@ mod tests {
         }
     }
 
+    /// More ranks than GPUs: NCCL refuses two ranks on one device, so `--device cuda` shares
+    /// the GPUs (with or without NCCL installed); auto stays on the CPU and says why.
+    #[test]
+    fn cuda_shares_fewer_gpus_than_ranks_and_auto_says_so() {
+        for nccl in [Ok(22907), Err("NCCL not found")] {
+            let c = decide(DeviceRequest::Cuda, 3, || probe(Ok(1), nccl)).unwrap();
+            assert_eq!((c.kind, c.shared_gpus), (DeviceKind::Cuda, Some(1)));
+            assert_eq!(c.note, "cuda (3 ranks on 1 GPUs, shared; NCCL needs one GPU per rank)");
+        }
+        let c = decide(DeviceRequest::Cuda, 2, || probe(Ok(2), Ok(22907))).unwrap();
+        assert_eq!(c.shared_gpus, None);
+        let c = decide(DeviceRequest::Auto, 2, || probe(Ok(1), Ok(22907))).unwrap();
+        assert_eq!(c.kind, DeviceKind::Cpu);
+        assert!(c.note.contains("--device cuda shares them"), "{}", c.note);
+    }
+
     #[test]
     fn cuda_refuses_with_the_flag_to_fix() {
         let cases = [
             (probe(Err("no NVIDIA driver"), Ok(22907)), "--device", "no NVIDIA driver"),
             (probe(Ok(2), Err("NCCL not found")), "--device", "NCCL not found"),
-            (probe(Ok(1), Ok(22907)), "--gpus", "need 2 GPUs but CUDA sees 1"),
         ];
         for (p, flag, words) in cases {
             let e = decide(DeviceRequest::Cuda, 2, || p).unwrap_err();

@@ -39,10 +39,23 @@ fn hash48(t: &Tensor) -> Result<f64> {
     Ok((1 + (h >> 16) % ((1u64 << 48) - 1)) as f64)
 }
 
-/// Every rank calls this after step `step` with the same named tensors in the same order.
+/// Every rank calls this after step `step` with its named tensors in the same order. Ranks
+/// first agree on how many each holds: a rank whose optimizer never stepped (its loss scaler
+/// skipped where the others' did not) holds no optimizer state yet, and a table of another
+/// size would not line up.
 pub fn compare_ranks(comm: &dyn Collective, step: usize, named: &[(String, Tensor)]) -> Result<Option<RankDrift>> {
     let (w, n, r) = (comm.world_size(), named.len(), comm.rank());
-    if w < 2 || n == 0 {
+    if w < 2 {
+        return Ok(None);
+    }
+    let mut counts = vec![0.0; w];
+    counts[r] = n as f64;
+    comm.all_reduce_sum_f64(&mut counts)?;
+    if let Some(rank) = (1..w).find(|&q| counts[q] != counts[0]) {
+        let tensor = format!("number of tensors ({} vs rank 0's {}: optimizer state)", counts[rank], counts[0]);
+        return Ok(Some(RankDrift { step, rank, tensor }));
+    }
+    if n == 0 {
         return Ok(None);
     }
     let mut table = vec![0.0; w * n];

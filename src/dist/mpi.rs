@@ -123,6 +123,43 @@ impl Collective for Mpi {
     }
 }
 
+/// Open MPI for ranks whose tensors live on a GPU they share with other ranks (NCCL refuses
+/// two ranks on one device): every all-reduce and broadcast goes through host copies.
+pub struct OnDevice<'a> {
+    pub mpi: &'a Mpi,
+    pub device: Device,
+}
+
+impl Collective for OnDevice<'_> {
+    fn rank(&self) -> usize {
+        self.mpi.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.mpi.world_size()
+    }
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
+        self.mpi.all_reduce_sum(data)
+    }
+    fn all_reduce_sum_f64(&self, data: &mut [f64]) -> Result<()> {
+        self.mpi.all_reduce_sum_f64(data)
+    }
+    fn broadcast(&self, data: &mut [f32], root: usize) -> Result<()> {
+        self.mpi.broadcast(data, root)
+    }
+    fn broadcast_bytes(&self, data: &mut [u8], root: usize) -> Result<()> {
+        self.mpi.broadcast_bytes(data, root)
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn all_reduce_tensor(&self, t: &mut Tensor) -> Result<()> {
+        self.mpi.all_reduce_tensor(t)
+    }
+    fn broadcast_tensor(&self, t: &Tensor, root: usize) -> Result<()> {
+        self.mpi.broadcast_tensor(t, root)
+    }
+}
+
 /// Whether MPI can work on the tensor's own memory.
 fn in_host_memory(t: &Tensor) -> bool {
     t.device() == Device::Cpu && t.is_contiguous() && t.numel() > 0

@@ -75,6 +75,10 @@ pub fn rank_collective<'a>(cfg: &TrainConfig, mpi: &'a Mpi) -> Result<Box<dyn Co
     crate::dist::device::deterministic_kernels();
     let gpus = crate::dist::device::cuda_gpus().map_err(|problem| Error::Rank { rank, problem })?;
     let local = crate::dist::device::local_rank().unwrap_or(rank);
+    if let Some(shared) = cfg.shared_gpus {
+        let device = tch::Device::Cuda(local % shared.clamp(1, gpus));
+        return Ok(Box::new(super::mpi::OnDevice { mpi, device }));
+    }
     if local >= gpus {
         return Err(Error::Rank {
             rank,

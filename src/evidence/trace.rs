@@ -65,8 +65,83 @@ pub struct Trace {
     /// tiny-lm with dropout, ours: per step, a digest of the keys its masks were drawn from
     /// (`plan::dropout::digest`; all ranks' summed in DDP). Runs that key masks alike agree.
     pub dropout_keys: Vec<f64>,
+    /// Under `--amp float16`: the loss scaler's record, per step.
+    pub scaler: ScalerRecord,
+    /// The accumulation run's, under `--amp float16`: where float16's range parts the runs.
+    pub range_parts: Option<RangeParts>,
     /// The file's header, when it has one.
     pub meta: TraceMeta,
+}
+
+/// Steps at which DDP's loss scaler finds inf/NaN where accumulation's does not, or the
+/// reverse, as the accumulation run predicted by replaying DDP's arithmetic: a rank's loss
+/// share is 1/(K/W), W times accumulation's 1/K, so its scaled float16 values overflow first.
+/// That is float16's range, not a bug; the runs then apply different steps. In lockstep every
+/// step restarts from accumulation's weights and scaler, so only those steps part; free-running,
+/// the runs part for good at the first (`carries`), and only that one is recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RangeParts {
+    pub steps: Vec<usize>,
+    pub carries: bool,
+}
+
+/// What a GradScaler did at each optimizer step: the scale the step's losses were multiplied
+/// by (`loss_scale.<step>`, float32), whether it found inf/NaN and skipped the step
+/// (`found_inf.<step>`, float32 0 or 1), and, in our own runs, how many times the step unscaled
+/// the gradients and updated the scale (`unscales.<step>`, `scaler_updates.<step>`, int64):
+/// once each is right. All compared exactly; empty without a scaler.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScalerRecord {
+    pub scales: Vec<f64>,
+    pub found_inf: Vec<bool>,
+    pub unscales: Vec<i64>,
+    pub updates: Vec<i64>,
+}
+
+impl ScalerRecord {
+    /// The per-step series, by file name prefix.
+    const PREFIXES: [&'static str; 4] = ["loss_scale.", "found_inf.", "unscales.", "scaler_updates."];
+
+    /// Reads one `<prefix><step>` scalar into its series; false when `name` is none of them.
+    fn read(series: &mut [BTreeMap<usize, f64>; 4], name: &str, t: &Tensor) -> std::result::Result<bool, String> {
+        let Some((i, step)) = Self::PREFIXES.iter().enumerate().find_map(|(i, p)| name.strip_prefix(p).map(|s| (i, s)))
+        else {
+            return Ok(false);
+        };
+        let step: usize = step.parse().map_err(|_| format!("tensor {name} has no step number"))?;
+        let v = (t.numel() == 1).then(|| t.to_kind(Kind::Double).flatten(0, -1).double_value(&[0]));
+        let v = v.filter(|v| v.is_finite()).ok_or_else(|| format!("tensor {name} is not one finite number"))?;
+        series[i].insert(step, v);
+        Ok(true)
+    }
+
+    fn from_series(series: [BTreeMap<usize, f64>; 4], steps: usize) -> std::result::Result<Self, String> {
+        for (prefix, s) in Self::PREFIXES.iter().zip(&series) {
+            if !s.is_empty() && (s.len() != steps || s.keys().enumerate().any(|(i, k)| i != *k)) {
+                return Err(format!("{prefix}<step> covers {} of {steps} steps", s.len()));
+            }
+        }
+        let [scales, found, unscales, updates] = series.map(|s| s.into_values().collect::<Vec<f64>>());
+        Ok(ScalerRecord {
+            scales,
+            found_inf: found.iter().map(|&f| f != 0.0).collect(),
+            unscales: unscales.iter().map(|&n| n as i64).collect(),
+            updates: updates.iter().map(|&n| n as i64).collect(),
+        })
+    }
+
+    /// Each recorded series as `(prefix, step, tensor)` for a trace file.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        let f32s = |v: f64| Tensor::from_slice(&[v as f32]);
+        let steps = |prefix: &str, values: Vec<Tensor>| -> Vec<(String, Tensor)> {
+            values.into_iter().enumerate().map(|(s, t)| (format!("{prefix}{s}"), t)).collect()
+        };
+        let mut out = steps(Self::PREFIXES[0], self.scales.iter().map(|&v| f32s(v)).collect());
+        out.extend(steps(Self::PREFIXES[1], self.found_inf.iter().map(|&f| f32s(f64::from(u8::from(f)))).collect()));
+        out.extend(steps(Self::PREFIXES[2], self.unscales.iter().map(|&n| Tensor::from_slice(&[n])).collect()));
+        out.extend(steps(Self::PREFIXES[3], self.updates.iter().map(|&n| Tensor::from_slice(&[n])).collect()));
+        out
+    }
 }
 
 impl Trace {
@@ -96,7 +171,11 @@ impl Trace {
         let float = tensors.iter().find(|(n, _)| n.starts_with("final.")).map_or(Kind::Float, |(_, t)| t.kind());
         let mut lrs: BTreeMap<usize, f64> = BTreeMap::new();
         let mut clips: BTreeMap<usize, i64> = BTreeMap::new();
+        let mut scaler: [BTreeMap<usize, f64>; 4] = Default::default();
         for (name, t) in tensors {
+            if ScalerRecord::read(&mut scaler, &name, &t).map_err(|problem| Error::bad_file(path, problem, fix))? {
+                continue;
+            }
             if let Some(b) = name.strip_prefix("buffer.") {
                 buffers.push((b.to_string(), t));
                 continue;
@@ -172,8 +251,10 @@ impl Trace {
             let problem = format!("clips.<step> covers {} of {} steps", clips.len(), steps.len());
             return Err(Error::bad_file(path, problem, fix));
         }
+        let scaler =
+            ScalerRecord::from_series(scaler, steps.len()).map_err(|problem| Error::bad_file(path, problem, fix))?;
         let (lrs, clips) = (lrs.into_values().collect(), clips.into_values().collect());
-        let mut trace = Trace { finals, buffers, peaks, meta, lrs, clips, ..Trace::default() };
+        let mut trace = Trace { finals, buffers, peaks, meta, lrs, clips, scaler, ..Trace::default() };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -244,6 +325,8 @@ impl Trace {
             clips: self.clips.clone(),
             rank_drift: self.rank_drift.clone(),
             dropout_keys: self.dropout_keys.clone(),
+            scaler: self.scaler.clone(),
+            range_parts: self.range_parts.clone(),
             meta: self.meta.clone(),
         }
     }

@@ -55,6 +55,9 @@ impl TraceWriter {
         for (s, n) in trace.clips.iter().enumerate() {
             self.add(&format!("clips.{s}"), &Tensor::from_slice(&[*n]))?;
         }
+        for (name, t) in trace.scaler.tensors() {
+            self.add(&name, &t)?;
+        }
         for (s, scales) in trace.scales.iter().enumerate() {
             scales.iter().try_for_each(|(n, t)| self.add(&format!("scale.{s}.{n}"), t))?;
         }

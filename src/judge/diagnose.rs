@@ -171,6 +171,26 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     }
+    if let Some(m) = c.scaler {
+        use super::ScalerEvent::*;
+        let why = match m.what {
+            Unscales => {
+                "unscale once per optimizer step, after the last micro-batch's backward (and DDP's all-reduce): \
+                 unscaling inside the accumulation loop divides earlier micro-batches' share by the scale again"
+            }
+            Updates | LossScale => {
+                "scaler.update() belongs once per optimizer step, after scaler.step(): updating after every \
+                 micro-batch grows the scale K times as often, and a scale changed inside a window scales its \
+                 micro-batches differently than the one unscale divides by"
+            }
+            Skipped => {
+                "every run must see the same overflow: one rank's inf/NaN reaches every rank through the \
+                 all-reduce, and accumulation sums the same micro-batches; a run that checks other gradients \
+                 (before the all-reduce, or per rank) skips alone"
+            }
+        };
+        return Some(Diagnosis { reason: "loss scaler", detail: format!("{}: {why}", m.describe(&c.left, &c.right)) });
+    }
     let first_bad = c.steps.iter().chain([&c.finals]).flat_map(|g| &g.tensors).find_map(|t| t.problem.as_ref());
     if let Some(p) = first_bad.filter(|p| p.starts_with("non-finite")) {
         return Some(Diagnosis {

@@ -10,7 +10,7 @@ pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
 use serde::Serialize;
 use tch::Tensor;
 
-use crate::evidence::{Params, RankDrift, Trace};
+use crate::evidence::{Params, RankDrift, ScalerRecord, Trace};
 use crate::spec::Tolerance;
 
 /// Three-way, as criterion does it: bit-identical, inside the tolerance, or not.
@@ -55,6 +55,42 @@ pub struct GroupDiff {
     pub max_ulps: u64,
     pub worst_fraction: f64,
     pub verdict: Verdict,
+    /// Why this step (or the finals) was not compared, when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_judged: Option<NotJudged>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NotJudged {
+    /// Both runs' loss scalers found inf/NaN and skipped the step: its gradients were never
+    /// applied; the skip itself is compared (`Comparison::scaler`).
+    BothSkipped,
+    /// float16's range parted the runs here or before (`RangeParted`).
+    RangeParted,
+}
+
+impl NotJudged {
+    pub fn label(self) -> &'static str {
+        match self {
+            NotJudged::BothSkipped => "skipped by both loss scalers (inf/NaN)",
+            NotJudged::RangeParted => "not judged: float16's range parted the runs",
+        }
+    }
+}
+
+impl GroupDiff {
+    fn not_judged(why: NotJudged) -> Self {
+        GroupDiff {
+            tensors: Vec::new(),
+            max_abs: 0.0,
+            max_rel: 0.0,
+            max_ulps: 0,
+            worst_fraction: 0.0,
+            verdict: Verdict::Exact,
+            not_judged: Some(why),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -85,7 +121,114 @@ pub struct Comparison {
     /// the ranks were not running one training, whatever rank 0's numbers say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_drift: Option<RankDrift>,
+    /// The first step at which the runs' loss scalers did something different, when both
+    /// recorded them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaler: Option<ScalerMismatch>,
+    /// Steps float16's range parted the runs at, which were not judged (see `RangeParts`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range_parted: Option<RangeParted>,
     pub verdict: Verdict,
+}
+
+/// The steps at which the runs' loss scalers did part as the accumulation run predicted
+/// from DDP's arithmetic, and, free-running, the first of them, from which on nothing was
+/// judged (the runs applied different steps there). The final weights are never judged then.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RangeParted {
+    pub steps: Vec<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<usize>,
+}
+
+impl RangeParted {
+    /// Where the predicted steps are ones the two records really disagree on skipping.
+    fn of(a: &Trace, b: &Trace) -> Option<Self> {
+        let parts = a.range_parts.as_ref().or(b.range_parts.as_ref())?;
+        let differ =
+            |s: &usize| a.scaler.found_inf.get(*s).zip(b.scaler.found_inf.get(*s)).is_some_and(|(x, y)| x != y);
+        let steps: Vec<usize> = parts.steps.iter().copied().filter(differ).collect();
+        let from = steps.first().copied().filter(|_| parts.carries);
+        (!steps.is_empty()).then_some(RangeParted { steps, from })
+    }
+
+    fn covers(&self, step: usize) -> bool {
+        self.from.is_some_and(|f| step >= f) || self.steps.contains(&step)
+    }
+
+    /// A scaler difference this explains: a skip at a parted step, or anything after the
+    /// runs parted for good.
+    fn excuses(&self, m: &ScalerMismatch) -> bool {
+        self.from.is_some_and(|f| m.step > f) || (m.what == ScalerEvent::Skipped && self.covers(m.step))
+    }
+}
+
+/// What two loss scalers did differently at one step: the scale the losses were multiplied
+/// by, whether inf/NaN was found (the step skipped), how often the gradients were unscaled
+/// or the scale updated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ScalerMismatch {
+    pub step: usize,
+    pub what: ScalerEvent,
+    pub left: f64,
+    pub right: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScalerEvent {
+    LossScale,
+    Skipped,
+    Unscales,
+    Updates,
+}
+
+impl ScalerMismatch {
+    /// What differed, in words: "<left> <did> at step s where <right> <did>".
+    pub fn describe(&self, left: &str, right: &str) -> String {
+        let s = self.step;
+        let n = |x: f64| x as i64;
+        match self.what {
+            ScalerEvent::LossScale => {
+                format!("{left} scaled step {s}'s losses by {} where {right} scaled them by {}", self.left, self.right)
+            }
+            ScalerEvent::Skipped => {
+                let (skipper, stepper) = if self.left != 0.0 { (left, right) } else { (right, left) };
+                format!("{skipper} found inf/NaN and skipped step {s} where {stepper} stepped")
+            }
+            ScalerEvent::Unscales => format!(
+                "{left} unscaled its gradients {} times in step {s} where {right} unscaled them {} times",
+                n(self.left),
+                n(self.right)
+            ),
+            ScalerEvent::Updates => format!(
+                "{left} updated the loss scale {} times in step {s} where {right} updated it {} times",
+                n(self.left),
+                n(self.right)
+            ),
+        }
+    }
+
+    /// The first difference between two records that `excused` does not explain, series by
+    /// series in the order a step runs.
+    fn first(a: &ScalerRecord, b: &ScalerRecord, excused: impl Fn(&Self) -> bool) -> Option<Self> {
+        let f = |v: &[bool]| v.iter().map(|&x| f64::from(u8::from(x))).collect::<Vec<f64>>();
+        let i = |v: &[i64]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let series = [
+            (ScalerEvent::Unscales, i(&a.unscales), i(&b.unscales)),
+            (ScalerEvent::Updates, i(&a.updates), i(&b.updates)),
+            (ScalerEvent::LossScale, a.scales.clone(), b.scales.clone()),
+            (ScalerEvent::Skipped, f(&a.found_inf), f(&b.found_inf)),
+        ];
+        series
+            .into_iter()
+            .filter_map(|(what, l, r)| {
+                let all = l.iter().zip(&r).enumerate().filter(|(_, (x, y))| x != y);
+                let mut all = all.map(|(step, (&left, &right))| ScalerMismatch { step, what, left, right });
+                all.find(|m| !excused(m))
+            })
+            .min_by_key(|m| m.step)
+    }
 }
 
 /// One step's learning rate in each run.
@@ -168,12 +311,30 @@ impl Comparer {
             let magnitudes = larger(a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none));
             self.step_at(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed, &magnitudes);
         }
+        // Steps both loss scalers skipped were never applied: their inf/NaN gradients prove
+        // nothing either way (a skip in one run only is `scaler`'s to report), nor do steps
+        // float16's range parted (`RangeParts`), nor, once free-running runs part, any later.
+        let range_parted = RangeParted::of(a, b);
+        let both_skipped = a.scaler.found_inf.iter().zip(&b.scaler.found_inf).map(|(x, y)| *x && *y);
+        let both_skipped: Vec<bool> = both_skipped.chain(std::iter::repeat(false)).take(self.steps.len()).collect();
+        for (i, (g, skipped)) in self.steps.iter_mut().zip(both_skipped).enumerate() {
+            if range_parted.as_ref().is_some_and(|p| p.covers(i)) {
+                *g = GroupDiff::not_judged(NotJudged::RangeParted);
+            } else if skipped {
+                *g = GroupDiff::not_judged(NotJudged::BothSkipped);
+            }
+        }
         // Final weights are measured at each weight's largest magnitude during training:
         // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
         let scales = self.sampled(&peaks(a, b));
         let bounds = self.bounds(&a.allowed_finals);
         let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
-        let finals = compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref());
+        // A parted step applied in one run only: even in lockstep, which restarts weights and
+        // scaler but not momentum or AdamW's moments, the final weights differ by it.
+        let finals = match range_parted.is_some() {
+            true => GroupDiff::not_judged(NotJudged::RangeParted),
+            false => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref()),
+        };
         let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty())
             .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None));
         let counted: Vec<&GroupDiff> =
@@ -189,7 +350,9 @@ impl Comparer {
         let lr = lr.map(|(step, (&left, &right))| LrMismatch { step, left, right });
         let mut worst_fraction = worst_fraction;
         let rank_drift = a.rank_drift.clone().or_else(|| b.rank_drift.clone());
-        if lr.is_some() || rank_drift.is_some() {
+        let scaler =
+            ScalerMismatch::first(&a.scaler, &b.scaler, |m| range_parted.as_ref().is_some_and(|p| p.excuses(m)));
+        if lr.is_some() || rank_drift.is_some() || scaler.is_some() {
             // Learning rates and the ranks' fingerprints are compared exactly: no
             // difference is allowed.
             verdict = Verdict::Diverged;
@@ -209,6 +372,8 @@ impl Comparer {
             buffers_counted,
             lr,
             rank_drift,
+            scaler,
+            range_parted,
             verdict,
         }
     }
@@ -303,6 +468,7 @@ fn compare_group(a: &Params, b: &Params, tol: &Tolerance, scales: Scales, bounds
         worst_fraction: fold(|t| t.worst_fraction),
         verdict: tensors.iter().map(|t| t.verdict).max().unwrap_or(Verdict::Exact),
         tensors,
+        not_judged: None,
     }
 }
 

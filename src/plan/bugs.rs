@@ -33,7 +33,8 @@ impl Bug {
                 )
             }
             // Whether a gradient reaches the max norm is the data's to say: assumed.
-            Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1)),
+            // Under a loss scaler it clips the scaled gradient, even one micro-batch's.
+            Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.amp.scaled()),
             Bug::SchedulePerMicroBatch => {
                 return whether(
                     super::schedule::factors(cfg, &correct, None)
@@ -41,6 +42,11 @@ impl Bug {
                 )
             }
             Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
+            // Each step records how often it unscaled and updated the scale: a window of
+            // several micro-batches shows the bug there, whatever the numbers do.
+            Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
+                return whether(correct.steps.iter().any(|s| s.len() > 1))
+            }
             Bug::CountBeforeShift => return Effect::Math,
             Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),
             // Token counts differ between micro-batches (or ranks) unless every sequence has

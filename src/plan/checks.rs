@@ -4,7 +4,7 @@
 //! draws only configurations it accepts.
 
 use crate::error::{Error, Result};
-use crate::spec::{Bug, Optimizer, Schedule, TrainConfig};
+use crate::spec::{Amp, AmpConfig, Bug, DeviceKind, Dtype, Optimizer, Schedule, TrainConfig};
 
 /// Every check of the training flags that needs nothing but the flags.
 pub fn check_train(t: &TrainConfig) -> Result<()> {
@@ -13,6 +13,7 @@ pub fn check_train(t: &TrainConfig) -> Result<()> {
     check_tiny_lm(t)?;
     check_optim(t)?;
     check_dropout(t)?;
+    check_amp(t)?;
     check_bug(t)?;
     if t.max_steps == Some(0) {
         return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
@@ -94,7 +95,7 @@ fn check_resnet(t: &TrainConfig) -> Result<()> {
 /// What only tiny-lm needs: a vocabulary, sequences with at least one target, its dtypes,
 /// and a window policy its token-level loss can normalise.
 fn check_tiny_lm(t: &TrainConfig) -> Result<()> {
-    use crate::spec::{Dtype, ModelKind, PartialWindow};
+    use crate::spec::{ModelKind, PartialWindow};
     if t.model != ModelKind::TinyLm {
         return Ok(());
     }
@@ -151,6 +152,71 @@ fn check_dropout(t: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
+/// `--amp` over float32 weights on the CPU; the GradScaler's settings positive and only with
+/// float16, the step made to overflow one that runs.
+fn check_amp(t: &TrainConfig) -> Result<()> {
+    let a = &t.amp;
+    let scaler_flag = [
+        (a.init_scale != AmpConfig::default().init_scale, "--init-scale"),
+        (a.growth_interval != AmpConfig::default().growth_interval, "--growth-interval"),
+        (a.overflow_step.is_some(), "--overflow-step"),
+    ]
+    .into_iter()
+    .find_map(|(given, flag)| given.then_some(flag));
+    let Some(amp) = a.amp else {
+        return match scaler_flag {
+            Some(flag) => {
+                Err(Error::bad_flag(flag, "sets the float16 loss scaler, and there is none", "add --amp float16"))
+            }
+            None => Ok(()),
+        };
+    };
+    if t.dtype != Dtype::Float32 {
+        return Err(Error::bad_flag(
+            "--amp",
+            format!(
+                "autocast keeps weights, gradients and optimizer state in float32, but --dtype is {}",
+                t.dtype.name()
+            ),
+            "drop --dtype (whole-model casts) or --amp (autocast)",
+        ));
+    }
+    if t.device == DeviceKind::Cuda {
+        return Err(Error::bad_flag(
+            "--amp",
+            "ddp-verify casts as torch.autocast does on the CPU; CUDA's autocast also runs softmax, layer_norm and \
+             sum in float32, which is not checked against PyTorch on a GPU yet",
+            "pass --device cpu with --amp",
+        ));
+    }
+    if let (Amp::Bfloat16, Some(flag)) = (amp, scaler_flag) {
+        return Err(Error::bad_flag(
+            flag,
+            "sets the float16 loss scaler; bfloat16 has float32's range and PyTorch scales no loss for it",
+            "pass --amp float16, or drop the flag",
+        ));
+    }
+    if !(a.init_scale.is_finite() && a.init_scale > 0.0) {
+        return Err(Error::bad_flag(
+            "--init-scale",
+            format!("{} is not a positive number", a.init_scale),
+            "pass e.g. --init-scale 65536",
+        ));
+    }
+    if a.growth_interval == 0 {
+        return Err(Error::bad_flag("--growth-interval", "must be at least 1", "pass e.g. --growth-interval 2000"));
+    }
+    let steps = super::optimizer_steps(t);
+    if let Some(s) = a.overflow_step.filter(|&s| s >= steps) {
+        return Err(Error::bad_flag(
+            "--overflow-step",
+            format!("step {s} never runs: the runs make {steps} optimizer steps, counted from 0"),
+            format!("pass a step below {steps}"),
+        ));
+    }
+    Ok(())
+}
+
 /// AdamW's betas in [0, 1), ε and the clipping norm positive and finite.
 pub fn check_optim(t: &TrainConfig) -> Result<()> {
     let o = &t.optim;
@@ -195,6 +261,13 @@ fn check_bug(t: &TrainConfig) -> Result<()> {
             "dropout-same-seed misdraws dropout masks, and there is no dropout",
             "add --dropout P",
         )),
+        Some(b @ (Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch)) if !t.amp.scaled() => {
+            Err(Error::bad_flag(
+                "--inject",
+                format!("{} misuses the float16 loss scaler, and there is none", b.name()),
+                "add --amp float16",
+            ))
+        }
         Some(Bug::ClipPerMicroBatch) if o.clip_grad_norm.is_none() => Err(Error::bad_flag(
             "--inject",
             "clip-per-micro-batch misplaces gradient clipping, and nothing is clipped",

@@ -41,6 +41,14 @@ pub struct RunPlan {
     /// A DDP rank keys dropout by its own sample counter, so every rank draws one mask
     /// stream (`dropout-same-seed`).
     pub dropout_same_seed: bool,
+    /// `--overflow-step`: the step, and which of this run's micro-batches in it overflows
+    /// (the last rank's first: accumulation's W-th, that rank's first).
+    pub overflow: Option<(usize, usize)>,
+    /// Under a loss scaler, this run unscales after every micro-batch
+    /// (`unscale-per-micro-batch`), or updates the scale after every one
+    /// (`scaler-update-per-micro-batch`).
+    pub unscale_each_micro_batch: bool,
+    pub scaler_update_each_micro_batch: bool,
 }
 
 impl StepPlan {
@@ -115,18 +123,34 @@ impl RunPlan {
         let unsynced_param = bug == Some(Bug::UnsyncedParam);
         let dropout_same_seed = bug == Some(Bug::DropoutSameSeed);
         let clip = cfg.optim.clip_grad_norm;
-        RunPlan { steps, norm, zero_grad, lrs, clip, clip_each_micro_batch, unsynced_param, dropout_same_seed }
+        RunPlan {
+            steps,
+            norm,
+            zero_grad,
+            lrs,
+            clip,
+            clip_each_micro_batch,
+            unsynced_param,
+            dropout_same_seed,
+            overflow: None,
+            unscale_each_micro_batch: bug == Some(Bug::UnscalePerMicroBatch),
+            scaler_update_each_micro_batch: bug == Some(Bug::ScalerUpdatePerMicroBatch),
+        }
     }
 
     pub fn accumulation(cfg: &TrainConfig) -> RunPlan {
         let steps = StepPlan::accumulation(cfg, cfg.inject);
-        RunPlan::new(cfg, steps, Normaliser::accumulation(cfg), true, cfg.inject)
+        let plan = RunPlan::new(cfg, steps, Normaliser::accumulation(cfg), true, cfg.inject);
+        // Windows interleave the ranks' micro-batches: the last rank's first is the W-th.
+        RunPlan { overflow: cfg.amp.overflow_step.map(|s| (s, cfg.gpus - 1)), ..plan }
     }
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
         let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
         let bug = cfg.inject.filter(|&b| matches!(b, Bug::UnsyncedParam | Bug::DropoutSameSeed));
-        RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, bug)
+        let plan = RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, bug);
+        let overflow = cfg.amp.overflow_step.filter(|_| rank + 1 == cfg.gpus).map(|s| (s, 0));
+        RunPlan { overflow, ..plan }
     }
 
     /// One process, one micro-batch of K·B samples per step, normalised correctly: the

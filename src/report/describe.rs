@@ -141,8 +141,17 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     if let Some(words) = optimizer_step(t) {
         let _ = writeln!(s, "optimizer: {words}");
     }
+    if let Some(words) = amp_words(t) {
+        let _ = writeln!(s, "amp: {words}");
+        if let Some(record) = scaler_words(&o.accumulation.scaler) {
+            let _ = writeln!(s, "loss scaler (accumulation): {record}");
+        }
+    }
     if !cfg.device_note.is_empty() {
         let _ = writeln!(s, "device: {}", cfg.device_note);
+    }
+    if t.device == DeviceKind::Cuda {
+        let _ = writeln!(s, "DDP collective: {}", engine(t));
     }
 }
 
@@ -176,6 +185,9 @@ pub(crate) fn run_markdown(s: &mut String, cfg: &Config) {
     }
     if let Some(words) = optimizer_step(t) {
         let _ = writeln!(s, "Optimizer: {words}.\n");
+    }
+    if let Some(words) = amp_words(t) {
+        let _ = writeln!(s, "AMP: {words}.\n");
     }
     if !cfg.device_note.is_empty() {
         let _ = writeln!(s, "Device: {}, DDP ranks on {}.\n", cfg.device_note, engine(t));
@@ -236,7 +248,47 @@ const LOSS_WORDS: &str = "token-level: the sum of per-token cross-entropy over t
      micro-batches, all ranks) divided by their count; DDP ranks all-reduce their counts before backward";
 
 /// The third run, in words: what it is, or why there is none.
+/// `--amp` in words, None without it.
+pub(crate) fn amp_words(t: &TrainConfig) -> Option<String> {
+    let a = &t.amp;
+    let amp = a.amp?;
+    let mut w = format!(
+        "forward passes under autocast {0} (matrix products and convolutions in {0}, as torch.autocast on the CPU; \
+         weights, gradients and optimizer state float32)",
+        amp.name()
+    );
+    if a.scaled() {
+        w.push_str(&format!(
+            ", GradScaler from scale {} (growth interval {}), unscaled once per step after the all-reduce",
+            a.init_scale, a.growth_interval
+        ));
+    }
+    if let Some(step) = a.overflow_step {
+        w.push_str(&format!(", step {step}: DDP rank {}'s first micro-batch made to overflow", t.gpus - 1));
+    }
+    Some(w)
+}
+
+/// A scaler's record: its scale per step, and the steps it skipped.
+fn scaler_words(r: &crate::evidence::ScalerRecord) -> Option<String> {
+    if r.scales.is_empty() {
+        return None;
+    }
+    let mut scales: Vec<String> = r.scales.iter().take(8).map(|v| v.to_string()).collect();
+    if r.scales.len() > 8 {
+        scales.push(format!("... ({} steps)", r.scales.len()));
+    }
+    let skipped: Vec<String> =
+        r.found_inf.iter().enumerate().filter(|(_, f)| **f).map(|(s, _)| s.to_string()).collect();
+    let skipped = if skipped.is_empty() { "none".to_string() } else { skipped.join(", ") };
+    Some(format!("scale per step {}; skipped steps (inf/NaN): {skipped}", scales.join(", ")))
+}
+
 pub(crate) fn big_batch_words(t: &TrainConfig) -> &'static str {
+    if t.amp.amp.is_some() && t.model.has_big_batch() {
+        return "not run under --amp: its one batch rounds matrix products to the autocast dtype over K·B samples at \
+                once, where accumulation rounds each micro-batch's, and no bound follows that";
+    }
     match (t.model.has_big_batch(), t.big_batch) {
         (true, true) => "one process, one micro-batch of each step's K·B samples, normalised over the whole step",
         (true, false) => "not run (--no-big-batch)",
@@ -286,9 +338,12 @@ fn dtype_note(t: &TrainConfig) -> String {
 }
 
 /// The collective engine the DDP ranks used.
-fn engine(t: &TrainConfig) -> &'static str {
-    match t.device {
-        DeviceKind::Cpu => "Open MPI",
-        DeviceKind::Cuda => "NCCL",
+fn engine(t: &TrainConfig) -> String {
+    match (t.device, t.shared_gpus) {
+        (DeviceKind::Cpu, _) => "Open MPI".into(),
+        (DeviceKind::Cuda, None) => "NCCL".into(),
+        (DeviceKind::Cuda, Some(g)) => {
+            format!("Open MPI over host memory, {} ranks on {g} GPU{}", t.gpus, if g == 1 { "" } else { "s" })
+        }
     }
 }

@@ -79,6 +79,9 @@ pub(crate) fn escape_xml(s: &str) -> String {
 }
 
 pub(crate) fn row(g: &GroupDiff) -> String {
+    if let Some(why) = g.not_judged {
+        return format!("{:>10}  {:>10}  {:>8}  {:>8}  {}", "-", "-", "-", "-", why.label());
+    }
     format!(
         "{:>10}  {:>10}  {:>8}  {:>8}  {}",
         num(g.max_abs),
@@ -144,11 +147,19 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
     if o.verdict() != Verdict::Diverged {
         let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
-        return format!(
+        let mut line = format!(
             "EQUIVALENT: every gradient and final weight within {bound} (worst: {} ulp, {} of the allowed difference)",
             ulps(worst),
             fraction(used)
         );
+        if let Some(p) = all.iter().find_map(|c| c.range_parted.as_ref()) {
+            line = format!(
+                "{}{}",
+                line.replacen("every gradient and final weight", "every judged gradient and weight", 1),
+                range_words(p)
+            );
+        }
+        return line;
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
     if let Some(d) = &first.rank_drift {
@@ -162,6 +173,9 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
             "NOT EQUIVALENT: {} applied learning rate {} at step {} where {} applied {}",
             first.left, l.left, l.step, first.right, l.right
         );
+    }
+    if let Some(m) = first.scaler {
+        return format!("NOT EQUIVALENT: {}", m.describe(&first.left, &first.right));
     }
     let (what, g) = match first.steps.iter().position(|g| g.verdict == Verdict::Diverged) {
         Some(i) => (format!("step {i}"), &first.steps[i]),
@@ -184,6 +198,24 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
         )
     });
     format!("NOT EQUIVALENT: {} vs {} first differ at {what}, {}: {detail}", first.left, first.right, t.name)
+}
+
+/// Why some steps were not judged: float16's range parted the runs there.
+pub(crate) fn range_words(p: &crate::judge::RangeParted) -> String {
+    let steps: Vec<String> = p.steps.iter().map(usize::to_string).collect();
+    let later = match p.from {
+        Some(s) => format!(
+            "; free-running, the runs then apply different steps, so nothing from step {s} on, final weights included, \
+             was judged"
+        ),
+        None => "; one run applied that step and the other did not, so the final weights were not judged".to_string(),
+    };
+    format!(
+        "; float16's range parted the loss scalers at step {}: a DDP rank's loss share (1/(K/W)) is W times \
+         accumulation's (1/K), so its scaled values overflow float16 first and one run skips alone (arithmetic, \
+         not a bug){later}; a smaller --init-scale judges every step",
+        steps.join(", ")
+    )
 }
 
 pub(crate) fn num(x: f64) -> String {

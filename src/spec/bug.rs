@@ -46,10 +46,18 @@ pub enum Bug {
     /// DDP ranks key dropout by their own sample counter: every rank draws one mask stream
     /// (transformers#31412), where the masks must follow the samples.
     DropoutSameSeed,
+    /// Accumulation unscales `.grad` after every micro-batch's backward (`unscale_` inside
+    /// the accumulation loop), not once per step: earlier micro-batches' shares are divided
+    /// by the loss scale again and again.
+    UnscalePerMicroBatch,
+    /// Accumulation advances the loss scaler after every micro-batch, not once per optimizer
+    /// step: the scale grows K times as often, and may change inside a window, whose
+    /// micro-batches are then scaled by different factors but unscaled by one.
+    ScalerUpdatePerMicroBatch,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 15] = [
+    pub const ALL: [Bug; 17] = [
         Bug::NoLossScale,
         Bug::DoubleScale,
         Bug::ContiguousSplit,
@@ -65,6 +73,8 @@ impl Bug {
         Bug::AdamwNoLossScale,
         Bug::UnsyncedParam,
         Bug::DropoutSameSeed,
+        Bug::UnscalePerMicroBatch,
+        Bug::ScalerUpdatePerMicroBatch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,10 +102,13 @@ impl Bug {
             Bug::LastWindowByK => {
                 "no short window at an epoch's end (--partial-window carry, or windows that divide the epoch)"
             }
-            Bug::ClipPerMicroBatch => "K = 1, or a max norm that no step's gradient and no partial sum reaches",
+            Bug::ClipPerMicroBatch => {
+                "K = 1 without a loss scaler, or a max norm that no step's gradient and no partial sum reaches"
+            }
             Bug::SchedulePerMicroBatch => {
                 "K = 1, or a schedule whose steps' learning rates the extra ticks leave alone"
             }
+            Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => "K = 1",
         }
     }
 

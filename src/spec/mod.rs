@@ -2,6 +2,7 @@
 //! plant, where to compute and what to report. Nothing here computes or validates; the
 //! values come from `lower.rs`, which checks them all once.
 
+mod amp;
 mod bug;
 mod config;
 mod device;
@@ -10,6 +11,7 @@ mod report;
 mod tolerance;
 mod train;
 
+pub use amp::{Amp, AmpConfig, OVERFLOW_FACTOR};
 pub use bug::Bug;
 pub use config::Config;
 pub use device::{DeviceKind, DeviceRequest};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use ddp_verify_cli::{defaults, names};
 
-use super::{Bug, DeviceKind, OptimConfig, Optimizer};
+use super::{AmpConfig, Bug, DeviceKind, OptimConfig, Optimizer};
 
 /// What to train and how to split it. Mirrors the seed article's flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +57,10 @@ pub struct TrainConfig {
     /// Where both runs compute (`--device`, resolved before any rank starts).
     #[serde(default, skip_serializing_if = "is_default")]
     pub device: DeviceKind,
+    /// CUDA with fewer GPUs (G) than ranks on a machine: rank r computes on
+    /// `cuda:<local rank mod G>` and the all-reduce goes through host memory with Open MPI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_gpus: Option<usize>,
     /// V: tiny-lm's vocabulary (`torch.randint(0, V, (N, T))`).
     #[serde(default = "default_vocab", skip_serializing_if = "is_default_vocab")]
     pub vocab: usize,
@@ -81,6 +85,9 @@ pub struct TrainConfig {
     /// `weight_decay` above are theirs too).
     #[serde(flatten)]
     pub optim: OptimConfig,
+    /// Autocast and loss scaling (`--amp`).
+    #[serde(flatten)]
+    pub amp: AmpConfig,
 }
 
 /// A window of fewer than K micro-batches at an epoch's end (`--partial-window`).
@@ -272,6 +279,7 @@ impl TrainConfig {
             lockstep: false,
             init: None,
             device: DeviceKind::Cpu,
+            shared_gpus: None,
             vocab: defaults::VOCAB,
             seq_len: defaults::SEQ_LEN,
             min_len: defaults::MIN_LEN,
@@ -279,6 +287,7 @@ impl TrainConfig {
             big_batch: true,
             dropout: 0.0,
             optim: OptimConfig::default(),
+            amp: AmpConfig::default(),
         }
     }
 
@@ -332,6 +341,19 @@ impl TrainConfig {
         if o.lr_schedule != Default::default() {
             s.push_str(&format!(" --lr-schedule {}", o.lr_schedule));
         }
+        if let Some(amp) = self.amp.amp {
+            s.push_str(&format!(" --amp {}", amp.name()));
+        }
+        let a = &self.amp;
+        if a.init_scale != AmpConfig::default().init_scale {
+            s.push_str(&format!(" --init-scale {}", a.init_scale));
+        }
+        if a.growth_interval != AmpConfig::default().growth_interval {
+            s.push_str(&format!(" --growth-interval {}", a.growth_interval));
+        }
+        if let Some(step) = a.overflow_step {
+            s.push_str(&format!(" --overflow-step {step}"));
+        }
         if let Some(m) = self.max_steps {
             s.push_str(&format!(" --max-steps {m}"));
         }
@@ -364,7 +386,7 @@ impl TrainConfig {
 
     /// Whether the big-batch run is made and compared.
     pub fn with_big_batch(&self) -> bool {
-        self.big_batch && self.model.has_big_batch()
+        self.big_batch && self.model.has_big_batch() && self.amp.amp.is_none()
     }
 
     /// Micro-batches each rank accumulates under no_sync before an all-reduce.

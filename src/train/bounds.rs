@@ -73,16 +73,20 @@ pub struct Bounds {
     big: bool,
     micro_mag: Vec<Option<Tensor>>,
     rows: usize,
+    /// Whether DDP's arithmetic, replayed by the control, met inf/NaN this window: float16
+    /// overflows at W times accumulation's per-micro-batch values there.
+    ddp_found_inf: bool,
 }
 
 impl Bounds {
     pub fn new(cfg: &TrainConfig, params: usize) -> Self {
         let w = cfg.gpus;
         let narrow = matches!(cfg.dtype, Dtype::Bfloat16 | Dtype::Float16);
-        // NCCL may round at every hop in the dtype itself; the host path adds in float32
-        // (float64 for float64) and rounds once.
-        let reduce_u = match (cfg.device, narrow) {
-            (DeviceKind::Cpu, true) => f32::EPSILON as f64 / 2.0,
+        // NCCL may round at every hop in the dtype itself; the host path (CPU ranks, or ranks
+        // sharing GPUs) adds in float32 (float64 for float64) and rounds once.
+        let host = cfg.device == DeviceKind::Cpu || cfg.shared_gpus.is_some();
+        let reduce_u = match (host, narrow) {
+            (true, true) => f32::EPSILON as f64 / 2.0,
             _ => cfg.dtype.epsilon() / 2.0,
         };
         let tiny = match cfg.dtype {
@@ -93,8 +97,9 @@ impl Bounds {
         let none = || (0..params).map(|_| None).collect::<Vec<Option<Tensor>>>();
         Bounds {
             world: w,
-            // float16's small gradients are subnormal, where scaling by W is not exact.
-            exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16,
+            // float16's small gradients are subnormal, where scaling by W is not exact; so
+            // are float16 autocast's, and its large ones may overflow at W times the scale.
+            exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16 && !cfg.amp.scaled(),
             reduce_u,
             dtype: cfg.dtype.kind(),
             tiny: tiny * (cfg.acc_steps + w) as f64,
@@ -126,6 +131,7 @@ impl Bounds {
             big: cfg.with_big_batch(),
             micro_mag: none(),
             rows: 0,
+            ddp_found_inf: false,
         }
     }
 
@@ -135,16 +141,31 @@ impl Bounds {
     /// takes its share. `divisor`: what accumulation divides this loss by; DDP divides it by
     /// divisor / W (K/W for K, T/W for T tokens; unless a bug is planted in accumulation).
     /// `rows`: the terms the micro-batch's reductions add up.
-    pub fn backward(&mut self, loss: &Tensor, divisor: f64, rows: usize, params: &[Tensor]) -> Result<()> {
+    /// `scale`: the loss scale under `--amp float16`, which both runs multiply each loss by.
+    pub fn backward(
+        &mut self,
+        loss: &Tensor,
+        divisor: f64,
+        rows: usize,
+        params: &[Tensor],
+        scale: Option<&Tensor>,
+    ) -> Result<()> {
         let rank = self.position % self.world;
         self.position += 1;
         self.rows += rows;
         let control = match self.exact_scaling {
             // DDP's seed, through the same graph, kept for accumulation's backward below.
-            false => Some(Tensor::f_run_backward(&[loss / (divisor / self.world as f64)], params, true, false)?),
+            false => {
+                let ddp_seed = super::scaler::seed(loss, divisor / self.world as f64, scale);
+                let grads = Tensor::f_run_backward(&[ddp_seed], params, true, false)?;
+                if scale.is_some() {
+                    self.ddp_found_inf |= grads.iter().any(|g| g.defined() && g.isfinite().all().int64_value(&[]) == 0);
+                }
+                Some(grads)
+            }
             true => None,
         };
-        let scaled = loss / divisor;
+        let scaled = super::scaler::seed(loss, divisor, scale);
         let fresh = params.iter().all(|p| !p.grad().defined());
         let grads: Vec<Tensor> = if fresh {
             scaled.f_backward()?;
@@ -202,6 +223,28 @@ impl Bounds {
         for p in self.partials.iter_mut().flatten().chain(self.micro_mag.iter_mut()).flatten() {
             *p *= coef;
         }
+    }
+
+    /// Whether DDP's loss scaler will find inf/NaN in this window (its micro-batch gradients,
+    /// replayed by the control: any non-finite one makes the all-reduced sum non-finite).
+    pub fn take_ddp_found_inf(&mut self) -> bool {
+        std::mem::take(&mut self.ddp_found_inf)
+    }
+
+    /// A step the loss scaler skipped in both runs (inf/NaN found): nothing is applied and no
+    /// difference carries on; the window's partial sums are dropped. Its gradients are not
+    /// compared, so the allowance returned only keeps the per-step list in step.
+    pub fn skip(&mut self, names: &[String], weights: &[Tensor]) -> (Params, Params) {
+        self.position = 0;
+        self.rows = 0;
+        for slot in self.partials.iter_mut().flatten().chain(&mut self.control).chain(&mut self.partial_mag) {
+            *slot = None;
+        }
+        for slot in self.micro_mag.iter_mut() {
+            *slot = None;
+        }
+        let allowed = names.iter().zip(weights).map(|(n, w)| (n.clone(), work(w).zeros_like() + self.tiny)).collect();
+        (allowed, Params::new())
     }
 
     /// At an optimizer step, before it: `grads` are the accumulated gradients it will apply,
@@ -368,8 +411,12 @@ impl Bounds {
             c
         };
         floor *= HEADROOM;
-        floor += self.tiny;
-        floor
+        // Where the control met inf or NaN (float16 overflowing in DDP's replayed arithmetic
+        // but not in accumulation's, or a planted divisor bug) nothing is derived: nothing
+        // is allowed beyond the floor, never an infinite allowance that passes anything.
+        let finite = floor.isfinite();
+        let floor = floor.where_self(&finite, &floor.zeros_like());
+        floor + self.tiny
     }
 
     /// After the optimizer step: the weights it made. Each run rounds lr·buf and the update.

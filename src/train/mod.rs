@@ -10,6 +10,7 @@ mod dropout;
 mod lockstep;
 pub mod models;
 pub mod optim;
+mod scaler;
 
 pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
 pub use bounds::{Bounds, Clip};
@@ -21,9 +22,10 @@ use tch::Tensor;
 use self::data::Data;
 use self::models::Model;
 use self::optim::Optimizer;
+use self::scaler::Scaler;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
-use crate::evidence::{snapshot, Params, Trace};
+use crate::evidence::{snapshot, Params, RangeParts, ScalerRecord, Trace};
 use crate::plan::{Counts, Normaliser, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
 
@@ -80,6 +82,17 @@ pub struct Run<'a> {
     dropout_same_seed: bool,
     counter: (Option<u64>, i64),
     dropout_keys: Vec<f64>,
+    /// `--amp float16`'s GradScaler and what it did each step; the micro-batch made to
+    /// overflow (step, index in the window); the two scaler bugs; and whether a micro-batch
+    /// unscaled so far this window (`unscale-per-micro-batch`) found inf/NaN.
+    scaler: Option<Scaler>,
+    scaler_record: ScalerRecord,
+    overflow: Option<(usize, usize)>,
+    unscale_each_micro_batch: bool,
+    scaler_update_each_micro_batch: bool,
+    found_in_window: bool,
+    /// The accumulation run's prediction of where float16's range parts it from DDP.
+    range_parts: Option<RangeParts>,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
     peaks: Vec<Tensor>,
@@ -108,6 +121,9 @@ impl<'a> Run<'a> {
             clip_each_micro_batch,
             unsynced_param,
             dropout_same_seed,
+            overflow,
+            unscale_each_micro_batch,
+            scaler_update_each_micro_batch,
         } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
         let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
@@ -144,6 +160,14 @@ impl<'a> Run<'a> {
             dropout_same_seed,
             counter: (None, 0),
             dropout_keys: Vec::new(),
+            scaler: Scaler::new(cfg, device),
+            scaler_record: ScalerRecord::default(),
+            overflow,
+            unscale_each_micro_batch,
+            scaler_update_each_micro_batch,
+            found_in_window: false,
+            range_parts: (bounds.is_some() && cfg.amp.scaled())
+                .then(|| RangeParts { steps: Vec::new(), carries: !cfg.lockstep }),
             ddp,
             peaks,
             traced,
@@ -168,7 +192,9 @@ impl<'a> Run<'a> {
     pub fn step(&mut self, s: usize) -> Result<Params> {
         let group = std::mem::take(&mut self.plan.steps[s]);
         let divisors = self.divisors(s, &group, true)?;
-        let keys = self.forward_backward(&group, &divisors, self.plan.epochs[s])?;
+        let start_scale = self.scaler.as_ref().map(Scaler::value);
+        let overflow = self.overflow.filter(|&(step, _)| step == s).map(|(_, j)| j);
+        let keys = self.forward_backward(&group, &divisors, self.plan.epochs[s], overflow)?;
         if self.dropout.is_some() {
             let mut keys = [keys];
             if let Some(d) = &self.ddp {
@@ -176,14 +202,18 @@ impl<'a> Run<'a> {
             }
             self.dropout_keys.push(keys[0]);
         }
-        let params = self.model.parameters();
         if let Some(d) = &self.ddp {
             // `unsynced-param` leaves out the last parameter PyTorch registers.
             let left_out = self.torch_order.last().copied().filter(|_| self.unsynced_param);
-            let grads: Vec<Tensor> =
-                params.iter().enumerate().filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
+            let params = self.model.parameters().iter().enumerate();
+            let grads: Vec<Tensor> = params.filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
             collective::average_gradients(d.comm, &grads)?;
         }
+        let found_inf = match start_scale {
+            Some(start) => self.unscale(s, group.len(), start)?,
+            None => false,
+        };
+        let params = self.model.parameters();
         let lr = self.lrs[s];
         if self.clip.is_some() {
             self.clips.push(if self.clip_each_micro_batch { group.len() as i64 } else { 1 });
@@ -201,7 +231,11 @@ impl<'a> Run<'a> {
             // Before clipping: the bounds follow what clipping does to them.
             let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
             let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
-            (self.allowed, self.allowed_big) = b.step(&names, &grads, &tensors, lr, clip.as_ref().map(|c| c.0));
+            (self.allowed, self.allowed_big) = match found_inf {
+                // Skipped by both runs: nothing applied, nothing carried.
+                true => b.skip(&names, &tensors),
+                false => b.step(&names, &grads, &tensors, lr, clip.as_ref().map(|c| c.0)),
+            };
         }
         if let Some((_, coef)) = &clip {
             optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
@@ -214,9 +248,15 @@ impl<'a> Run<'a> {
             (true, false) => snapshot(params.iter().map(|(n, p)| (n, p.grad()))),
         };
         self.opt.set_lr(lr)?;
-        self.opt.step()?;
-        if let Some(b) = self.bounds.as_mut() {
-            b.after_step(&tensors, &self.opt.moments());
+        // `scaler.step(optimizer)`: no step where inf/NaN was found; then `scaler.update()`.
+        if !found_inf {
+            self.opt.step()?;
+            if let Some(b) = self.bounds.as_mut() {
+                b.after_step(&tensors, &self.opt.moments());
+            }
+        }
+        if let Some(scaler) = self.scaler.as_mut() {
+            scaler.update(found_inf)?;
         }
         self.compare_ranks(s)?;
         self.track_peaks();
@@ -224,6 +264,38 @@ impl<'a> Run<'a> {
             self.opt.zero_grad()?;
         }
         Ok(grads)
+    }
+
+    /// `scaler.unscale_(optimizer)` once per step, after the all-reduce (unless the
+    /// per-micro-batch bug did it already), and the scaler's record of step `s`, which held
+    /// `n` micro-batches and started at scale `start`; returns whether inf/NaN was found. The
+    /// accumulation run also notes where DDP's replayed arithmetic finds otherwise.
+    fn unscale(&mut self, s: usize, n: usize, start: f64) -> Result<bool> {
+        let Some(scaler) = &self.scaler else { return Ok(false) };
+        let mut found = std::mem::take(&mut self.found_in_window);
+        if !self.unscale_each_micro_batch {
+            let inv = scaler.inverse();
+            found |= scaler.unscale(&self.model.parameters().iter().map(|(_, p)| p.grad()).collect::<Vec<_>>())?;
+            if let Some(b) = self.bounds.as_mut() {
+                b.rescale(inv);
+            }
+        }
+        let r = &mut self.scaler_record;
+        let n = n as i64;
+        r.scales.push(start);
+        r.found_inf.push(found);
+        r.unscales.push(if self.unscale_each_micro_batch { n } else { 1 });
+        r.updates.push(if self.scaler_update_each_micro_batch { n } else { 1 });
+        if let (Some(b), Some(parts)) = (self.bounds.as_mut(), self.range_parts.as_mut()) {
+            // Free-running runs part for good at the first: later predictions start from
+            // other weights.
+            let ddp_found = b.take_ddp_found_inf();
+            let parted_for_good = parts.carries && !parts.steps.is_empty();
+            if ddp_found != found && !parted_for_good {
+                parts.steps.push(s);
+            }
+        }
+        Ok(found)
     }
 
     /// What the gradients of the step just made may differ by in DDP (empty for DDP runs).
@@ -244,7 +316,7 @@ impl<'a> Run<'a> {
         let bounds = self.bounds.take();
         // Never stepped, so its normalisation is never seen: no count is all-reduced.
         let divisors = self.divisors(self.plan.steps.len(), &tail, false)?;
-        self.forward_backward(&tail, &divisors, self.plan.tail_epoch)?;
+        self.forward_backward(&tail, &divisors, self.plan.tail_epoch, None)?;
         let m = &self.model;
         let (allowed_finals, allowed_finals_big) = match &bounds {
             Some(b) => {
@@ -271,6 +343,8 @@ impl<'a> Run<'a> {
             clips: self.clips,
             rank_drift: self.drift,
             dropout_keys: self.dropout_keys,
+            scaler: self.scaler_record,
+            range_parts: self.range_parts,
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
             ..Trace::default()
@@ -361,13 +435,22 @@ impl<'a> Run<'a> {
         self.model.parameters().first().map_or(tch::Device::Cpu, |(_, p)| p.device())
     }
 
+    /// Weights, buffers, and the loss scaler's state (lockstep restarts it with the weights).
     fn state_tensors(&self) -> Vec<Tensor> {
         let m = self.model.as_ref();
-        m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).collect()
+        let scaler = self.scaler.iter().flat_map(Scaler::state_tensors);
+        m.parameters().iter().chain(m.buffers()).map(|(_, t)| t.shallow_clone()).chain(scaler).collect()
     }
 
     /// Returns the digest of the dropout keys its masks were drawn from (0 without dropout).
-    fn forward_backward(&mut self, group: &[Vec<i64>], divisors: &[f64], epoch: u64) -> Result<f64> {
+    /// `overflow`: the micro-batch whose loss is made to overflow float16 (`--overflow-step`).
+    fn forward_backward(
+        &mut self,
+        group: &[Vec<i64>],
+        divisors: &[f64],
+        epoch: u64,
+        overflow: Option<usize>,
+    ) -> Result<f64> {
         let mut digest = 0.0;
         for (j, (idx, &divisor)) in group.iter().zip(divisors).enumerate() {
             if let Some(d) = self.ddp.as_ref().filter(|d| d.broadcast_buffers && j == 0) {
@@ -389,15 +472,36 @@ impl<'a> Run<'a> {
                 batch.dropout = Some(masks);
                 digest += keys;
             }
-            let loss = self.model.loss(&batch);
+            let mut loss = self.model.loss(&batch);
+            if overflow == Some(j) {
+                // A new tensor, as PyTorch's `loss * 2.0**40`: tch's `*=` is in place.
+                #[allow(clippy::assign_op_pattern)]
+                {
+                    loss = loss * crate::spec::OVERFLOW_FACTOR;
+                }
+            }
+            let scale = self.scaler.as_ref().map(|s| s.scale().shallow_clone());
             match self.bounds.as_mut() {
                 Some(b) => {
                     let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
-                    b.backward(&loss, divisor, batch_rows(&batch), &params)?;
+                    b.backward(&loss, divisor, batch_rows(&batch), &params, scale.as_ref())?;
                 }
                 // `loss / ACC_STEPS` with an integer divisor, as in the article; tiny-lm's
-                // summed loss over the step's token count.
-                None => (loss / divisor).f_backward()?,
+                // summed loss over the step's token count; times the loss scale under AMP.
+                None => scaler::seed(&loss, divisor, scale.as_ref()).f_backward()?,
+            }
+            if let Some(scaler) = self.scaler.as_mut() {
+                if self.unscale_each_micro_batch {
+                    let inv = scaler.inverse();
+                    let grads: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.grad()).collect();
+                    self.found_in_window |= scaler.unscale(&grads)?;
+                    if let Some(b) = self.bounds.as_mut() {
+                        b.rescale(inv);
+                    }
+                }
+                if self.scaler_update_each_micro_batch && j + 1 < group.len() {
+                    scaler.update(false)?;
+                }
             }
             if let (true, Some(max)) = (self.clip_each_micro_batch, self.clip) {
                 let params = self.model.parameters();

@@ -84,6 +84,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub optim: OptimArgs,
     #[command(flatten)]
+    pub amp: AmpArgs,
+    #[command(flatten)]
     pub tolerance: ToleranceArgs,
     /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
     #[arg(long, value_name = "DIR")]
@@ -200,6 +202,27 @@ pub struct OptimArgs {
     pub lr_schedule: String,
 }
 
+/// Automatic mixed precision: forward passes under autocast, weights, gradients and
+/// optimizer state in float32 (`--dtype float32`), and for float16 GradScaler's dynamic loss
+/// scaling, in every run alike.
+#[derive(Args)]
+pub struct AmpArgs {
+    /// bfloat16 or float16: matrix products and convolutions in that dtype, as
+    /// torch.autocast("cpu", dtype) runs them; float16 adds a GradScaler.
+    #[arg(long, value_name = "DTYPE", value_parser = names::amp)]
+    pub amp: Option<String>,
+    /// float16: the loss scale the GradScaler starts from.
+    #[arg(long, value_name = "S", default_value_t = d::INIT_SCALE, allow_negative_numbers = true)]
+    pub init_scale: f64,
+    /// float16: optimizer steps without inf/NaN after which the scale doubles.
+    #[arg(long, value_name = "N", default_value_t = d::GROWTH_INTERVAL)]
+    pub growth_interval: u32,
+    /// float16: make one micro-batch of optimizer step S (from 0, as reports count) overflow, on the last DDP
+    /// rank (its loss times 2^40): every rank, and the accumulation run, must skip the step.
+    #[arg(long, value_name = "S")]
+    pub overflow_step: Option<usize>,
+}
+
 /// Where the verdict goes, the same for a run, `compare` and `suite`.
 #[derive(Args)]
 pub struct ReportArgs {
@@ -242,8 +265,8 @@ pub struct ExploreArgs {
     /// Plant BUG in every case, or `all` for one pass per known bug: no-loss-scale,
     /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad, and for tiny-lm
     /// mean-per-micro-batch, count-per-rank, count-before-shift; last-window-by-k; at the
-    /// optimizer step clip-per-micro-batch, schedule-per-micro-batch, adamw-no-loss-scale; and
-    /// unsynced-param.
+    /// optimizer step clip-per-micro-batch, schedule-per-micro-batch, adamw-no-loss-scale;
+    /// unsynced-param; and with --amp float16 unscale-per-micro-batch, scaler-update-per-micro-batch.
     #[arg(long, value_name = "BUG|all")]
     pub inject: Option<String>,
     #[command(flatten)]

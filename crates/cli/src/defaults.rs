@@ -19,6 +19,9 @@ pub const OPTIMIZER: &str = "sgd";
 pub const BETAS: (f64, f64) = (0.9, 0.999);
 pub const EPS: f64 = 1e-8;
 pub const LR_SCHEDULE: &str = "constant";
+/// GradScaler's `init_scale` and `growth_interval` (`--amp float16`).
+pub const INIT_SCALE: f64 = 65536.0;
+pub const GROWTH_INTERVAL: u32 = 2000;
 /// S: CIFAR-sized images.
 pub const IMAGE_SIZE: usize = 32;
 /// C: CIFAR-10's classes.

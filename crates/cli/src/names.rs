@@ -5,11 +5,13 @@ pub const MODELS: [&str; 4] = ["linear", "resnet18", "resnet-tiny", "tiny-lm"];
 pub const PARTIAL_WINDOWS: [&str; 2] = ["carry", "step"];
 pub const DTYPES: [&str; 4] = ["float32", "float64", "bfloat16", "float16"];
 pub const OPTIMIZERS: [&str; 2] = ["sgd", "adamw"];
+/// `--amp`: the autocast dtype (float32 weights, gradients and optimizer state).
+pub const AMPS: [&str; 2] = ["bfloat16", "float16"];
 pub const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
 pub const FORMATS: [&str; 4] = ["table", "json", "markdown", "junit"];
 /// Other spellings a report format is also known by.
 pub const FORMAT_ALIASES: [(&str, &str); 1] = [("md", "markdown")];
-pub const BUGS: [&str; 15] = [
+pub const BUGS: [&str; 17] = [
     "no-loss-scale",
     "double-scale",
     "contiguous-split",
@@ -25,6 +27,8 @@ pub const BUGS: [&str; 15] = [
     "adamw-no-loss-scale",
     "unsynced-param",
     "dropout-same-seed",
+    "unscale-per-micro-batch",
+    "scaler-update-per-micro-batch",
 ];
 
 /// `s` if it is one of `names`, else the one-line complaint clap shows after the flag.
@@ -53,6 +57,10 @@ pub(crate) fn partial_window(s: &str) -> Result<String, String> {
 
 pub(crate) fn optimizer(s: &str) -> Result<String, String> {
     check("optimizer", s, &OPTIMIZERS)
+}
+
+pub(crate) fn amp(s: &str) -> Result<String, String> {
+    check("amp dtype", s, &AMPS)
 }
 
 pub(crate) fn bug(s: &str) -> Result<String, String> {

@@ -18,7 +18,9 @@ use crate::dist::{world as launch, Collective as _};
 use crate::error::{Error, Exit, Result};
 use crate::judge::{diagnose, Comparer, Context, Diagnosis, Verdict};
 use crate::plan::Effect;
-use crate::spec::{Bug, Dtype, ModelKind, OptimConfig, Optimizer, Schedule, ToleranceOverrides, TrainConfig};
+use crate::spec::{
+    Amp, AmpConfig, Bug, Dtype, ModelKind, OptimConfig, Optimizer, Schedule, ToleranceOverrides, TrainConfig,
+};
 use crate::train::accumulation;
 
 pub struct ExploreOptions {
@@ -64,13 +66,34 @@ pub fn strategy(max_gpus: usize, models: &[ModelKind]) -> BoxedStrategy<TrainCon
     let narrow = |c: &TrainConfig| matches!(c.dtype, Dtype::Bfloat16 | Dtype::Float16) || !c.bounds_hold();
     // tiny-lm drops out in one draw of three.
     let dropout = prop_oneof![2 => Just(0.0), 1 => 0.05f64..0.5];
-    (models, optim_strategy(), dropout)
-        .prop_map(move |(c, optim, dropout)| {
+    (models, optim_strategy(), dropout, amp_strategy())
+        .prop_map(move |(c, optim, dropout, amp)| {
             let optim = if narrow(&c) { OptimConfig { optimizer: Optimizer::Sgd, ..optim } } else { optim };
             let dropout = if c.model.token_loss() { dropout } else { 0.0 };
-            TrainConfig { optim, dropout, ..c }
+            // Autocast over float32 weights only; an overflow planted in a step that runs.
+            let amp = match c.dtype {
+                Dtype::Float32 => {
+                    let steps = crate::plan::optimizer_steps(&c);
+                    AmpConfig { overflow_step: amp.overflow_step.filter(|&s| s < steps), ..amp }
+                }
+                _ => AmpConfig::default(),
+            };
+            TrainConfig { optim, dropout, amp, ..c }
         })
         .boxed()
+}
+
+/// Mixed precision in one draw of three: bfloat16 autocast, or float16 with a GradScaler
+/// from 2^4-2^16 growing every 1-6 steps, and one micro-batch made to overflow in one of
+/// those draws of three.
+pub fn amp_strategy() -> impl Strategy<Value = AmpConfig> {
+    (0usize..6, 4i32..=16, 1u32..=6, prop_oneof![2 => Just(None), 1 => (0usize..4).prop_map(Some)]).prop_map(
+        |(draw, scale, growth_interval, overflow_step)| match draw {
+            0 => AmpConfig { amp: Some(Amp::Bfloat16), ..AmpConfig::default() },
+            1 => AmpConfig { amp: Some(Amp::Float16), init_scale: 2f64.powi(scale), growth_interval, overflow_step },
+            _ => AmpConfig::default(),
+        },
+    )
 }
 
 /// The optimizer step: SGD or AdamW (half each), clipping in one draw of three at a norm
@@ -102,6 +125,11 @@ pub fn optim_strategy() -> impl Strategy<Value = OptimConfig> {
 /// in a way no plan can foresee (it depends on the gradients' norms).
 pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
     cfg.inject = bug;
+    // Bugs that only the big batch shows (both runs make them; dropout-same-seed at W = 1)
+    // need it, and --amp turns it off.
+    if bug.is_some_and(|b| b.in_both_runs() || b == Bug::DropoutSameSeed) {
+        cfg.amp = AmpConfig::default();
+    }
     let dtype = cfg.dtype;
     let o = &mut cfg.optim;
     match bug {
@@ -116,6 +144,15 @@ pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
                 }
                 Bug::AdamwNoLossScale => o.optimizer = Optimizer::AdamW,
                 Bug::DropoutSameSeed if cfg.dropout == 0.0 => cfg.dropout = 0.1,
+                // The loss scaler's bugs need one; a growth interval of 1 makes the
+                // per-micro-batch updates grow the scale inside a window.
+                Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
+                    cfg.dtype = Dtype::Float32;
+                    cfg.amp.amp = Some(Amp::Float16);
+                    if b == Bug::ScalerUpdatePerMicroBatch {
+                        cfg.amp.growth_interval = 1;
+                    }
+                }
                 _ => {}
             }
         }
@@ -265,6 +302,9 @@ pub struct Tally {
     /// Honest draws whose training blew up (NaN or Inf in both runs): nothing can be proven
     /// from them, so they count neither way.
     pub blew_up: usize,
+    /// Draws under a float16 loss scaler whose every step was skipped by both runs or left
+    /// unjudged by float16's range: nothing judged, so they count neither way.
+    pub unjudged: usize,
     /// Cases of a ResNet among `cases`.
     pub resnet_cases: usize,
     /// Honest runs: the largest fraction of its allowance any case used (under 1 passes).
@@ -320,6 +360,9 @@ struct Case {
     /// The worst difference over what it was allowed.
     used: f64,
     diagnosis: Option<Diagnosis>,
+    /// No step was judged: the loss scalers skipped every one, or float16's range parted
+    /// the runs (`judge::NotJudged`).
+    unjudged: bool,
 }
 
 struct Runner<'a> {
@@ -344,6 +387,7 @@ impl Runner<'_> {
         let cx = Context::of_run(cfg);
         let mut diagnosis = diagnose(&acc, &ddp, &c, &cx);
         let (mut verdict, mut used) = (c.verdict, c.worst_fraction);
+        let unjudged = c.verdict != Verdict::Diverged && c.steps.iter().all(|g| g.not_judged.is_some());
         if let Some(big) = big {
             // The same judgement a verification makes (`Trace::for_big_batch`).
             let acc = acc.for_big_batch();
@@ -359,7 +403,7 @@ impl Runner<'_> {
         t.accumulation += (t2 - t1).as_secs_f64();
         t.compare += t2.elapsed().as_secs_f64();
         t.evaluations += 1;
-        Ok(Case { verdict, used, diagnosis })
+        Ok(Case { verdict, used, diagnosis, unjudged })
     }
 }
 
@@ -377,6 +421,8 @@ enum Finding {
     FalseAlarm,
     /// The bug reorders the same sums: rounding alone, counted neither way.
     Reordered,
+    /// Nothing was judged (every step skipped or parted by float16's range): neither way.
+    Unjudged,
     /// An honest draw whose training blew up: a bad draw, not a verdict on the gate.
     BlewUp,
 }
@@ -384,6 +430,9 @@ enum Finding {
 fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Finding {
     let diverged = case.verdict == Verdict::Diverged;
     let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == "non-finite");
+    if case.unjudged && case.verdict != Verdict::Diverged {
+        return Finding::Unjudged;
+    }
     match bug {
         None if diverged && blew_up => Finding::BlewUp,
         None if diverged => Finding::Failure,
@@ -478,6 +527,10 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             tally.blew_up += 1;
             return outcome;
         }
+        if outcome == Finding::Unjudged {
+            tally.unjudged += 1;
+            return outcome;
+        }
         if bug.is_none() {
             tally.max_used = tally.max_used.max(case.used);
         }
@@ -533,7 +586,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         let case = runner.evaluate(&cfg)?;
         let outcome = record(&mut tally, &cfg, &case);
         let rank = |o: Finding| match o {
-            Finding::Fine | Finding::BlewUp | Finding::Reordered => 0,
+            Finding::Fine | Finding::BlewUp | Finding::Unjudged | Finding::Reordered => 0,
             Finding::Caught => 1,
             _ => 2,
         };

@@ -32,7 +32,14 @@ impl ExploreReport {
             let _ = writeln!(s, "    of which ResNet {:>5}", t.resnet_cases);
             let _ =
                 writeln!(s, "  worst case used  {:>6} of its allowed difference (1 is the edge)", fraction(t.max_used));
-            let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent - t.blew_up);
+            let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent - t.blew_up - t.unjudged);
+            if t.unjudged > 0 {
+                let _ = writeln!(
+                    s,
+                    "  nothing judged   {:>6} (every step skipped by both loss scalers, or parted by float16's range)",
+                    t.unjudged
+                );
+            }
             if t.blew_up > 0 {
                 let _ = writeln!(
                     s,

@@ -9,7 +9,7 @@ pub use linear::Linear;
 pub use resnet::{ResNet, ResNetSpec};
 pub use tiny_lm::TinyLm;
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 use crate::spec::{ModelKind, TrainConfig};
@@ -51,6 +51,38 @@ pub fn torch_order(model: &dyn Model) -> Vec<usize> {
     order
 }
 
+/// What `torch.autocast("cpu", dtype)` does to the ops our models call (`--amp`): matrix
+/// products and convolutions take their floating inputs in the autocast dtype (CPU's
+/// lower-precision list), cross-entropy takes float32 (its float32 list), and every other op
+/// runs in the dtype that reaches it (LayerNorm, softmax, GELU and BatchNorm in bfloat16 over
+/// float32 weights; a residual add promotes to float32). Casting is an op autograd records,
+/// so gradients come back to float32 through it, as they do under autocast.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Autocast(pub Option<Kind>);
+
+impl Autocast {
+    /// An input of a lower-precision op: cast when floating, not float64, and not already in
+    /// the autocast dtype (autocast's `cached_cast` rule).
+    pub fn low(self, t: &Tensor) -> Tensor {
+        match self.0 {
+            Some(k) if eligible(t) && t.kind() != k => t.to_kind(k),
+            _ => t.shallow_clone(),
+        }
+    }
+
+    /// An input of a float32 op.
+    pub fn full(self, t: &Tensor) -> Tensor {
+        match self.0 {
+            Some(_) if eligible(t) && t.kind() != Kind::Float => t.to_kind(Kind::Float),
+            _ => t.shallow_clone(),
+        }
+    }
+}
+
+fn eligible(t: &Tensor) -> bool {
+    t.is_floating_point() && t.kind() != Kind::Double
+}
+
 /// How many values the model learns, without building it.
 pub fn parameter_count(cfg: &TrainConfig) -> f64 {
     match cfg.model {
@@ -90,22 +122,23 @@ pub fn shapes(cfg: &TrainConfig) -> Result<Vec<(String, Vec<i64>)>> {
 /// `blank`: every value will be overwritten before use, so skip drawing or loading them.
 pub fn build(cfg: &TrainConfig, device: Device, blank: bool) -> Result<Box<dyn Model>> {
     let kind = cfg.dtype.kind();
+    let cast = Autocast(cfg.amp.autocast());
     let spec = match cfg.model {
-        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device))),
+        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device, cast))),
         ModelKind::TinyLm => {
-            return Ok(Box::new(TinyLm::new(cfg.vocab, cfg.seq_len, cfg.seed, blank, kind, device)));
+            return Ok(Box::new(TinyLm::new(cfg.vocab, cfg.seq_len, cfg.seed, blank, kind, device, cast)));
         }
         ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
         ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
     };
     if blank {
-        return Ok(Box::new(ResNet::blank(spec).to(kind, device)));
+        return Ok(Box::new(ResNet::blank(spec).to(kind, device).autocast(cast)));
     }
     let model = ResNet::new(spec, cfg.seed);
     if let Some(path) = &cfg.init {
         model.load_state(path)?;
     }
-    Ok(Box::new(model.to(kind, device)))
+    Ok(Box::new(model.to(kind, device).autocast(cast)))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::Model;
+use super::{Autocast, Model};
 use crate::error::{Error, Result};
 use crate::train::data::Batch;
 
@@ -63,6 +63,7 @@ pub struct ResNet {
     /// BatchNorm running statistics and `num_batches_tracked` (int64), sorted by name.
     buffers: Vec<(String, Tensor)>,
     index: BTreeMap<String, usize>,
+    cast: Autocast,
 }
 
 impl ResNet {
@@ -124,7 +125,7 @@ impl ResNet {
         buffers.sort_by(|a, b| a.0.cmp(&b.0));
         let params = params.into_iter().map(|(n, t)| (n, t.set_requires_grad(true))).collect::<Vec<_>>();
         let index = params.iter().chain(&buffers).enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
-        ResNet { spec, params, buffers, index }
+        ResNet { spec, params, buffers, index, cast: Autocast::default() }
     }
 
     /// The same model in another floating dtype and on another device (`model.to(device,
@@ -140,6 +141,11 @@ impl ResNet {
         let params = self.params.into_iter().map(|(n, t)| (n, cast(t).set_requires_grad(true))).collect();
         let buffers = self.buffers.into_iter().map(|(n, t)| (n, cast(t))).collect();
         ResNet { params, buffers, ..self }
+    }
+
+    /// Forward passes under autocast (`--amp`).
+    pub fn autocast(self, cast: Autocast) -> Self {
+        ResNet { cast, ..self }
     }
 
     pub fn spec(&self) -> ResNetSpec {
@@ -176,7 +182,7 @@ impl ResNet {
     /// Train-mode cross-entropy (mean over the micro-batch), updating BatchNorm's running
     /// statistics and `num_batches_tracked` as `model.train()` does.
     pub fn loss_of(&self, x: &Tensor, y: &Tensor) -> Tensor {
-        self.forward(x).cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, 0.0)
+        self.cast.full(&self.forward(x)).cross_entropy_loss::<Tensor>(y, None, Reduction::Mean, -100, 0.0)
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
@@ -199,7 +205,8 @@ impl ResNet {
             }
         }
         let x = x.adaptive_avg_pool2d([1, 1]).flatten(1, -1);
-        x.linear(self.get("fc.weight"), Some(self.get("fc.bias")))
+        let c = self.cast;
+        c.low(&x).linear(&c.low(self.get("fc.weight")), Some(c.low(self.get("fc.bias"))))
     }
 
     fn get(&self, name: &str) -> &Tensor {
@@ -214,10 +221,10 @@ impl ResNet {
     /// `conv2d` as ATen dispatches it, with cuDNN's choices pinned: no benchmarking, a
     /// deterministic algorithm, no TF32 (on the CPU these flags change nothing).
     fn conv(&self, x: &Tensor, name: &str, stride: i64, padding: i64) -> Tensor {
-        let w = self.get(&format!("{name}.weight"));
+        let (x, w) = (self.cast.low(x), self.cast.low(self.get(&format!("{name}.weight"))));
         let (benchmark, deterministic, cudnn, tf32) = (false, true, true, false);
         x.internal_convolution::<Tensor>(
-            w,
+            &w,
             None,
             [stride, stride],
             [padding, padding],

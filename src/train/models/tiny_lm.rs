@@ -9,7 +9,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::Model;
+use super::{Autocast, Model};
 use crate::train::data::Batch;
 
 /// Width of the residual stream.
@@ -25,6 +25,7 @@ pub const IGNORE_INDEX: i64 = -100;
 pub struct TinyLm {
     /// Sorted by name.
     params: Vec<(String, Tensor)>,
+    cast: Autocast,
 }
 
 /// Every parameter's name and shape, in name order.
@@ -61,7 +62,15 @@ pub fn layout(vocab: i64, seq_len: i64) -> Vec<(String, Vec<i64>)> {
 impl TinyLm {
     /// Drawn from the generator as the module doc says; `blank`: zeros (every value will
     /// be overwritten before use).
-    pub fn new(vocab: usize, seq_len: usize, seed: u64, blank: bool, kind: Kind, device: Device) -> Self {
+    pub fn new(
+        vocab: usize,
+        seq_len: usize,
+        seed: u64,
+        blank: bool,
+        kind: Kind,
+        device: Device,
+        cast: Autocast,
+    ) -> Self {
         let opts = (Kind::Float, Device::Cpu);
         let draw = || {
             layout(vocab as i64, seq_len as i64)
@@ -87,7 +96,7 @@ impl TinyLm {
                 (n, t.set_requires_grad(true))
             })
             .collect();
-        TinyLm { params }
+        TinyLm { params, cast }
     }
 
     fn p(&self, name: &str) -> &Tensor {
@@ -101,8 +110,9 @@ impl TinyLm {
     }
 
     fn linear(&self, x: &Tensor, prefix: &str, bias: bool) -> Tensor {
-        let b = bias.then(|| self.p(&format!("{prefix}.bias")));
-        x.linear(self.p(&format!("{prefix}.weight")), b)
+        let c = self.cast;
+        let b = bias.then(|| c.low(self.p(&format!("{prefix}.bias"))));
+        c.low(x).linear(&c.low(self.p(&format!("{prefix}.weight"))), b)
     }
 
     /// Logits `[b, T, V]` for input ids `[b, T]`. Residual adds make new tensors, as
@@ -129,9 +139,10 @@ impl TinyLm {
             let heads = |x: &Tensor| x.view([b, t, HEADS, hd]).transpose(1, 2);
             let parts = qkv.split(D_MODEL, -1);
             let (q, k, v) = (heads(&parts[0]), heads(&parts[1]), heads(&parts[2]));
-            let att = q.matmul(&k.transpose(-2, -1)) * (1.0 / (hd as f64).sqrt());
+            let c = self.cast;
+            let att = c.low(&q).matmul(&c.low(&k.transpose(-2, -1))) * (1.0 / (hd as f64).sqrt());
             let att = att.masked_fill(&causal, f64::NEG_INFINITY).softmax(-1, None::<Kind>);
-            let y = att.matmul(&v).transpose(1, 2).contiguous().view([b, t, D_MODEL]);
+            let y = c.low(&att).matmul(&c.low(&v)).transpose(1, 2).contiguous().view([b, t, D_MODEL]);
             h = h + drop(self.linear(&y, &format!("{blk}.attn.proj"), true), 2 * l);
             let m = self.layer_norm(&h, &format!("{blk}.ln2"));
             let f = self.linear(&m, &format!("{blk}.mlp.fc"), true).gelu("none");
@@ -164,7 +175,7 @@ impl Model for TinyLm {
         let labels = batch.y.as_ref().expect("tiny-lm batches carry labels");
         let logits = self.forward(&batch.x, batch.dropout.as_ref());
         let vocab = logits.size()[2];
-        logits.reshape([-1, vocab]).cross_entropy_loss::<Tensor>(
+        self.cast.full(&logits.reshape([-1, vocab])).cross_entropy_loss::<Tensor>(
             &labels.reshape([-1]),
             None,
             tch::Reduction::Sum,

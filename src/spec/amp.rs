@@ -1,0 +1,87 @@
+//! Automatic mixed precision (`--amp`): what `torch.autocast` and `torch.amp.GradScaler` do,
+//! in every run alike. Weights, gradients and optimizer state stay float32; matrix products
+//! and convolutions compute in the autocast dtype; float16 adds dynamic loss scaling.
+
+use serde::{Deserialize, Serialize};
+
+use ddp_verify_cli::{defaults, names};
+
+/// Flattened into `TrainConfig`'s JSON: absent keys mean no AMP, so older goldens read as before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AmpConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amp: Option<Amp>,
+    /// GradScaler's `init_scale` (float16 only).
+    #[serde(default = "default_init_scale", skip_serializing_if = "is_default_init_scale")]
+    pub init_scale: f64,
+    /// GradScaler's `growth_interval` (float16 only).
+    #[serde(default = "default_growth_interval", skip_serializing_if = "is_default_growth_interval")]
+    pub growth_interval: u32,
+    /// One micro-batch of this optimizer step (from 0) overflows: the last rank's first, whose
+    /// loss is multiplied by [`OVERFLOW_FACTOR`] (float16 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow_step: Option<usize>,
+}
+
+/// 2^40: any float16 backward through it overflows, and the loss scale stays a power of two.
+pub const OVERFLOW_FACTOR: f64 = 1_099_511_627_776.0;
+
+impl Default for AmpConfig {
+    fn default() -> Self {
+        AmpConfig {
+            amp: None,
+            init_scale: defaults::INIT_SCALE,
+            growth_interval: defaults::GROWTH_INTERVAL,
+            overflow_step: None,
+        }
+    }
+}
+
+impl AmpConfig {
+    /// The autocast dtype, if any.
+    pub fn autocast(&self) -> Option<tch::Kind> {
+        self.amp.map(Amp::kind)
+    }
+
+    /// Whether a GradScaler scales the losses (float16 only, as PyTorch recommends).
+    pub fn scaled(&self) -> bool {
+        self.amp == Some(Amp::Float16)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Amp {
+    Bfloat16,
+    Float16,
+}
+
+impl Amp {
+    pub fn name(self) -> &'static str {
+        names::AMPS[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Amp::Bfloat16, Amp::Float16].into_iter().find(|a| a.name() == s)
+    }
+
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Amp::Bfloat16 => tch::Kind::BFloat16,
+            Amp::Float16 => tch::Kind::Half,
+        }
+    }
+}
+
+fn default_init_scale() -> f64 {
+    defaults::INIT_SCALE
+}
+fn is_default_init_scale(v: &f64) -> bool {
+    *v == defaults::INIT_SCALE
+}
+fn default_growth_interval() -> u32 {
+    defaults::GROWTH_INTERVAL
+}
+fn is_default_growth_interval(v: &u32) -> bool {
+    *v == defaults::GROWTH_INTERVAL
+}

@@ -146,3 +146,55 @@ fn narrow_dtypes_still_catch_planted_bugs() {
         assert!(text.contains(cause), "{dtype} {bug}: {text}");
     }
 }
+
+/// Mixed precision against PyTorch's own `torch.autocast("cpu")` and `torch.amp.GradScaler`
+/// (fixtures/*_reference.py --amp): bfloat16 and float16 forward passes on every model, loss
+/// scales and skipped steps compared exactly (k4-w2: skips at steps 0 and 3, the scale
+/// growing in between; the overflow case: every rank skips step 1), accumulation bit for bit.
+#[test]
+fn golden_amp_runs_match_pytorch_autocast_and_grad_scaler() {
+    let cases = [
+        ("article-amp-bfloat16", 0),
+        ("k4-w2-amp-float16", 2),
+        ("amp-float16-overflow-w3", 1),
+        ("tiny-lm-amp-bfloat16", 0),
+        ("tiny-lm-amp-float16-w3", 0),
+        ("resnet-tiny-amp-bfloat16", 0),
+        ("resnet-tiny-amp-float16", 0),
+    ];
+    for (case, skipped) in cases {
+        let text = check_golden(case);
+        let line = text.lines().find(|l| l.trim_start().starts_with("accumulation vs golden accumulation"));
+        assert!(line.is_some_and(|l| l.contains("max 0 ulp: exact")), "{case}: {text}");
+        assert!(text.contains("amp: forward passes under autocast"), "{case}: {text}");
+        assert_eq!(text.matches("skipped by both loss scalers").count(), skipped, "{case}: {text}");
+    }
+}
+
+/// Goldens made on a GPU (`fixtures/make_golden.sh cuda`, headers with `"device": "cuda"`) are
+/// checked on CUDA only: here when this machine's CUDA can run them, else named as skipped.
+#[test]
+fn cuda_goldens_are_checked_where_cuda_runs() {
+    let mut cases: Vec<String> = std::fs::read_dir(repo("golden"))
+        .unwrap()
+        .filter_map(|e| {
+            let dir = e.ok()?.path();
+            let meta: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).ok()?).ok()?;
+            (meta["device"] == "cuda").then(|| dir.file_name()?.to_str().map(String::from)).flatten()
+        })
+        .collect();
+    cases.sort();
+    let devices = stdout(&ddp_verify(&["devices"]));
+    let cuda =
+        devices.lines().any(|l| l.starts_with("libtorch:") && l.contains("GPUs visible") && !l.contains(" 0 GPUs"));
+    for case in &cases {
+        match cuda {
+            true => drop(check_golden(case)),
+            false => eprintln!("golden/{case}: made on CUDA, skipped: no GPU here ({devices:?})"),
+        }
+    }
+    if cases.is_empty() {
+        eprintln!("no CUDA goldens yet: fixtures/make_golden.sh cuda makes them on a GPU machine");
+    }
+}

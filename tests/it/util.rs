@@ -41,6 +41,10 @@ pub fn golden_flags(case: &str) -> Vec<String> {
     let meta: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut flags = Vec::new();
     for (k, v) in meta["train"].as_object().unwrap() {
+        // Where the ranks sat (GPUs shared) follows from the machine and --gpus, not a flag.
+        if k == "shared_gpus" {
+            continue;
+        }
         let flag = format!("--{}", k.replace('_', "-"));
         match v {
             // Lockstep is the ResNets' default; a free-running golden says so.

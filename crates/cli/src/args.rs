@@ -139,7 +139,7 @@ pub struct NetArgs {
     #[arg(long, value_name = "POLICY", value_parser = names::partial_window)]
     pub partial_window: Option<String>,
     /// Require the third run, one batch of each step's K·B samples, compared with accumulation
-    /// [default: on for linear and tiny-lm; refused for ResNets].
+    /// [default: on for linear and tiny-lm; refused for ResNets and under --amp].
     #[arg(long, conflicts_with = "no_big_batch")]
     pub big_batch: bool,
     /// Skip the big-batch run.

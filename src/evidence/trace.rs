@@ -85,6 +85,16 @@ pub struct RangeParts {
     pub carries: bool,
 }
 
+impl RangeParts {
+    /// In a trace file: `range_part.<step>`, float32 [1], 1 when the runs part for good.
+    const PREFIX: &'static str = "range_part.";
+
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        let mark = f32::from(u8::from(self.carries));
+        self.steps.iter().map(|s| (format!("{}{s}", Self::PREFIX), Tensor::from_slice(&[mark]))).collect()
+    }
+}
+
 /// What a GradScaler did at each optimizer step: the scale the step's losses were multiplied
 /// by (`loss_scale.<step>`, float32), whether it found inf/NaN and skipped the step
 /// (`found_inf.<step>`, float32 0 or 1), and, in our own runs, how many times the step unscaled
@@ -172,7 +182,17 @@ impl Trace {
         let mut lrs: BTreeMap<usize, f64> = BTreeMap::new();
         let mut clips: BTreeMap<usize, i64> = BTreeMap::new();
         let mut scaler: [BTreeMap<usize, f64>; 4] = Default::default();
+        let mut range_parts: Option<RangeParts> = None;
         for (name, t) in tensors {
+            if let Some(step) = name.strip_prefix(RangeParts::PREFIX) {
+                let step = step.parse::<usize>().ok().filter(|_| t.numel() == 1);
+                let step =
+                    step.ok_or_else(|| Error::bad_file(path, format!("tensor {name} is not one step's mark"), fix))?;
+                let parts = range_parts.get_or_insert_with(RangeParts::default);
+                parts.steps.push(step);
+                parts.carries |= t.double_value(&[0]) != 0.0;
+                continue;
+            }
             if ScalerRecord::read(&mut scaler, &name, &t).map_err(|problem| Error::bad_file(path, problem, fix))? {
                 continue;
             }
@@ -254,7 +274,10 @@ impl Trace {
         let scaler =
             ScalerRecord::from_series(scaler, steps.len()).map_err(|problem| Error::bad_file(path, problem, fix))?;
         let (lrs, clips) = (lrs.into_values().collect(), clips.into_values().collect());
-        let mut trace = Trace { finals, buffers, peaks, meta, lrs, clips, scaler, ..Trace::default() };
+        if let Some(p) = range_parts.as_mut() {
+            p.steps.sort_unstable();
+        }
+        let mut trace = Trace { finals, buffers, peaks, meta, lrs, clips, scaler, range_parts, ..Trace::default() };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));

@@ -55,7 +55,7 @@ impl TraceWriter {
         for (s, n) in trace.clips.iter().enumerate() {
             self.add(&format!("clips.{s}"), &Tensor::from_slice(&[*n]))?;
         }
-        for (name, t) in trace.scaler.tensors() {
+        for (name, t) in trace.scaler.tensors().into_iter().chain(trace.range_parts.iter().flat_map(|p| p.tensors())) {
             self.add(&name, &t)?;
         }
         for (s, scales) in trace.scales.iter().enumerate() {

@@ -85,14 +85,20 @@ fn each_loss_scaler_bug_is_caught_with_its_own_cause() {
 /// A rank's loss share is W times accumulation's, so its scaled float16 values overflow
 /// first: the accumulation run predicts that step from DDP's arithmetic, and the report
 /// says what was not judged instead of a false alarm.
+/// The saved traces carry the prediction (`range_part.<step>`), so `compare` judges them alike.
 #[test]
 fn float16s_range_parting_the_runs_is_reported_not_judged() {
-    let out = ddp_verify(&flags("--amp float16 --epochs 4 --data-size 16"));
-    let text = stdout(&out);
-    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
-    let verdict = text.lines().find(|l| l.starts_with("EQUIVALENT")).unwrap();
-    assert!(verdict.contains("float16's range parted the loss scalers at step 1"), "{verdict}");
-    assert!(verdict.contains("nothing from step 1 on, final weights included, was judged"), "{verdict}");
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("t").display().to_string();
+    let run = ddp_verify(&flags(&format!("--amp float16 --epochs 4 --data-size 16 --save-trace {save}")));
+    let compared = ddp_verify(&["compare", &save]);
+    for out in [run, compared] {
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+        let verdict = text.lines().find(|l| l.starts_with("EQUIVALENT")).unwrap();
+        assert!(verdict.contains("float16's range parted the loss scalers at step 1"), "{verdict}");
+        assert!(verdict.contains("nothing from step 1 on, final weights included, was judged"), "{verdict}");
+    }
 }
 
 #[test]

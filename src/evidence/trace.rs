@@ -190,7 +190,7 @@ impl Trace {
                     step.ok_or_else(|| Error::bad_file(path, format!("tensor {name} is not one step's mark"), fix))?;
                 let parts = range_parts.get_or_insert_with(RangeParts::default);
                 parts.steps.push(step);
-                parts.carries |= t.double_value(&[0]) != 0.0;
+                parts.carries |= t.to_kind(Kind::Double).flatten(0, -1).double_value(&[0]) != 0.0;
                 continue;
             }
             if ScalerRecord::read(&mut scaler, &name, &t).map_err(|problem| Error::bad_file(path, problem, fix))? {

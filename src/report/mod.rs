@@ -147,19 +147,15 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
     if o.verdict() != Verdict::Diverged {
         let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
-        let mut line = format!(
-            "EQUIVALENT: every gradient and final weight within {bound} (worst: {} ulp, {} of the allowed difference)",
+        let parted = all.iter().find_map(|c| c.range_parted.as_ref());
+        let what =
+            if parted.is_some() { "every judged gradient and weight" } else { "every gradient and final weight" };
+        return format!(
+            "EQUIVALENT: {what} within {bound} (worst: {} ulp, {} of the allowed difference){}",
             ulps(worst),
-            fraction(used)
+            fraction(used),
+            parted.map_or(String::new(), range_words)
         );
-        if let Some(p) = all.iter().find_map(|c| c.range_parted.as_ref()) {
-            line = format!(
-                "{}{}",
-                line.replacen("every gradient and final weight", "every judged gradient and weight", 1),
-                range_words(p)
-            );
-        }
-        return line;
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
     if let Some(d) = &first.rank_drift {

@@ -271,14 +271,12 @@ impl<'a> Run<'a> {
     /// `n` micro-batches and started at scale `start`; returns whether inf/NaN was found. The
     /// accumulation run also notes where DDP's replayed arithmetic finds otherwise.
     fn unscale(&mut self, s: usize, n: usize, start: f64) -> Result<bool> {
-        let Some(scaler) = &self.scaler else { return Ok(false) };
+        if self.scaler.is_none() {
+            return Ok(false);
+        }
         let mut found = std::mem::take(&mut self.found_in_window);
         if !self.unscale_each_micro_batch {
-            let inv = scaler.inverse();
-            found |= scaler.unscale(&self.model.parameters().iter().map(|(_, p)| p.grad()).collect::<Vec<_>>())?;
-            if let Some(b) = self.bounds.as_mut() {
-                b.rescale(inv);
-            }
+            found |= self.unscale_grads()?;
         }
         let r = &mut self.scaler_record;
         let n = n as i64;
@@ -294,6 +292,18 @@ impl<'a> Run<'a> {
             if ddp_found != found && !parted_for_good {
                 parts.steps.push(s);
             }
+        }
+        Ok(found)
+    }
+
+    /// Unscales `.grad` in place (the bounds' partial sums follow, as DDP's scale alike);
+    /// whether any held inf or NaN.
+    fn unscale_grads(&mut self) -> Result<bool> {
+        let Some(scaler) = &self.scaler else { return Ok(false) };
+        let inv = scaler.inverse();
+        let found = scaler.unscale(&self.model.parameters().iter().map(|(_, p)| p.grad()).collect::<Vec<_>>())?;
+        if let Some(b) = self.bounds.as_mut() {
+            b.rescale(inv);
         }
         Ok(found)
     }
@@ -490,16 +500,11 @@ impl<'a> Run<'a> {
                 // summed loss over the step's token count; times the loss scale under AMP.
                 None => scaler::seed(&loss, divisor, scale.as_ref()).f_backward()?,
             }
-            if let Some(scaler) = self.scaler.as_mut() {
-                if self.unscale_each_micro_batch {
-                    let inv = scaler.inverse();
-                    let grads: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.grad()).collect();
-                    self.found_in_window |= scaler.unscale(&grads)?;
-                    if let Some(b) = self.bounds.as_mut() {
-                        b.rescale(inv);
-                    }
-                }
-                if self.scaler_update_each_micro_batch && j + 1 < group.len() {
+            if self.unscale_each_micro_batch {
+                self.found_in_window |= self.unscale_grads()?;
+            }
+            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.scaler_update_each_micro_batch) {
+                if j + 1 < group.len() {
                     scaler.update(false)?;
                 }
             }

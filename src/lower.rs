@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use ddp_verify_cli::{
-    defaults, names, parse_case, AmpArgs, CaseValue, CompareArgs, ExploreArgs, OptimArgs, ReportArgs, RunArgs,
-    SplitArgs, SplitShape, SuiteArgs, ToleranceArgs,
+    defaults, names, parse_case, AmpArgs, CaseValue, CompareArgs, ExploreArgs, KernelArgs, OptimArgs, ReportArgs,
+    RunArgs, SplitArgs, SplitShape, SuiteArgs, ToleranceArgs,
 };
 
 use crate::dist::{device, world};
@@ -19,8 +19,8 @@ use crate::jobs::explore::ExploreOptions;
 use crate::jobs::suite::{Suite, SuiteCase};
 use crate::plan;
 use crate::spec::{
-    Amp, AmpConfig, Bug, Config, DeviceRequest, Dtype, Format, ModelKind, OptimConfig, Optimizer, PartialWindow,
-    ReportTarget, Schedule, Tolerance, ToleranceOverrides, TrainConfig,
+    Amp, AmpConfig, Bug, Config, DeviceRequest, Dtype, Format, KernelMode, ModelKind, OptimConfig, Optimizer,
+    PartialWindow, ReportTarget, Schedule, Tolerance, ToleranceOverrides, TrainConfig,
 };
 use crate::train::{data, models};
 
@@ -100,6 +100,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         plot: args.plot.clone(),
         strict_buffers: n.strict_buffers,
         device_note: device.note,
+        kernels: kernel_mode(&args.kernels, args.golden.as_deref().filter(|_| !args.bless))?,
     };
     check_timeout(cfg.timeout_s)?;
     if n.big_batch && cfg.train.amp.amp.is_some() {
@@ -121,6 +122,38 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
     plan::checks::check_train(&cfg.train)?;
     check_tolerance(&cfg.tolerance)?;
     Ok(cfg)
+}
+
+/// A case's own errors, renamed from flags to keys and pointed at the suite file.
+fn in_case(file: &Path, name: &str, e: Error) -> Error {
+    match e {
+        Error::BadFlag { flag, problem, fix } => {
+            Error::bad_file(file, format!("case '{name}', key {}: {problem}", flag.trim_start_matches("--")), fix)
+        }
+        Error::BadFile { path, problem, fix } => {
+            Error::bad_file(file, format!("case '{name}': {}: {problem}", path.display()), fix)
+        }
+        other => other,
+    }
+}
+
+/// `--kernels`, else the mode `golden`'s header records (read before libtorch makes any
+/// tensor, which fixes the kernels for the process), else portable. A golden that cannot
+/// be read here is refused later, by the run that loads it.
+pub fn kernel_mode(args: &KernelArgs, golden: Option<&Path>) -> Result<KernelMode> {
+    let asked = args.kernels.as_deref().map(|k| known("--kernels", k, KernelMode::parse)).transpose()?;
+    let made = golden.and_then(|dir| golden::read_meta(dir).ok()).and_then(|m| m.kernels).map(|k| k.mode);
+    match (asked, made) {
+        (Some(a), Some(m)) if a != m => Err(Error::bad_flag(
+            "--kernels",
+            format!("the golden was made with {} kernels, this run asks for {}", m.name(), a.name()),
+            format!(
+                "drop --kernels to compute as the golden was made, or remake the golden with --kernels {} --bless",
+                a.name()
+            ),
+        )),
+        (a, m) => Ok(a.or(m).unwrap_or_default()),
+    }
 }
 
 /// What depends on this machine rather than the flags: --init readable and fitting the
@@ -253,17 +286,31 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
             let key = e.key.unwrap_or_else(|| "-".into());
             refuse(&key, e.problem, "see ddp-verify --help for the flag's values".into())
         })?;
-        // The case's own errors, renamed from flags to keys and pointed at the suite file.
-        let in_case = |e: Error| match e {
-            Error::BadFlag { flag, problem, fix } => refuse(flag.trim_start_matches("--"), problem, fix),
-            Error::BadFile { path, problem, fix } => {
-                Error::bad_file(file, format!("case '{name}': {}: {problem}", path.display()), fix)
-            }
-            other => other,
-        };
-        let config = verification(&run).map_err(in_case)?;
-        preflight(&config).map_err(in_case)?;
+        let config = verification(&run).map_err(|e| in_case(file, &name, e))?;
         cases.push(SuiteCase { name, config });
+    }
+    // One process computes every case: one kernel mode, pinned before any case's preflight
+    // reads a tensor.
+    let mode = match args.kernels.kernels.as_deref() {
+        Some(k) => known("--kernels", k, KernelMode::parse)?,
+        None => cases.first().map(|c| c.config.kernels).unwrap_or_default(),
+    };
+    if let Some(c) = cases.iter().find(|c| c.config.kernels != mode) {
+        return Err(Error::bad_file(
+            file,
+            format!(
+                "case '{}' computes with {} kernels, the suite with {}",
+                c.name,
+                c.config.kernels.name(),
+                mode.name()
+            ),
+            "give every case the same kernels (their goldens' mode), or run them as separate suites",
+        ));
+    }
+    let device = cases.first().map(|c| c.config.train.device).unwrap_or_default();
+    crate::dist::kernels::apply(mode, device)?;
+    for case in &cases {
+        preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
     }
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
@@ -346,6 +393,7 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
         regressions: Some(args.regressions.clone()),
         progress: world::progress_wanted(),
         json: args.json,
+        kernels: kernel_mode(&args.kernels, None)?,
     })
 }
 

@@ -1,7 +1,7 @@
 //! `ddp-verify-core`: parse → lower → dispatch → exit. Each rank of a verification runs
 //! this, as does any other command; `ddp-verify` (src/bin) only starts ranks.
 
-use ddp_verify::dist::world;
+use ddp_verify::dist::{kernels, world};
 use ddp_verify::{jobs, lower, Exit, Result};
 use ddp_verify_cli::{Cli, Command, Parser};
 
@@ -44,7 +44,7 @@ fn validate_only() -> bool {
 
 fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
-        Some(Command::Devices { gpus }) => jobs::devices(gpus),
+        Some(Command::Devices { gpus, kernels }) => jobs::devices(gpus, lower::kernel_mode(&kernels, None)?),
         Some(Command::Split(args)) => {
             let (train, epoch) = lower::split(&args)?;
             jobs::split(&train, epoch, args.json)
@@ -62,6 +62,7 @@ fn run(cli: Cli) -> Result<Exit> {
         }
         Some(Command::Explore(args)) => {
             let options = lower::explore(&args)?;
+            kernels::apply(options.kernels, ddp_verify::spec::DeviceKind::Cpu)?;
             if validate_only() {
                 return Ok(Exit::Equivalent);
             }
@@ -69,6 +70,8 @@ fn run(cli: Cli) -> Result<Exit> {
         }
         None => {
             let cfg = lower::verification(&cli.run)?;
+            // Before anything makes a tensor: that fixes libtorch's kernels for the process.
+            kernels::apply(cfg.kernels, cfg.train.device)?;
             if !world::inside_mpi_world() {
                 // Both runs happen inside one MPI world of W ranks: refuse bad input here,
                 // before starting them.

@@ -4,6 +4,18 @@
 #[path = "it/util.rs"]
 mod util;
 
+/// Every test in this process computes with the portable kernels, as the goldens were made:
+/// pinned when the binary loads, before any test thread makes a tensor (libtorch fixes its
+/// kernels at the first). The `ddp-verify` processes the tests start pin their own.
+#[ctor::ctor]
+fn portable_kernels() {
+    let mode = ddp_verify::spec::KernelMode::Portable;
+    if let Err(e) = ddp_verify::dist::kernels::apply(mode, ddp_verify::spec::DeviceKind::Cpu) {
+        eprintln!("tests: cannot pin the portable kernels: {e}");
+        std::process::exit(2);
+    }
+}
+
 #[path = "it/amp.rs"]
 mod amp;
 #[path = "it/architecture.rs"]
@@ -24,6 +36,8 @@ mod faults;
 mod golden_cases;
 #[path = "it/hosts.rs"]
 mod hosts;
+#[path = "it/kernels.rs"]
+mod kernels;
 #[path = "it/no_harm.rs"]
 mod no_harm;
 #[path = "it/optimizer_step.rs"]

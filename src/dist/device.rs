@@ -92,6 +92,24 @@ pub fn cuda_gpus() -> std::result::Result<usize, String> {
     }
 }
 
+/// The model of GPU `ordinal` ("NVIDIA H100 80GB HBM3"), where CUDA can be used: a
+/// golden's header records it, since CUDA kernels give other bits on another GPU model.
+pub fn gpu_name(ordinal: i32) -> Option<String> {
+    cuda_gpus().ok()?;
+    use cudarc::driver::result;
+    result::init().ok()?;
+    result::device::get_name(result::device::get(ordinal).ok()?).ok()
+}
+
+/// The CUDA driver's version ("13.0"), where CUDA can be used.
+pub fn cuda_version() -> Option<String> {
+    cuda_gpus().ok()?;
+    let mut v = 0;
+    // SAFETY: libcuda is present (cuda_gpus loaded it); the call writes one int.
+    let ok = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) } == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+    ok.then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
+}
+
 fn load_cuda() -> std::result::Result<(), String> {
     // SAFETY: only tries to open the library; nothing from it is called.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {

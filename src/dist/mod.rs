@@ -1,6 +1,6 @@
 //! Distribution: the collective engine behind DDP as one small trait (this file), the
-//! world of MPI ranks (`world`), and which devices
-//! there are (`device`).
+//! world of MPI ranks (`world`), which devices there are (`device`), and which CPU kernels
+//! compute (`kernels`).
 //!
 //! The collective engine behind DDP, as one small trait: Open MPI (rsmpi) for CPU ranks,
 //! NCCL (cudarc) for GPU ranks. Slices carry the launcher's small control messages; tensors
@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod fingerprint;
+pub mod kernels;
 mod mpi;
 mod nccl;
 pub mod world;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Trace;
 use crate::error::{Error, Result};
-use crate::spec::TrainConfig;
+use crate::spec::{DeviceKind, KernelFacts, KernelMode, Machine, Platform, TrainConfig};
 
 /// The libtorch this binary links, read from the wheel at build time.
 pub const LIBTORCH_VERSION: &str = env!("DDP_VERIFY_LIBTORCH_VERSION");
@@ -34,6 +34,12 @@ pub struct GoldenMeta {
     /// goldens of large models small.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample: Option<usize>,
+    /// The kernels and machine that made the numbers: whether its bits can hold here
+    /// ([`check_platform`]). Absent from goldens made before they were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelFacts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
 }
 
 fn float32() -> String {
@@ -60,10 +66,11 @@ const FILES: [&str; 3] = ["config.json", "accumulation.safetensors", "ddp.safete
 
 impl Golden {
     /// Loads a golden and refuses one made for another configuration, dtype, device or
-    /// libtorch, naming what differs, so a golden is never silently compared against the
-    /// wrong run. `shapes`: the model's parameters, named, with their shapes
-    /// (`train::models::shapes`), which the golden's tensors must match.
-    pub fn load(dir: &Path, train: &TrainConfig, shapes: &[(String, Vec<i64>)]) -> Result<Golden> {
+    /// libtorch, or with kernels whose bits cannot hold on `ours` ([`check_platform`]),
+    /// naming what differs, so a golden is never silently compared against the wrong run.
+    /// `shapes`: the model's parameters, named, with their shapes (`train::models::shapes`),
+    /// which the golden's tensors must match.
+    pub fn load(dir: &Path, train: &TrainConfig, shapes: &[(String, Vec<i64>)], ours: &Platform) -> Result<Golden> {
         if !dir.is_dir() {
             return Err(Error::bad_flag(
                 "--golden",
@@ -72,11 +79,7 @@ impl Golden {
             ));
         }
         let meta_path = dir.join(FILES[0]);
-        let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
-        let text = std::fs::read_to_string(&meta_path)
-            .map_err(|e| Error::bad_file(&meta_path, format!("cannot read ({e})"), fix))?;
-        let meta: GoldenMeta = serde_json::from_str(&text)
-            .map_err(|e| Error::bad_file(&meta_path, format!("not a golden header ({e})"), fix))?;
+        let meta = read_meta(dir)?;
         if let Some((flag, golden, ours)) = first_difference(&meta.train, train) {
             return Err(Error::bad_file(
                 dir,
@@ -85,6 +88,14 @@ impl Golden {
             ));
         }
         check_compatible(dir, &meta, train)?;
+        check_platform(&meta, ours, train.device).map_err(|problem| {
+            Error::bad_file(
+                dir,
+                problem,
+                "remake it with portable kernels: fixtures/make_golden.sh for the project's goldens, \
+                 or this run with --kernels portable --bless",
+            )
+        })?;
         let accumulation = Trace::load(&dir.join(FILES[1]))?;
         let ddp = Trace::load(&dir.join(FILES[2]))?;
         for (file, trace) in [(FILES[1], &accumulation), (FILES[2], &ddp)] {
@@ -99,6 +110,59 @@ impl Golden {
             check_layout(&big_path, big, train, shapes, meta.sample)?;
         }
         Ok(Golden { dir: dir.into(), meta, accumulation, ddp, big_batch })
+    }
+}
+
+/// A golden's header (`DIR/config.json`) alone: the run reads the kernel mode from it before
+/// libtorch makes any tensor.
+pub fn read_meta(dir: &Path) -> Result<GoldenMeta> {
+    let meta_path = dir.join(FILES[0]);
+    let fix = "re-record it with --bless (or fixtures/make_golden.sh for the project's goldens)";
+    let text = std::fs::read_to_string(&meta_path)
+        .map_err(|e| Error::bad_file(&meta_path, format!("cannot read ({e})"), fix))?;
+    serde_json::from_str(&text).map_err(|e| Error::bad_file(&meta_path, format!("not a golden header ({e})"), fix))
+}
+
+/// Whether a golden's bits can be expected from this process (`ours`): portable kernels
+/// match portable kernels on any CPU; native ones only the same CPU model with the same
+/// settings; CUDA kernels only the same GPU model. Else the problem, in words.
+pub fn check_platform(meta: &GoldenMeta, ours: &Platform, device: DeviceKind) -> std::result::Result<(), String> {
+    let (Some(kernels), Some(machine)) = (&meta.kernels, &meta.machine) else {
+        return Err("its header does not say which kernels and machine made it, so its bits cannot be \
+                    expected anywhere (made before ddp-verify recorded them)"
+            .into());
+    };
+    let theirs = Platform { kernels: kernels.clone(), machine: machine.clone() };
+    if device == DeviceKind::Cuda && machine.gpu != ours.machine.gpu {
+        let show = |g: &Option<String>| g.clone().unwrap_or_else(|| "unknown".into());
+        return Err(format!(
+            "it was made on GPU {}, this run's GPU is {}: CUDA kernels give other bits on another GPU model",
+            show(&machine.gpu),
+            show(&ours.machine.gpu)
+        ));
+    }
+    let k = &ours.kernels;
+    let same_settings = kernels.mode == k.mode
+        && kernels.cpu_capability == k.cpu_capability
+        && kernels.onednn == k.onednn
+        && kernels.mkl_cbwr == k.mkl_cbwr
+        && kernels.threads == k.threads;
+    let same_cpu = machine.cpu == ours.machine.cpu && machine.vendor == ours.machine.vendor;
+    match (kernels.mode, same_cpu, same_settings) {
+        (KernelMode::Native, false, _) => Err(format!(
+            "it was made with native kernels on another CPU ({}; this is {}): native kernels give other bits \
+             on another CPU model",
+            theirs.describe(),
+            ours.describe()
+        )),
+        (_, _, false) => Err(format!(
+            "it was made with {} kernels ({}), this run computes with {} kernels ({})",
+            kernels.mode.name(),
+            theirs.describe(),
+            k.mode.name(),
+            ours.describe()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -193,7 +257,7 @@ fn check_layout(
 
 /// Writes (or replaces) a golden from this run's traces, atomically: everything goes to a
 /// temporary directory beside DIR, which then takes DIR's place by rename.
-pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace) -> Result<()> {
+pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace, ours: &Platform) -> Result<()> {
     let meta = GoldenMeta {
         train: TrainConfig { inject: None, ..train.clone() },
         torch_version: LIBTORCH_VERSION.into(),
@@ -203,6 +267,8 @@ pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace)
         made_by: "ddp-verify --bless".into(),
         date: Some(utc_now()),
         sample: None,
+        kernels: Some(ours.kernels.clone()),
+        machine: Some(ours.machine.clone()),
     };
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     // Only the golden's own three files are written, each to a temporary name in the same
@@ -304,4 +370,67 @@ fn utc_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn platform(mode: KernelMode, cpu: &str, capability: &str, gpu: Option<&str>) -> Platform {
+        Platform {
+            kernels: KernelFacts {
+                mode,
+                cpu_capability: capability.into(),
+                onednn: mode == KernelMode::Native,
+                mkl_cbwr: (mode == KernelMode::Portable).then(|| "COMPATIBLE".into()),
+                threads: 1,
+            },
+            machine: Machine { cpu: cpu.into(), vendor: "V".into(), gpu: gpu.map(Into::into), ..Machine::default() },
+        }
+    }
+
+    fn meta(p: &Platform) -> GoldenMeta {
+        GoldenMeta {
+            train: TrainConfig::article(),
+            torch_version: LIBTORCH_VERSION.into(),
+            dtype: "float32".into(),
+            device: "cpu".into(),
+            tool_version: None,
+            made_by: String::new(),
+            date: None,
+            sample: None,
+            kernels: Some(p.kernels.clone()),
+            machine: Some(p.machine.clone()),
+        }
+    }
+
+    #[test]
+    fn portable_goldens_hold_on_any_cpu_native_ones_on_their_own() {
+        use KernelMode::*;
+        let cpu = DeviceKind::Cpu;
+        let (intel, amd) = (platform(Portable, "Xeon", "AVX2", None), platform(Portable, "EPYC", "AVX2", None));
+        assert_eq!(check_platform(&meta(&intel), &amd, cpu), Ok(()));
+        let native = platform(Native, "Xeon", "AVX512", None);
+        assert_eq!(check_platform(&meta(&native), &native, cpu), Ok(()));
+        let elsewhere = check_platform(&meta(&native), &platform(Native, "EPYC", "AVX512", None), cpu).unwrap_err();
+        assert!(elsewhere.contains("native kernels on another CPU") && elsewhere.contains("Xeon"), "{elsewhere}");
+        let mixed = check_platform(&meta(&native), &platform(Portable, "Xeon", "AVX2", None), cpu).unwrap_err();
+        assert!(mixed.contains("made with native kernels") && mixed.contains("with portable kernels"), "{mixed}");
+    }
+
+    #[test]
+    fn cuda_goldens_hold_on_their_gpu_model_only() {
+        let h100 = platform(KernelMode::Portable, "Xeon", "AVX2", Some("H100"));
+        let h200 = platform(KernelMode::Portable, "Xeon", "AVX2", Some("H200"));
+        assert_eq!(check_platform(&meta(&h100), &h100, DeviceKind::Cuda), Ok(()));
+        let e = check_platform(&meta(&h100), &h200, DeviceKind::Cuda).unwrap_err();
+        assert!(e.contains("GPU H100") && e.contains("H200"), "{e}");
+    }
+
+    #[test]
+    fn a_header_without_kernels_is_never_bit_comparable() {
+        let p = platform(KernelMode::Portable, "Xeon", "AVX2", None);
+        let old = GoldenMeta { kernels: None, machine: None, ..meta(&p) };
+        assert!(check_platform(&old, &p, DeviceKind::Cpu).unwrap_err().contains("does not say"));
+    }
 }

@@ -64,6 +64,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         golden: Vec::new(),
         golden_torch: None,
         diagnosis,
+        no_verdict: None,
     })
 }
 

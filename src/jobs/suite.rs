@@ -56,7 +56,7 @@ pub fn command(suite: &Suite) -> Result<Exit> {
     let report = rank.fail_all(run_cases(suite, &pool))?;
     pool.stop();
     crate::report::suite::write_all(&report, &suite.reports)?;
-    Ok(if report.passed() { Exit::Equivalent } else { Exit::NotEquivalent })
+    Ok(report.exit())
 }
 
 /// Rank 0: every case in file order; the other ranks serve them through `pool`.
@@ -67,9 +67,14 @@ fn run_cases(suite: &Suite, pool: &RankPool) -> Result<SuiteReport> {
         let t0 = Instant::now();
         let cfg = &case.config;
         let golden = verify::load_golden(cfg)?;
-        let mut runs = pool.both(&cfg.train)?;
-        verify::stamp(&cfg.train, &mut runs.accumulation, &mut runs.ddp);
-        let outcome = verify::after(cfg, verify::assemble(cfg, runs.accumulation, runs.ddp, runs.big, golden), false)?;
+        let outcome = match verify::repeats(cfg)? {
+            Some(why) => crate::judge::Outcome::no_verdict(cfg, why),
+            None => {
+                let mut runs = pool.both(&cfg.train)?;
+                verify::stamp(&cfg.train, &mut runs.accumulation, &mut runs.ddp);
+                verify::after(cfg, verify::assemble(cfg, runs.accumulation, runs.ddp, runs.big, golden), false)?
+            }
+        };
         let result = CaseResult::new(&case.name, &outcome, t0.elapsed().as_secs_f64());
         if suite.progress {
             eprintln!(
@@ -77,7 +82,11 @@ fn run_cases(suite: &Suite, pool: &RankPool) -> Result<SuiteReport> {
                 i + 1,
                 suite.cases.len(),
                 case.name,
-                if result.passed() { "EQUIVALENT" } else { "NOT EQUIVALENT" },
+                match result.verdict {
+                    "no-verdict" => "NO VERDICT",
+                    _ if result.passed() => "EQUIVALENT",
+                    _ => "NOT EQUIVALENT",
+                },
                 result.seconds
             );
         }

@@ -42,13 +42,24 @@ pub fn verify_in_world(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<(
     crate::profile::mark("mpi initialised");
     let is_root = rank.comm.rank() == 0;
     world::fault_hooks(rank.comm.rank());
-    // Rank 0 alone checks and reads the golden; it tells the others whether to go on,
-    // so a refusal there never leaves them waiting in a collective.
-    let golden = if is_root { preflight(cfg).and_then(|()| load_golden(cfg)) } else { Ok(None) };
-    let mut go = [if golden.is_ok() { 1.0f32 } else { 0.0 }];
+    // Rank 0 alone checks and reads the golden, and checks that the kernels repeat
+    // themselves; it tells the others whether to go on, so a refusal there never leaves
+    // them waiting in a collective.
+    let checked = match is_root {
+        true => preflight(cfg).and_then(|()| load_golden(cfg)).and_then(|g| Ok((g, repeats(cfg)?))),
+        false => Ok((None, None)),
+    };
+    let mut go = [match &checked {
+        Ok((_, None)) => GO,
+        Ok((_, Some(_))) => NO_VERDICT,
+        Err(_) => STOP,
+    }];
     rank.comm.broadcast(&mut go, 0)?;
-    let golden = golden?;
-    if go[0] == 0.0 {
+    let (golden, unrepeatable) = checked?;
+    if let Some(why) = unrepeatable {
+        return Ok(Some(Outcome::no_verdict(cfg, why)));
+    }
+    if go[0] != GO {
         return Err(Error::FollowerStopped);
     }
     // Past the go-ahead every rank is in the collectives: a failure must end them all.
@@ -56,10 +67,30 @@ pub fn verify_in_world(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<(
     rank.fail_all(result)
 }
 
+/// What rank 0 tells the others after its checks: go on, stop (it refused the input), or
+/// stop with no verdict (the kernels do not repeat themselves).
+const GO: f32 = 1.0;
+const STOP: f32 = 0.0;
+const NO_VERDICT: f32 = 2.0;
+
+/// This process's kernels, as `main` pinned them ([`crate::dist::kernels::apply`]).
+pub(crate) fn platform(cfg: &Config) -> Result<&'static crate::spec::Platform> {
+    crate::dist::kernels::apply(cfg.kernels, cfg.train.device)
+}
+
+/// Whether the kernels repeat themselves for this run (`train::repeat_check`).
+pub(crate) fn repeats(cfg: &Config) -> Result<Option<train::Unrepeatable>> {
+    let unrepeatable = train::repeat_check(&cfg.train, platform(cfg)?)?;
+    crate::profile::mark("kernels repeat");
+    Ok(unrepeatable)
+}
+
 /// The golden to check against, unless there is none or this run records it.
 pub(crate) fn load_golden(cfg: &Config) -> Result<Option<Golden>> {
     match &cfg.golden {
-        Some(dir) if !cfg.bless => Ok(Some(Golden::load(dir, &cfg.train, &models::shapes(&cfg.train)?)?)),
+        Some(dir) if !cfg.bless => {
+            Ok(Some(Golden::load(dir, &cfg.train, &models::shapes(&cfg.train)?, platform(cfg)?)?))
+        }
         _ => Ok(None),
     }
 }
@@ -171,7 +202,7 @@ pub(crate) fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Ou
     if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
         // Only an equivalent pair of runs is worth recording as the reference.
         if outcome.verdict() != Verdict::Diverged {
-            golden::bless(dir, &cfg.train, &outcome.accumulation, &outcome.ddp)?;
+            golden::bless(dir, &cfg.train, &outcome.accumulation, &outcome.ddp, platform(cfg)?)?;
         }
     }
     if let Some(dir) = &cfg.save_trace {

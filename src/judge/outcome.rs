@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use super::{diagnose, Comparer, Comparison, Context, Diagnosis, Verdict};
 use crate::evidence::{Golden, Params, Trace, TraceMeta};
 use crate::spec::{Config, Tolerance};
+use crate::train::Unrepeatable;
 
 /// What was judged: two runs ddp-verify trained, or two traces a user recorded.
 pub enum Subject {
@@ -40,6 +41,9 @@ pub struct Outcome {
     pub golden_torch: Option<String>,
     /// Likely cause of an accumulation/DDP mismatch, in plain words.
     pub diagnosis: Option<Diagnosis>,
+    /// The kernels gave other bits for the same micro-batch (`train::repeat_check`): no
+    /// verdict, nothing was trained or compared.
+    pub no_verdict: Option<Unrepeatable>,
 }
 
 /// The third run: one process, one micro-batch of all a step's samples, normalised over
@@ -61,10 +65,18 @@ impl Outcome {
         std::iter::once(&self.runs).chain(self.big_batch.as_ref().map(|b| &b.comparison)).chain(&self.golden).collect()
     }
 
-    /// 0 equivalent, 1 not: what a verification or `compare` exits with.
+    /// No runs, no comparisons: the kernels did not repeat themselves.
+    pub fn no_verdict(cfg: &Config, why: Unrepeatable) -> Outcome {
+        let outcome = Judging::new(cfg, None).finish(Trace::default(), Trace::default(), None);
+        Outcome { no_verdict: Some(why), ..outcome }
+    }
+
+    /// 0 equivalent, 1 not, 4 no verdict: what a verification or `compare` exits with.
     pub fn exit(&self) -> crate::error::Exit {
         use crate::error::Exit;
-        if self.verdict() == Verdict::Diverged {
+        if self.no_verdict.is_some() {
+            Exit::NoVerdict
+        } else if self.verdict() == Verdict::Diverged {
             Exit::NotEquivalent
         } else {
             Exit::Equivalent
@@ -73,7 +85,9 @@ impl Outcome {
 
     /// The verdict as reports name it.
     pub fn verdict_word(&self) -> &'static str {
-        if self.verdict() == Verdict::Diverged {
+        if self.no_verdict.is_some() {
+            "no-verdict"
+        } else if self.verdict() == Verdict::Diverged {
             "not-equivalent"
         } else {
             "equivalent"
@@ -217,6 +231,6 @@ impl Judging {
         };
         let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
         let subject = Subject::Run(Box::new(self.config));
-        Outcome { subject, accumulation, ddp, runs, big_batch, golden, golden_torch, diagnosis }
+        Outcome { subject, accumulation, ddp, runs, big_batch, golden, golden_torch, diagnosis, no_verdict: None }
     }
 }

@@ -50,6 +50,10 @@ pub fn json(o: &Outcome) -> Value {
     }
     v["tolerance"] = json!(o.tolerance());
     v["verdict"] = json!(o.verdict_word());
+    if let Some(why) = &o.no_verdict {
+        v["no_verdict"] = json!({ "message": why.line(), "kernels": why });
+        return v;
+    }
     v["runs"] = json!(o.runs);
     v["diagnosis"] = json!(o.diagnosis);
     if let Some(cfg) = o.config() {

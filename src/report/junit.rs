@@ -73,6 +73,16 @@ fn suite(s: &mut String, c: &Comparison, o: &Outcome) {
 
 impl Exporter for Junit {
     fn render(&self, o: &Outcome) -> String {
+        if let Some(why) = &o.no_verdict {
+            // An error, not a failure: nothing was judged (exit 4).
+            return format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"ddp-verify\" tests=\"1\" failures=\"0\" errors=\"1\">\n  \
+                 <testsuite name=\"ddp-verify.kernels\" tests=\"1\" failures=\"0\" errors=\"1\">\n    \
+                 <testcase classname=\"ddp-verify.kernels\" name=\"kernels repeat themselves\">\n      \
+                 <error message=\"{}\"/>\n    </testcase>\n  </testsuite>\n</testsuites>\n",
+                escape_xml(&why.line())
+            );
+        }
         let mut body = String::new();
         let all = o.comparisons();
         for c in &all {

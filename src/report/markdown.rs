@@ -16,6 +16,14 @@ fn cells(g: &GroupDiff) -> String {
 impl Exporter for Markdown {
     fn render(&self, o: &Outcome) -> String {
         let mut s = String::new();
+        if let Some(why) = &o.no_verdict {
+            let _ = writeln!(s, "### ddp-verify: ⚠️ NO VERDICT\n");
+            if let Subject::Run(cfg) = &o.subject {
+                super::describe::run_markdown(&mut s, cfg);
+            }
+            let _ = writeln!(s, "> {}", why.line());
+            return s;
+        }
         let ok = o.verdict() != Verdict::Diverged;
         let _ = writeln!(s, "### ddp-verify: {}\n", if ok { "✅ EQUIVALENT" } else { "❌ NOT EQUIVALENT" });
         match &o.subject {

@@ -52,7 +52,12 @@ pub fn check_targets(targets: &[ReportTarget], plot: Option<&PathBuf>, force: bo
 
 /// Writes the reports, and the plot when asked for.
 pub fn write_all(o: &Outcome, targets: &[ReportTarget]) -> Result<()> {
-    let plot = o.plot().into_iter().map(|p| (Box::new(plot::Plot) as Box<dyn Exporter>, Some(p)));
+    // Nothing was compared without a verdict: no plot.
+    let plot = o
+        .plot()
+        .filter(|_| o.no_verdict.is_none())
+        .into_iter()
+        .map(|p| (Box::new(plot::Plot) as Box<dyn Exporter>, Some(p)));
     let reports = targets.iter().map(|t| (exporter(t.format), t.file()));
     for (exporter, file) in plot.chain(reports) {
         emit(&exporter.render(o), file)?;
@@ -142,6 +147,9 @@ pub(crate) fn summary(c: &Comparison) -> String {
 }
 
 pub(crate) fn verdict_line(o: &Outcome) -> String {
+    if let Some(why) = &o.no_verdict {
+        return why.line();
+    }
     let bound = bound_words(o);
     let all = o.comparisons();
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);

@@ -64,6 +64,16 @@ impl SuiteReport {
         self.cases.iter().all(CaseResult::passed)
     }
 
+    /// 1 when a case was not equivalent, else 4 when a case got no verdict, else 0.
+    pub fn exit(&self) -> crate::error::Exit {
+        use crate::error::Exit;
+        match self.cases.iter().map(|c| c.verdict).collect::<Vec<_>>() {
+            v if v.contains(&"not-equivalent") => Exit::NotEquivalent,
+            v if v.contains(&"no-verdict") => Exit::NoVerdict,
+            _ => Exit::Equivalent,
+        }
+    }
+
     fn failed(&self) -> usize {
         self.cases.iter().filter(|c| !c.passed()).count()
     }
@@ -98,7 +108,11 @@ impl SuiteReport {
         let _ =
             writeln!(s, "  {:<width$}  {:>2}  {:>5}  {:>8}  {:>7}  verdict", "case", "W", "steps", "used", "seconds");
         for c in &self.cases {
-            let verdict = if c.passed() { "equivalent" } else { "NOT EQUIVALENT" };
+            let verdict = match c.verdict {
+                "no-verdict" => "NO VERDICT",
+                _ if c.passed() => "equivalent",
+                _ => "NOT EQUIVALENT",
+            };
             let _ = writeln!(
                 s,
                 "  {:<width$}  {:>2}  {:>5}  {:>8}  {:>7.2}  {verdict}",
@@ -127,7 +141,11 @@ impl SuiteReport {
         let _ = writeln!(s, "### ddp-verify suite: {mark} {}\n", self.headline());
         let _ = writeln!(s, "| case | W | steps | used | verdict |\n|:---|---:|---:|---:|:---|");
         for c in &self.cases {
-            let verdict = if c.passed() { "✅ equivalent" } else { "❌ NOT EQUIVALENT" };
+            let verdict = match c.verdict {
+                "no-verdict" => "⚠️ NO VERDICT",
+                _ if c.passed() => "✅ equivalent",
+                _ => "❌ NOT EQUIVALENT",
+            };
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} | {verdict} |",

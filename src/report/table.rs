@@ -11,6 +11,13 @@ pub struct Table;
 impl Exporter for Table {
     fn render(&self, o: &Outcome) -> String {
         let mut s = String::new();
+        if let Some(why) = &o.no_verdict {
+            if let Subject::Run(cfg) = &o.subject {
+                super::describe::run_table(&mut s, o, cfg);
+            }
+            let _ = writeln!(s, "\n{}", why.line());
+            return s;
+        }
         match &o.subject {
             Subject::Run(cfg) => super::describe::run_table(&mut s, o, cfg),
             Subject::Traces(pair) => {

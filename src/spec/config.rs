@@ -35,4 +35,7 @@ pub struct Config {
     /// Where the runs computed and why (`cpu (auto: no NVIDIA driver ...)`), for the report.
     #[serde(default)]
     pub device_note: String,
+    /// The CPU kernels every rank computes with (`--kernels`, else the golden's, else portable).
+    #[serde(default)]
+    pub kernels: crate::spec::KernelMode,
 }

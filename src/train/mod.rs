@@ -10,12 +10,14 @@ mod dropout;
 mod lockstep;
 pub mod models;
 pub mod optim;
+mod repeat;
 mod scaler;
 
 pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
 pub use bounds::{Bounds, Clip};
 pub use ddp::{ddp_rank, ddp_run};
 pub use lockstep::{lockstep, StepGrads, StepSink};
+pub use repeat::{repeat_check, Unrepeatable};
 
 use tch::Tensor;
 

@@ -23,6 +23,22 @@ fn accumulation_and_ddp_agree_on_random_configurations() {
     assert!(!reg.exists(), "a passing explore wrote a regression");
 }
 
+/// Kernels that do not repeat themselves (the test hook): every case is counted apart, as no
+/// verdict, never a pass nor a false alarm, and explore exits 4.
+#[test]
+fn cases_whose_kernels_do_not_repeat_get_no_verdict() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+        .args(flags("explore --model linear --cases 5 --max-gpus 2 --seed 1 --json"))
+        .env("DDP_VERIFY_TEST_UNREPEATABLE", "1")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(4), "{text}{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let t = &report["tallies"][0];
+    assert_eq!((t["no_verdict"].as_u64(), t["not_equivalent"].as_u64()), (t["cases"].as_u64(), Some(0)), "{t}");
+}
+
 #[test]
 fn every_injected_bug_is_caught_wherever_it_changes_the_math() {
     let out = explore_linear("--seed 3 --inject all --json");

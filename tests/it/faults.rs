@@ -168,7 +168,8 @@ fn a_rank_that_fails_stops_every_rank_at_once() {
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(3), "{mode:?} rank {rank}: {err}");
             assert!(err.starts_with(&format!("ddp-verify: rank {rank}: failing on purpose")), "{err}");
-            assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+            // Well under the 120 s --timeout the ranks would otherwise wait, even on a loaded machine.
+            assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
         }
     }
 }

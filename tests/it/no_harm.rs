@@ -69,7 +69,8 @@ fn a_bad_init_with_two_ranks_is_refused_within_seconds() {
         let out = ddp_verify(&flags(&args));
         assert_eq!(out.status.code(), Some(2), "{}: {}", init.display(), stderr(&out));
         assert!(stderr(&out).contains(&init.display().to_string()), "{}", stderr(&out));
-        assert!(started.elapsed().as_secs_f64() < 15.0, "{} took {:?}", init.display(), started.elapsed());
+        // Refused before training, not after it: generous, so a loaded machine passes too.
+        assert!(started.elapsed().as_secs_f64() < 60.0, "{} took {:?}", init.display(), started.elapsed());
     }
     for (init, what) in [("/dev/null", "not a regular file"), ("/", "is a directory")] {
         let out = ddp_verify(&flags(&format!("--model resnet-tiny --init {init}")));
@@ -217,7 +218,7 @@ fn unwritable_outputs_are_refused_before_anything_runs() {
         let out = ddp_verify(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(what), "{args:?}: {}", stderr(&out));
-        assert!(started.elapsed().as_secs_f64() < 5.0, "{args:?}");
+        assert!(started.elapsed().as_secs_f64() < crate::util::BEFORE_ANY_RANK_S, "{args:?}");
     }
     assert!(!r.exists());
     let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
@@ -233,7 +234,11 @@ fn many_ranks_are_validated_before_any_starts() {
         let out = ddp_verify(&flags(args));
         assert_eq!(out.status.code(), Some(2), "{args}: {}", stderr(&out));
         assert!(stderr(&out).starts_with(&format!("ddp-verify: {flag}:")), "{}", stderr(&out));
-        assert!(started.elapsed().as_secs_f64() < 5.0, "{args} took {:?}", started.elapsed());
+        assert!(
+            started.elapsed().as_secs_f64() < crate::util::BEFORE_ANY_RANK_S,
+            "{args} took {:?}",
+            started.elapsed()
+        );
     }
 }
 

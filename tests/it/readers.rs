@@ -68,7 +68,7 @@ proptest! {
         }
         let header = std::fs::read(src.join("config.json")).unwrap();
         std::fs::write(dir.path().join("config.json"), apply(header, &d)).unwrap();
-        let result = catch_unwind(AssertUnwindSafe(|| Golden::load(dir.path(), &TrainConfig::article(), &models::shapes(&TrainConfig::article()).unwrap())));
+        let result = catch_unwind(AssertUnwindSafe(|| Golden::load(dir.path(), &TrainConfig::article(), &models::shapes(&TrainConfig::article()).unwrap(), crate::util::platform())));
         prop_assert!(result.is_ok(), "the golden reader panicked on {:?}", d);
         if let Ok(Err(e)) = result {
             prop_assert_eq!(e.exit().code(), 2, "{}", e);

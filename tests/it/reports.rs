@@ -16,7 +16,8 @@ use ddp_verify::{Config, Tolerance};
 fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
     let dir = PathBuf::from(format!("golden/{case}"));
     let meta: GoldenMeta = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let golden = Golden::load(&dir, &meta.train, &models::shapes(&meta.train).unwrap()).unwrap();
+    let golden =
+        Golden::load(&dir, &meta.train, &models::shapes(&meta.train).unwrap(), crate::util::platform()).unwrap();
     let acc = Trace::load(&dir.join("accumulation.safetensors")).unwrap();
     let ddp = Trace::load(&dir.join("ddp.safetensors")).unwrap();
     // PyTorch's big batch where the golden has one (tiny-lm's).
@@ -34,6 +35,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
         plot: None,
         strict_buffers: false,
         device_note: "cpu (--device cpu)".into(),
+        kernels: ddp_verify::spec::KernelMode::Portable,
     };
     assemble(&cfg, acc, ddp, big, Some(golden))
 }

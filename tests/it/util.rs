@@ -3,6 +3,16 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// Seconds within which a refusal made before any rank starts must come: far above the
+/// fraction of a second it takes, far below starting thousands of ranks, so a loaded CI
+/// machine passes too.
+pub const BEFORE_ANY_RANK_S: f64 = 30.0;
+
+/// What this test process computes with: the portable kernels `tests/tests.rs` pinned.
+pub fn platform() -> &'static ddp_verify::spec::Platform {
+    ddp_verify::dist::kernels::applied().expect("tests/tests.rs pins the kernels when the binary loads")
+}
+
 pub fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
 }

@@ -35,10 +35,14 @@ pub enum Command {
     /// Run the cases of a TOML file (CI gates); cases with the same W share ranks started once.
     Suite(SuiteArgs),
     /// Show what --device can use here: CUDA driver and GPUs, NCCL, and what auto picks.
+    /// Show what this machine computes with (CPU, kernels, GPUs, NCCL) and check that its
+    /// kernels repeat themselves for every model and dtype: a self-test for a new runner.
     Devices {
         /// DDP ranks that would share this machine.
         #[arg(long, default_value_t = d::GPUS)]
         gpus: usize,
+        #[command(flatten)]
+        kernels: KernelArgs,
     },
 }
 
@@ -87,6 +91,8 @@ pub struct RunArgs {
     pub amp: AmpArgs,
     #[command(flatten)]
     pub tolerance: ToleranceArgs,
+    #[command(flatten)]
+    pub kernels: KernelArgs,
     /// Write DIR/accumulation.safetensors, DIR/ddp.safetensors and DIR/report.json.
     #[arg(long, value_name = "DIR")]
     pub save_trace: Option<PathBuf>,
@@ -223,6 +229,16 @@ pub struct AmpArgs {
     pub overflow_step: Option<usize>,
 }
 
+/// Which CPU kernels libtorch computes with, the same for a run, `explore`, `suite` and `devices`.
+#[derive(Args)]
+pub struct KernelArgs {
+    /// portable (ATen's AVX2 kernels, MKL's COMPATIBLE path, oneDNN off, one thread: the same bits
+    /// on every x86-64 CPU with AVX2) or native (this machine's fastest; bits bound to its CPU model)
+    /// [default: the golden's, else portable].
+    #[arg(long, value_name = "MODE", value_parser = names::kernels)]
+    pub kernels: Option<String>,
+}
+
 /// Where the verdict goes, the same for a run, `compare` and `suite`.
 #[derive(Args)]
 pub struct ReportArgs {
@@ -271,6 +287,8 @@ pub struct ExploreArgs {
     pub inject: Option<String>,
     #[command(flatten)]
     pub tolerance: ToleranceArgs,
+    #[command(flatten)]
+    pub kernels: KernelArgs,
     /// Minimal failing configs are appended here and replayed first next time.
     #[arg(long, value_name = "FILE", default_value = d::REGRESSIONS)]
     pub regressions: PathBuf,
@@ -309,6 +327,8 @@ pub struct SuiteArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub reports: ReportArgs,
+    #[command(flatten)]
+    pub kernels: KernelArgs,
     /// Seconds the whole suite may take before every rank is stopped (exit 3).
     #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S)]
     pub timeout: f64,

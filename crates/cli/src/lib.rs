@@ -11,8 +11,8 @@ mod exit;
 pub mod names;
 
 pub use args::{
-    AmpArgs, Cli, Command, CompareArgs, ExploreArgs, NetArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs, SplitShape,
-    SuiteArgs, ToleranceArgs, Verification,
+    AmpArgs, Cli, Command, CompareArgs, ExploreArgs, KernelArgs, NetArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs,
+    SplitShape, SuiteArgs, ToleranceArgs, Verification,
 };
 pub use case::{case_keys, parse_case, CaseError, CaseValue};
 /// `Cli::try_parse()` needs the trait in scope; the core takes it from here.

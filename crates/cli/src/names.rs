@@ -8,6 +8,8 @@ pub const OPTIMIZERS: [&str; 2] = ["sgd", "adamw"];
 /// `--amp`: the autocast dtype (float32 weights, gradients and optimizer state).
 pub const AMPS: [&str; 2] = ["bfloat16", "float16"];
 pub const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
+/// `--kernels`: which CPU kernels libtorch computes with (see the README's "Where a golden holds").
+pub const KERNELS: [&str; 2] = ["portable", "native"];
 pub const FORMATS: [&str; 4] = ["table", "json", "markdown", "junit"];
 /// Other spellings a report format is also known by.
 pub const FORMAT_ALIASES: [(&str, &str); 1] = [("md", "markdown")];
@@ -49,6 +51,10 @@ pub(crate) fn dtype(s: &str) -> Result<String, String> {
 
 pub(crate) fn device(s: &str) -> Result<String, String> {
     check("device", s, &DEVICES)
+}
+
+pub(crate) fn kernels(s: &str) -> Result<String, String> {
+    check("kernel mode", s, &KERNELS)
 }
 
 pub(crate) fn partial_window(s: &str) -> Result<String, String> {

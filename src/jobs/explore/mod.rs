@@ -39,6 +39,8 @@ pub struct ExploreOptions {
     pub progress: bool,
     /// Print the report as JSON instead of text.
     pub json: bool,
+    /// The CPU kernels every case computes with.
+    pub kernels: crate::spec::KernelMode,
 }
 
 /// Random valid configurations of the given models (linear three times as often as a
@@ -302,6 +304,9 @@ pub struct Tally {
     /// Honest draws whose training blew up (NaN or Inf in both runs): nothing can be proven
     /// from them, so they count neither way.
     pub blew_up: usize,
+    /// Draws whose kernels gave other bits for the same micro-batch (`train::repeat_check`):
+    /// no verdict, never a pass nor a false alarm.
+    pub no_verdict: usize,
     /// Draws under a float16 loss scaler whose every step was skipped by both runs or left
     /// unjudged by float16's range: nothing judged, so they count neither way.
     pub unjudged: usize,
@@ -363,10 +368,13 @@ struct Case {
     /// No step was judged: the loss scalers skipped every one, or float16's range parted
     /// the runs (`judge::NotJudged`).
     unjudged: bool,
+    /// The kernels did not repeat themselves: nothing was run.
+    no_verdict: bool,
 }
 
 struct Runner<'a> {
     pool: &'a RankPool,
+    kernels: crate::spec::KernelMode,
     tol: ToleranceOverrides,
     timing: Timing,
 }
@@ -374,6 +382,11 @@ struct Runner<'a> {
 impl Runner<'_> {
     fn evaluate(&mut self, cfg: &TrainConfig) -> Result<Case> {
         let t0 = Instant::now();
+        let platform = crate::dist::kernels::apply(self.kernels, cfg.device)?;
+        if crate::train::repeat_check(cfg, platform)?.is_some() {
+            let (verdict, used, diagnosis, unjudged) = (Verdict::Exact, 0.0, None, false);
+            return Ok(Case { verdict, used, diagnosis, unjudged, no_verdict: true });
+        }
         let (acc, ddp) = self.pool.lead(cfg)?;
         let t1 = Instant::now();
         let (acc, big) = match acc {
@@ -403,7 +416,7 @@ impl Runner<'_> {
         t.accumulation += (t2 - t1).as_secs_f64();
         t.compare += t2.elapsed().as_secs_f64();
         t.evaluations += 1;
-        Ok(Case { verdict, used, diagnosis, unjudged })
+        Ok(Case { verdict, used, diagnosis, unjudged, no_verdict: false })
     }
 }
 
@@ -425,11 +438,16 @@ enum Finding {
     Unjudged,
     /// An honest draw whose training blew up: a bad draw, not a verdict on the gate.
     BlewUp,
+    /// The kernels did not repeat themselves: no verdict either way.
+    NoVerdict,
 }
 
 fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Finding {
     let diverged = case.verdict == Verdict::Diverged;
     let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == "non-finite");
+    if case.no_verdict {
+        return Finding::NoVerdict;
+    }
     if case.unjudged && case.verdict != Verdict::Diverged {
         return Finding::Unjudged;
     }
@@ -476,13 +494,17 @@ pub fn command(opts: &ExploreOptions) -> Result<Exit> {
     } else {
         print!("{}", report.to_text());
     }
-    Ok(if report.passed() { Exit::Equivalent } else { Exit::NotEquivalent })
+    Ok(match (report.passed(), report.tallies.iter().any(|t| t.no_verdict > 0)) {
+        (false, _) => Exit::NotEquivalent,
+        (true, true) => Exit::NoVerdict,
+        (true, false) => Exit::Equivalent,
+    })
 }
 
 /// Rank 0's side of explore; the other ranks run `pool.follow()`.
 pub fn explore(opts: &ExploreOptions, pool: &RankPool) -> Result<ExploreReport> {
     let started = Instant::now();
-    let mut runner = Runner { pool, tol: opts.tolerance, timing: Timing::default() };
+    let mut runner = Runner { pool, kernels: opts.kernels, tol: opts.tolerance, timing: Timing::default() };
     let mut tallies = Vec::new();
     for (pass, &bug) in opts.bugs.iter().enumerate() {
         // Each bug on the drawn models that can carry it; none, no pass.
@@ -525,6 +547,10 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         tally.resnet_cases += usize::from(cfg.model.is_resnet());
         if outcome == Finding::BlewUp {
             tally.blew_up += 1;
+            return outcome;
+        }
+        if outcome == Finding::NoVerdict {
+            tally.no_verdict += 1;
             return outcome;
         }
         if outcome == Finding::Unjudged {
@@ -586,7 +612,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         let case = runner.evaluate(&cfg)?;
         let outcome = record(&mut tally, &cfg, &case);
         let rank = |o: Finding| match o {
-            Finding::Fine | Finding::BlewUp | Finding::Unjudged | Finding::Reordered => 0,
+            Finding::Fine | Finding::BlewUp | Finding::Unjudged | Finding::Reordered | Finding::NoVerdict => 0,
             Finding::Caught => 1,
             _ => 2,
         };

@@ -32,7 +32,19 @@ impl ExploreReport {
             let _ = writeln!(s, "    of which ResNet {:>5}", t.resnet_cases);
             let _ =
                 writeln!(s, "  worst case used  {:>6} of its allowed difference (1 is the edge)", fraction(t.max_used));
-            let _ = writeln!(s, "  equivalent       {:>6}", t.cases - t.not_equivalent - t.blew_up - t.unjudged);
+            let _ = writeln!(
+                s,
+                "  equivalent       {:>6}",
+                t.cases - t.not_equivalent - t.blew_up - t.unjudged - t.no_verdict
+            );
+            if t.no_verdict > 0 {
+                let _ = writeln!(
+                    s,
+                    "  no verdict       {:>6} (this machine's kernels gave other bits for the same micro-batch: \
+                     neither pass nor alarm; try --kernels portable)",
+                    t.no_verdict
+                );
+            }
             if t.unjudged > 0 {
                 let _ = writeln!(
                     s,
@@ -125,7 +137,9 @@ impl ExploreReport {
         let _ = writeln!(s, "    of which inside collectives                     {:>7.2} s", tm.comm);
         let _ = writeln!(s, "  accumulation run                                  {:>7.2} s", tm.accumulation);
         let _ = writeln!(s, "  comparison and diagnosis                          {:>7.2} s", tm.compare);
-        let verdict = if self.passed() {
+        let verdict = if self.passed() && self.tallies.iter().any(|t| t.no_verdict > 0) {
+            "NO VERDICT on some cases: this machine's kernels do not repeat themselves (exit 4)"
+        } else if self.passed() {
             if bugs.is_empty() {
                 "EQUIVALENT on every case"
             } else {

@@ -282,10 +282,12 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
             };
             keys.push((key.clone(), value));
         }
-        let run = parse_case(&keys).map_err(|e| {
+        let mut run = parse_case(&keys).map_err(|e| {
             let key = e.key.unwrap_or_else(|| "-".into());
             refuse(&key, e.problem, "see ddp-verify --help for the flag's values".into())
         })?;
+        // The suite's --kernels is every case's, unless the case names its own.
+        run.kernels.kernels = run.kernels.kernels.or_else(|| args.kernels.kernels.clone());
         let config = verification(&run).map_err(|e| in_case(file, &name, e))?;
         cases.push(SuiteCase { name, config });
     }

@@ -148,7 +148,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
         }
     }
     if !cfg.device_note.is_empty() {
-        let _ = writeln!(s, "device: {}", cfg.device_note);
+        let _ = writeln!(s, "device: {}, {} kernels", cfg.device_note, cfg.kernels.name());
     }
     if t.device == DeviceKind::Cuda {
         let _ = writeln!(s, "DDP collective: {}", engine(t));
@@ -190,7 +190,8 @@ pub(crate) fn run_markdown(s: &mut String, cfg: &Config) {
         let _ = writeln!(s, "AMP: {words}.\n");
     }
     if !cfg.device_note.is_empty() {
-        let _ = writeln!(s, "Device: {}, DDP ranks on {}.\n", cfg.device_note, engine(t));
+        let _ =
+            writeln!(s, "Device: {}, {} kernels, DDP ranks on {}.\n", cfg.device_note, cfg.kernels.name(), engine(t));
     }
 }
 

@@ -36,6 +36,7 @@ pub fn json(o: &Outcome) -> Value {
             v["config"] = json!(cfg.train);
             v["device"] = json!(cfg.train.device.name());
             v["device_note"] = json!(cfg.device_note);
+            v["kernels"] = json!(cfg.kernels);
         }
         // `compare`: the files and their headers instead of a configuration.
         Subject::Traces(pair) => {

@@ -70,7 +70,7 @@ fn auto_says_which_device() {
     if has_driver() {
         assert!(line.starts_with("device: cuda (auto: "), "{out}");
     } else {
-        assert_eq!(line, "device: cpu (auto: no NVIDIA driver (libcuda.so.1 not found))");
+        assert_eq!(line, "device: cpu (auto: no NVIDIA driver (libcuda.so.1 not found)), portable kernels");
     }
     let o = ddp_verify(&["--acc-steps", "2", "--gpus", "2", "--device", "cpu", "--report", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

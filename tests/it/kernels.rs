@@ -204,3 +204,43 @@ fn portable_kernels_run_no_onednn_and_only_mkls_compatible_branch() {
     let other: Vec<&&str> = mkl.iter().filter(|l| !(l.contains("CNR:COMPATIBLE") && l.contains("NThr:1"))).collect();
     assert!(other.is_empty(), "MKL calls off the COMPATIBLE branch: {:?}", &other[..other.len().min(3)]);
 }
+
+/// One suite computes in one process set: cases asking for other kernels are refused by name.
+#[test]
+fn a_suite_computes_every_case_with_one_kind_of_kernels() {
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("suite.toml");
+    std::fs::write(&file, "[[case]]\nname = \"a\"\n\n[[case]]\nname = \"b\"\nkernels = \"native\"\n").unwrap();
+    let o = ddp_verify(&["suite", &file.display().to_string()]);
+    assert_refused(&o, &["case 'b' computes with native kernels, the suite with portable"]);
+    // The suite's --kernels is every case's that names none.
+    let o = ddp_verify(&["suite", &file.display().to_string(), "--kernels", "native"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
+
+/// --bless records the run's own kernels and machine: a native golden checks on this CPU and
+/// is refused once its header says another CPU made it.
+#[test]
+fn a_native_golden_blessed_here_checks_here_only() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("g");
+    let g = dir.display().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--data-size", "8", "--gpus", "2", "--golden", &g];
+        args.extend(extra);
+        let mut cmd = native(&args);
+        cmd.env_remove("CI").output().unwrap()
+    };
+    let o = run(&["--kernels", "native", "--bless"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let meta = json_file(&dir.join("config.json").display().to_string());
+    assert_eq!(meta["kernels"]["mode"], "native", "{meta}");
+    assert_eq!(meta["machine"]["cpu"], crate::util::platform().machine.cpu.as_str(), "{meta}");
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("native kernels"), "{}", stdout(&o));
+    let mut meta = meta;
+    meta["machine"]["cpu"] = "Another CPU".into();
+    std::fs::write(dir.join("config.json"), serde_json::to_string(&meta).unwrap()).unwrap();
+    assert_refused(&run(&[]), &["native kernels on another CPU", "Another CPU"]);
+}

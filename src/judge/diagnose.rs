@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{Comparison, Verdict};
+use super::{Comparison, Reason, Verdict};
 use crate::evidence::{Params, Trace};
 use crate::spec::TrainConfig;
 
@@ -96,7 +96,7 @@ fn slack(float32_bound: f64, eps: f64, ulps: f64) -> f64 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Diagnosis {
     /// Short and stable, for counting by reason.
-    pub reason: &'static str,
+    pub reason: Reason,
     pub detail: String,
 }
 
@@ -127,7 +127,7 @@ fn chaos(runs: &Comparison, cx: &Context) -> Option<Diagnosis> {
         false => "record fewer steps, or train in float64, to prove equivalence",
     };
     Some(Diagnosis {
-        reason: "chaos",
+        reason: Reason::Chaos,
         detail: format!(
             "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep net amplifies \
              rounding, so equivalent free-running runs part like this; {fix}",
@@ -143,7 +143,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     }
     if c.left_steps != c.right_steps {
         return Some(Diagnosis {
-            reason: "step count",
+            reason: Reason::StepCount,
             detail: format!(
                 "{} made {} optimizer steps and {} made {}: the samplers give different numbers of micro-batches",
                 c.left, c.left_steps, c.right, c.right_steps
@@ -152,7 +152,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     }
     if let Some(d) = &c.rank_drift {
         return Some(Diagnosis {
-            reason: "ranks differ",
+            reason: Reason::RanksDiffer,
             detail: format!(
                 "after step {} DDP rank {} held another {} than rank 0: the ranks no longer train one model; a \
                  parameter left out of the all-reduce (a hand-written all-reduce that skips one, a parameter \
@@ -163,7 +163,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     }
     if let Some(l) = c.lr {
         return Some(Diagnosis {
-            reason: "learning-rate schedule",
+            reason: Reason::LrSchedule,
             detail: format!(
                 "{} applied lr {} at step {} where {} applied {}: the schedule must tick once per optimizer step \
                  (scheduler.step() after optimizer.step()), not once per micro-batch, which runs it K times faster",
@@ -189,12 +189,15 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
                  (before the all-reduce, or per rank) skips alone"
             }
         };
-        return Some(Diagnosis { reason: "loss scaler", detail: format!("{}: {why}", m.describe(&c.left, &c.right)) });
+        return Some(Diagnosis {
+            reason: Reason::LossScaler,
+            detail: format!("{}: {why}", m.describe(&c.left, &c.right)),
+        });
     }
     let first_bad = c.steps.iter().chain([&c.finals]).flat_map(|g| &g.tensors).find_map(|t| t.problem.as_ref());
     if let Some(p) = first_bad.filter(|p| p.starts_with("non-finite")) {
         return Some(Diagnosis {
-            reason: "non-finite",
+            reason: Reason::NonFinite,
             detail: format!(
                 "{p}: training blew up (learning rate too high, or bad data); nothing can be proven from NaN or Inf"
             ),
@@ -210,7 +213,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             }
         };
         return Some(Diagnosis {
-            reason: "explicit tolerance",
+            reason: Reason::ExplicitTolerance,
             detail: format!(
                 "step {s} differs by only {ulps} ulp, which floating-point rounding explains (e.g. the order W partial gradients are summed in); the {which} tolerance ({} ulp) is tighter than the arithmetic allows: {fix}",
                 c.tolerance.max_ulps
@@ -220,7 +223,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     let (Some(xs), Some(ys)) = (a.steps.get(s), b.steps.get(s)) else {
         // Streamed: the gradients were compared as they came and not kept (only ours).
         return Some(Diagnosis {
-            reason: "different gradients",
+            reason: Reason::DifferentGradients,
             detail: format!(
                 "step {s}'s gradients differ by more than rounding (rerun with --save-trace to inspect them)"
             ),
@@ -239,7 +242,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             let stale: Vec<f64> = prev.iter().zip(other).map(|(p, o)| p + o).collect();
             if close(&now, &stale, eps) {
                 return Some(Diagnosis {
-                    reason: "stale gradients",
+                    reason: Reason::StaleGradients,
                     detail: format!(
                         "{side}'s gradient at step {s} is step {}'s plus this step's: gradients are not zeroed after optimizer.step()",
                         s - 1
@@ -250,7 +253,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     }
     if let Some(r) = constant_ratio(&x, &y, eps) {
         return Some(Diagnosis {
-            reason: "loss scaling",
+            reason: Reason::LossScaling,
             detail: format!(
                 "{} gradients are exactly {r:.2}x {}'s from step {s}: loss scaling (divide each loss by K in accumulation, by K/W on each rank){}",
                 c.right,
@@ -268,7 +271,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     // only reorders sums) differ by rounding.
     if cx.token_loss && cx.same_samples == Some(true) && c.steps[s].max_rel > 1e-3 {
         return Some(Diagnosis {
-            reason: "token count per rank",
+            reason: Reason::TokenCountPerRank,
             detail: format!(
                 "the runs see the same samples in every step, yet step {s} differs by more than rounding and not by one \
                  factor: they divide by different token counts; each rank must divide by the step's count over all \
@@ -279,7 +282,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     let epoch = cx.steps_per_epoch.map_or(0, |n| s / n.max(1));
     if epoch > 0 {
         return Some(Diagnosis {
-            reason: "epoch-dependent sampling",
+            reason: Reason::EpochDependentSampling,
             detail: format!(
                 "the runs agree through epoch {} and first differ in epoch {epoch} (step {s}): the shuffle differs between epochs; is set_epoch(epoch) called on every rank's sampler?",
                 epoch - 1
@@ -287,7 +290,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
         });
     }
     Some(Diagnosis {
-        reason: "different samples",
+        reason: Reason::DifferentSamples,
         detail: format!(
             "step {s} differs by more than rounding and not by a constant factor: the runs likely see different samples in that step (strided vs contiguous split, padding)"
         ),
@@ -308,10 +311,10 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
     }
     let (x, y) = (flat(xs), flat(ys));
     let ratio = fitted_ratio(&y, &x, cx.eps);
-    let diagnosis = |reason: &'static str, detail: String| Some(Diagnosis { reason, detail });
+    let diagnosis = |reason: Reason, detail: String| Some(Diagnosis { reason, detail });
     match ratio {
         Some(r) if cx.first_short.is_some_and(|(i, f)| i == s && (r - f).abs() <= 1e-3 * f) => diagnosis(
-            "short window scaling",
+            Reason::ShortWindowScaling,
             format!(
                 "accumulation agrees with the big batch until step {s}, the short window at an epoch's end, whose \
                  gradient is {r:.3}x the big batch's: its loss is divided as if it held K micro-batches; divide by \
@@ -319,7 +322,7 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
             ),
         ),
         Some(r) if cx.token_loss => diagnosis(
-            "token count",
+            Reason::TokenCount,
             format!(
                 "from step {s} accumulation's gradients are {r:.4}x the big batch's, one factor per step: the loss is \
                  divided by the wrong number of tokens; count the targets (labels != -100, after the causal shift) \
@@ -327,14 +330,14 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
             ),
         ),
         Some(r) => diagnosis(
-            "loss scaling",
+            Reason::LossScaling,
             format!(
                 "from step {s} accumulation's gradients are {r:.3}x the big batch's, one factor per step: loss \
                  scaling (each micro-batch's loss must be divided by K, by K/W on each rank)"
             ),
         ),
         None if cx.token_loss => diagnosis(
-            "per-micro-batch mean",
+            Reason::PerMicroBatchMean,
             format!(
                 "step {s} differs from the big batch by more than rounding and not by one factor, though DDP and \
                  accumulation agree: each micro-batch's loss is averaged over its own tokens and then divided by K, \
@@ -354,7 +357,7 @@ fn step_record(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, s: usize) -> 
     if let (Some(m), Some(n)) = (a.clips.get(s), b.clips.get(s)) {
         if m != n {
             return Some(Diagnosis {
-                reason: "gradient clipping",
+                reason: Reason::GradientClipping,
                 detail: format!(
                     "{l} clipped its gradients {m} times in step {s} and {r} {n} times: clip once per step, on the \
                      accumulated and synchronised gradient right before optimizer.step(), not after every \
@@ -366,7 +369,7 @@ fn step_record(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, s: usize) -> 
     // Other samples draw other masks too: only the same samples keyed otherwise is this.
     let (m, n) = (a.dropout_keys.get(s)?, b.dropout_keys.get(s)?);
     (m != n && cx.same_samples != Some(false)).then(|| Diagnosis {
-        reason: "dropout masks",
+        reason: Reason::DropoutMasks,
         detail: format!(
             "{l} and {r} drew step {s}'s dropout masks from different keys: masks must follow the samples \
              (seed, epoch, sample index, layer), not each rank's own counter or stream, or ranks repeat one \

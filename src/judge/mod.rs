@@ -3,9 +3,11 @@
 
 mod diagnose;
 mod outcome;
+mod reason;
 
 pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
+pub use reason::Reason;
 
 use serde::Serialize;
 use tch::Tensor;

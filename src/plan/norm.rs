@@ -57,12 +57,12 @@ pub struct Counts {
 impl Normaliser {
     /// The accumulation run's, with `bug` planted where it belongs to that side.
     pub fn accumulation(cfg: &TrainConfig) -> Normaliser {
-        Normaliser::of(cfg, cfg.acc_steps, 1, cfg.inject.filter(|b| b.side() != "ddp"))
+        Normaliser::of(cfg, cfg.acc_steps, 1, cfg.inject.filter(|b| b.side().in_accumulation()))
     }
 
     /// A DDP rank's.
     pub fn rank(cfg: &TrainConfig) -> Normaliser {
-        let bug = cfg.inject.filter(|b| matches!(b.side(), "ddp" | "both"));
+        let bug = cfg.inject.filter(|b| b.side().in_ddp());
         Normaliser::of(cfg, cfg.local_acc_steps(), cfg.gpus, bug)
     }
 

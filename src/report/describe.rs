@@ -67,7 +67,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     let t = &cfg.train;
     let injected = |s: &mut String| {
         if let Some(b) = t.inject {
-            let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side());
+            let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side().name());
         }
     };
     if t.model.is_resnet() {

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use ddp_verify_cli::{defaults, names};
+use ddp_verify_cli::defaults;
 
 /// Flattened into `TrainConfig`'s JSON: absent keys mean no AMP, so older goldens read as before.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,12 +57,17 @@ pub enum Amp {
 }
 
 impl Amp {
+    pub const ALL: [Amp; 2] = [Amp::Bfloat16, Amp::Float16];
+
     pub fn name(self) -> &'static str {
-        names::AMPS[self as usize]
+        match self {
+            Amp::Bfloat16 => "bfloat16",
+            Amp::Float16 => "float16",
+        }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Amp::Bfloat16, Amp::Float16].into_iter().find(|a| a.name() == s)
+        Amp::ALL.into_iter().find(|a| a.name() == s)
     }
 
     pub fn kind(self) -> tch::Kind {

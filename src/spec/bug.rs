@@ -4,8 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use ddp_verify_cli::names;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Bug {
@@ -78,7 +76,25 @@ impl Bug {
     ];
 
     pub fn name(self) -> &'static str {
-        names::BUGS[self as usize]
+        match self {
+            Bug::NoLossScale => "no-loss-scale",
+            Bug::DoubleScale => "double-scale",
+            Bug::ContiguousSplit => "contiguous-split",
+            Bug::NoSetEpoch => "no-set-epoch",
+            Bug::NoPadding => "no-padding",
+            Bug::StaleZeroGrad => "stale-zero-grad",
+            Bug::MeanPerMicroBatch => "mean-per-micro-batch",
+            Bug::CountPerRank => "count-per-rank",
+            Bug::CountBeforeShift => "count-before-shift",
+            Bug::LastWindowByK => "last-window-by-k",
+            Bug::ClipPerMicroBatch => "clip-per-micro-batch",
+            Bug::SchedulePerMicroBatch => "schedule-per-micro-batch",
+            Bug::AdamwNoLossScale => "adamw-no-loss-scale",
+            Bug::UnsyncedParam => "unsynced-param",
+            Bug::DropoutSameSeed => "dropout-same-seed",
+            Bug::UnscalePerMicroBatch => "unscale-per-micro-batch",
+            Bug::ScalerUpdatePerMicroBatch => "scaler-update-per-micro-batch",
+        }
     }
 
     pub fn parse(s: &str) -> Option<Bug> {
@@ -138,13 +154,43 @@ impl Bug {
     }
 
     /// Which run carries the bug.
-    pub fn side(self) -> &'static str {
+    pub fn side(self) -> Side {
         match self {
             Bug::NoSetEpoch | Bug::StaleZeroGrad | Bug::CountPerRank | Bug::UnsyncedParam | Bug::DropoutSameSeed => {
-                "ddp"
+                Side::Ddp
             }
-            b if b.in_both_runs() => "both",
-            _ => "accumulation",
+            b if b.in_both_runs() => Side::Both,
+            _ => Side::Accumulation,
         }
+    }
+}
+
+/// The run a planted bug lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Accumulation,
+    Ddp,
+    /// Shared training code: every run makes it alike.
+    Both,
+}
+
+impl Side {
+    /// As reports say it: "planted in the ddp run".
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Accumulation => "accumulation",
+            Side::Ddp => "ddp",
+            Side::Both => "both",
+        }
+    }
+
+    /// Whether a run of this side carries the bug: the accumulation run (and the big batch)
+    /// or a DDP rank.
+    pub fn in_ddp(self) -> bool {
+        self != Side::Accumulation
+    }
+
+    pub fn in_accumulation(self) -> bool {
+        self != Side::Ddp
     }
 }

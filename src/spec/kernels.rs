@@ -9,8 +9,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use ddp_verify_cli::names;
-
 /// `--kernels`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -25,13 +23,17 @@ pub enum KernelMode {
 }
 
 impl KernelMode {
+    pub const ALL: [KernelMode; 2] = [KernelMode::Portable, KernelMode::Native];
+
     pub fn parse(s: &str) -> Option<Self> {
-        let i = names::KERNELS.iter().position(|&n| n == s)?;
-        Some([KernelMode::Portable, KernelMode::Native][i])
+        KernelMode::ALL.into_iter().find(|k| k.name() == s)
     }
 
     pub fn name(self) -> &'static str {
-        names::KERNELS[self as usize]
+        match self {
+            KernelMode::Portable => "portable",
+            KernelMode::Native => "native",
+        }
     }
 
     /// The variables libtorch reads when it first dispatches, as this mode sets them.
@@ -107,6 +109,7 @@ impl Platform {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ddp_verify_cli::names;
 
     #[test]
     fn modes_take_their_names_from_the_cli() {

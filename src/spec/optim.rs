@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use ddp_verify_cli::{defaults, names};
+use ddp_verify_cli::defaults;
 
 /// The optimizer step's settings. Flattened into `TrainConfig`'s JSON: absent keys are the
 /// defaults (SGD, no clipping, a constant learning rate), so older goldens read as before.
@@ -47,12 +47,17 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    pub const ALL: [Optimizer; 2] = [Optimizer::Sgd, Optimizer::AdamW];
+
     pub fn name(self) -> &'static str {
-        names::OPTIMIZERS[self as usize]
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::AdamW => "adamw",
+        }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Optimizer::Sgd, Optimizer::AdamW].into_iter().find(|o| o.name() == s)
+        Optimizer::ALL.into_iter().find(|o| o.name() == s)
     }
 }
 

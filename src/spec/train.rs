@@ -113,12 +113,17 @@ impl PartialWindow {
         }
     }
 
+    pub const ALL: [PartialWindow; 2] = [PartialWindow::Carry, PartialWindow::Step];
+
     pub fn name(self) -> &'static str {
-        names::PARTIAL_WINDOWS[self as usize]
+        match self {
+            PartialWindow::Carry => "carry",
+            PartialWindow::Step => "step",
+        }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [PartialWindow::Carry, PartialWindow::Step].into_iter().find(|p| p.name() == s)
+        PartialWindow::ALL.into_iter().find(|p| p.name() == s)
     }
 }
 
@@ -136,11 +141,16 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    const ALL: [ModelKind; 4] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny, ModelKind::TinyLm];
+    pub const ALL: [ModelKind; 4] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny, ModelKind::TinyLm];
     pub const NAMES: [&'static str; 4] = names::MODELS;
 
     pub fn name(self) -> &'static str {
-        names::MODELS[self as usize]
+        match self {
+            ModelKind::Linear => "linear",
+            ModelKind::Resnet18 => "resnet18",
+            ModelKind::ResnetTiny => "resnet-tiny",
+            ModelKind::TinyLm => "tiny-lm",
+        }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -185,7 +195,12 @@ impl Dtype {
     pub const ALL: [Dtype; 4] = [Dtype::Float32, Dtype::Float64, Dtype::Bfloat16, Dtype::Float16];
 
     pub fn name(self) -> &'static str {
-        names::DTYPES[self as usize]
+        match self {
+            Dtype::Float32 => "float32",
+            Dtype::Float64 => "float64",
+            Dtype::Bfloat16 => "bfloat16",
+            Dtype::Float16 => "float16",
+        }
     }
 
     pub fn parse(s: &str) -> Option<Self> {

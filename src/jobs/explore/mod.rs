@@ -444,7 +444,7 @@ enum Finding {
 
 fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Finding {
     let diverged = case.verdict == Verdict::Diverged;
-    let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == "non-finite");
+    let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == crate::judge::Reason::NonFinite);
     if case.no_verdict {
         return Finding::NoVerdict;
     }
@@ -562,7 +562,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         }
         if case.verdict == Verdict::Diverged {
             tally.not_equivalent += 1;
-            let reason = case.diagnosis.as_ref().map_or("unexplained", |d| d.reason);
+            let reason = case.diagnosis.as_ref().map_or("unexplained", |d| d.reason.name());
             *tally.reasons.entry(reason).or_default() += 1;
         }
         if let Some(b) = bug {

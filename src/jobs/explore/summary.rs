@@ -76,7 +76,7 @@ impl ExploreReport {
                     s,
                     "  {:<20} {:<13} {:>7} {:>13} {:>7} {:>7} {:>7} {:>8} {}",
                     b.name(),
-                    b.side(),
+                    b.side().name(),
                     t.cases,
                     t.changes_math,
                     t.caught,

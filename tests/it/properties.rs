@@ -107,3 +107,29 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(crate::util::proptest_config(64))]
+
+    /// The command explore prints for a (shrunk) configuration reproduces it: parsed by the
+    /// same flags and lowered by the same code as a user's, it gives the same config back,
+    /// planted bug included.
+    #[test]
+    fn a_printed_command_lowers_to_the_config_it_was_printed_from(
+        cfg in ddp_verify::jobs::explore::strategy(
+            3,
+            &[ddp_verify::spec::ModelKind::Linear, ddp_verify::spec::ModelKind::ResnetTiny, ddp_verify::spec::ModelKind::TinyLm],
+        ),
+        bug in proptest::option::of(proptest::sample::select(ddp_verify::spec::Bug::ALL.to_vec())),
+    ) {
+        use ddp_verify_cli::{Cli, Parser};
+        let (mut cfg, model) = (cfg.clone(), cfg.model);
+        ddp_verify::jobs::explore::plant(&mut cfg, bug.filter(|b| b.applies_to(model)));
+        let command = cfg.command();
+        let cli = Cli::try_parse_from(command.split_whitespace().chain(["--device", "cpu"]))
+            .map_err(|e| TestCaseError::fail(format!("{command}: {e}")))?;
+        let lowered = ddp_verify::lower::verification(&cli.run)
+            .map_err(|e| TestCaseError::fail(format!("{command}: {e}")))?;
+        prop_assert_eq!(&lowered.train, &cfg, "{}", command);
+    }
+}

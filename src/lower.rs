@@ -169,7 +169,7 @@ pub fn preflight(cfg: &Config) -> Result<()> {
             "pass a state_dict saved with safetensors",
         ));
     }
-    data::check_fits(t)?;
+    data::check_fits(t, data::available_bytes)?;
     models::check_init(t)?;
     if let Some(dir) = &cfg.save_trace {
         check_save_trace(dir, cfg.force)?;
@@ -324,7 +324,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
 pub fn split(args: &SplitArgs) -> Result<(TrainConfig, u64)> {
     let train = shape(&args.shape, None, 1, defaults::LR, defaults::MOMENTUM);
     plan::checks::check_split(&train)?;
-    data::check_split_fits(&train)?;
+    data::check_split_fits(&train, data::available_bytes)?;
     Ok((train, args.epoch))
 }
 

@@ -98,8 +98,9 @@ const MIB: f64 = (1u64 << 20) as f64;
 /// libtorch's allocator or ask the kernel for W processes it has no room for: W ranks,
 /// each holding the whole data set, the sampler's index lists and the model, plus the
 /// accumulation run on rank 0 (with the bound's W partial sums). Names the flag whose
-/// part is largest, with the figures.
-pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
+/// part is largest, with the figures. `available` probes the machine's free memory in bytes
+/// ([`available_bytes`] on a real one), so the rule is tested on made-up machines.
+pub fn check_fits(cfg: &TrainConfig, available: impl FnOnce() -> Option<f64>) -> Result<()> {
     let row = match cfg.model {
         m if m.is_resnet() => 3.0 * (cfg.image_size as f64).powi(2),
         // ids and labels, int64, counted as two float32 rows each.
@@ -119,7 +120,7 @@ pub fn check_fits(cfg: &TrainConfig) -> Result<()> {
         ("--batch-size", activation_bytes(cfg)),
     ];
     let total: f64 = parts.iter().map(|(_, b)| b).sum();
-    let Some(available) = too_much(total) else { return Ok(()) };
+    let Some(available) = too_much(total, available) else { return Ok(()) };
     let (flag, _) = parts.iter().copied().fold(("--gpus", 0.0), |a, b| if b.1 > a.1 { b } else { a });
     let (problem, fix) = match flag {
         "--gpus" => (
@@ -194,9 +195,9 @@ fn parameter_flag(cfg: &TrainConfig) -> &'static str {
 
 /// `split` holds the index lists of one epoch in one process, and with `--json` their text:
 /// refuse sizes this machine cannot hold (a billion samples is about 50 GiB).
-pub fn check_split_fits(cfg: &TrainConfig) -> Result<()> {
+pub fn check_split_fits(cfg: &TrainConfig, available: impl FnOnce() -> Option<f64>) -> Result<()> {
     let bytes = cfg.data_size as f64 * (8.0 * 4.0 + 2.0 * 24.0);
-    let Some(available) = too_much(bytes) else { return Ok(()) };
+    let Some(available) = too_much(bytes, available) else { return Ok(()) };
     Err(Error::bad_flag(
         "--data-size",
         format!(
@@ -209,9 +210,10 @@ pub fn check_split_fits(cfg: &TrainConfig) -> Result<()> {
     ))
 }
 
-/// The bytes available, when `bytes` would take more than 80% of them.
-fn too_much(bytes: f64) -> Option<f64> {
-    let available = available_bytes().unwrap_or(f64::INFINITY);
+/// The bytes available, when `bytes` would take more than 80% of them (an unknown amount
+/// refuses nothing).
+fn too_much(bytes: f64, available: impl FnOnce() -> Option<f64>) -> Option<f64> {
+    let available = available().unwrap_or(f64::INFINITY);
     (bytes > 0.8 * available).then_some(available)
 }
 
@@ -219,10 +221,51 @@ fn gib(bytes: f64) -> f64 {
     bytes / (1u64 << 30) as f64
 }
 
-/// MemAvailable from /proc/meminfo, in bytes.
-fn available_bytes() -> Option<f64> {
+/// MemAvailable from /proc/meminfo, in bytes: this machine's probe for [`check_fits`].
+pub fn available_bytes() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ModelKind;
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    fn machine(gib: f64) -> impl FnOnce() -> Option<f64> {
+        move || Some(gib * GIB)
+    }
+
+    #[test]
+    fn what_fits_passes_and_an_unknown_machine_refuses_nothing() {
+        let cfg = TrainConfig::article();
+        assert!(check_fits(&cfg, machine(1.0)).is_ok());
+        let huge = TrainConfig { data_size: 1 << 30, features: 1 << 10, ..TrainConfig::article() };
+        assert!(check_fits(&huge, || None).is_ok());
+    }
+
+    /// The flag whose part is largest is named, with the figures.
+    #[test]
+    fn the_largest_part_is_named_on_a_small_machine() {
+        let many = TrainConfig { gpus: 64, acc_steps: 64, data_size: 64, ..TrainConfig::article() };
+        let e = check_fits(&many, machine(4.0)).unwrap_err().to_string();
+        assert!(e.starts_with("--gpus: 64 ranks need about") && e.contains("only 4.0 GiB is available"), "{e}");
+        let data = TrainConfig { data_size: 1 << 24, features: 1 << 8, ..TrainConfig::article() };
+        let e = check_fits(&data, machine(4.0)).unwrap_err().to_string();
+        assert!(e.starts_with("--data-size: "), "{e}");
+        let lm = TrainConfig { model: ModelKind::TinyLm, vocab: 1 << 20, ..TrainConfig::article() };
+        let e = check_fits(&lm, machine(4.0)).unwrap_err().to_string();
+        assert!(e.starts_with("--vocab: ") || e.starts_with("--batch-size: "), "{e}");
+    }
+
+    #[test]
+    fn split_refuses_what_the_machine_cannot_list() {
+        let cfg = TrainConfig { data_size: 1 << 30, ..TrainConfig::article() };
+        assert!(check_split_fits(&cfg, machine(1.0)).unwrap_err().to_string().starts_with("--data-size: "));
+        assert!(check_split_fits(&cfg, machine(1024.0)).is_ok());
+    }
 }

@@ -53,7 +53,8 @@ pub trait Collective {
 /// float32 and rounded once, which for two ranks is exactly gloo's and NCCL's rounded sum.
 pub(crate) fn all_reduce_through_host<C: Collective + ?Sized>(comm: &C, t: &mut Tensor) -> Result<()> {
     let host = t.to_device(Device::Cpu).contiguous();
-    let host = if matches!(host.kind(), Kind::BFloat16 | Kind::Half) { host.to_kind(Kind::Float) } else { host };
+    let narrow = crate::spec::Dtype::of_kind(host.kind()).is_some_and(crate::spec::Dtype::is_narrow);
+    let host = if narrow { host.to_kind(Kind::Float) } else { host };
     let summed = match host.kind() {
         Kind::Double => {
             let mut values = Vec::<f64>::try_from(&host.flatten(0, -1))?;

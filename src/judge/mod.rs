@@ -501,12 +501,12 @@ fn compare_tensor(
     if x.size() != y.size() {
         return missing(name, &format!("shape {:?} vs {:?}", x.size(), y.size()));
     }
-    use tch::Kind::{BFloat16, Double, Float, Half};
-    let precision = match (x.kind(), y.kind()) {
-        (Double, Double) => Precision::F64,
-        (BFloat16, BFloat16) => Precision::Narrow { digits: 8, min_exp: -126 },
-        (Half, Half) => Precision::Narrow { digits: 11, min_exp: -14 },
-        (a, b) if [a, b].iter().any(|k| matches!(k, Float | Double | BFloat16 | Half)) => Precision::F32,
+    use crate::spec::Dtype;
+    let precision = match (Dtype::of_kind(x.kind()), Dtype::of_kind(y.kind())) {
+        (Some(Dtype::Float64), Some(Dtype::Float64)) => Precision::F64,
+        (Some(d), Some(e)) if d == e && d.is_narrow() => Precision::Narrow { digits: d.digits(), min_exp: d.min_exp() },
+        // Mixed floats are counted in float32's ulps.
+        (Some(_), _) | (_, Some(_)) => Precision::F32,
         _ => Precision::Int,
     };
     let mut d = TensorDiff {

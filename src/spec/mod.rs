@@ -6,6 +6,7 @@ mod amp;
 mod bug;
 mod config;
 mod device;
+mod dtype;
 mod kernels;
 mod optim;
 mod report;
@@ -16,11 +17,12 @@ pub use amp::{Amp, AmpConfig, OVERFLOW_FACTOR};
 pub use bug::{Bug, Side};
 pub use config::Config;
 pub use device::{DeviceKind, DeviceRequest};
+pub use dtype::Dtype;
 pub use kernels::{KernelFacts, KernelMode, Machine, Platform};
 pub use optim::{OptimConfig, Optimizer, Schedule};
 pub use report::{Format, ReportTarget};
 pub use tolerance::{Tolerance, ToleranceOverrides};
-pub use train::{Dtype, ModelKind, PartialWindow, TrainConfig};
+pub use train::{ModelKind, PartialWindow, TrainConfig};
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use ddp_verify_cli::{defaults, names};
 
-use super::{AmpConfig, Bug, DeviceKind, OptimConfig, Optimizer};
+use super::{AmpConfig, Bug, DeviceKind, Dtype, OptimConfig, Optimizer};
 
 /// What to train and how to split it. Mirrors the seed article's flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,54 +176,6 @@ impl ModelKind {
     /// micro-batches: not with BatchNorm, whose statistics depend on the batch.
     pub fn has_big_batch(self) -> bool {
         !self.is_resnet()
-    }
-}
-
-/// The precision both runs compute in: data, weights, gradients and optimizer state alike
-/// (`model.to(dtype)`, not autocast).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    #[default]
-    Float32,
-    Float64,
-    Bfloat16,
-    Float16,
-}
-
-impl Dtype {
-    pub const ALL: [Dtype; 4] = [Dtype::Float32, Dtype::Float64, Dtype::Bfloat16, Dtype::Float16];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Float32 => "float32",
-            Dtype::Float64 => "float64",
-            Dtype::Bfloat16 => "bfloat16",
-            Dtype::Float16 => "float16",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Dtype::ALL.into_iter().find(|d| d.name() == s)
-    }
-
-    pub fn kind(self) -> tch::Kind {
-        match self {
-            Dtype::Float32 => tch::Kind::Float,
-            Dtype::Float64 => tch::Kind::Double,
-            Dtype::Bfloat16 => tch::Kind::BFloat16,
-            Dtype::Float16 => tch::Kind::Half,
-        }
-    }
-
-    /// Machine epsilon, the spacing of values just above 1.
-    pub fn epsilon(self) -> f64 {
-        match self {
-            Dtype::Float32 => f32::EPSILON as f64,
-            Dtype::Float64 => f64::EPSILON,
-            Dtype::Bfloat16 => 2f64.powi(-7),
-            Dtype::Float16 => 2f64.powi(-10),
-        }
     }
 }
 

@@ -44,7 +44,7 @@ pub struct Bounds {
     /// Unit roundoff of the all-reduce's additions.
     reduce_u: f64,
     /// The gradients' dtype; sums of subnormals round in absolute terms, by up to `tiny`.
-    dtype: Kind,
+    dtype: Dtype,
     tiny: f64,
     /// The dtype's smallest subnormal: where values are that small, rounding is absolute.
     subnormal: f64,
@@ -81,19 +81,20 @@ pub struct Bounds {
 impl Bounds {
     pub fn new(cfg: &TrainConfig, params: usize) -> Self {
         let w = cfg.gpus;
-        let narrow = matches!(cfg.dtype, Dtype::Bfloat16 | Dtype::Float16);
+        let narrow = cfg.dtype.is_narrow();
         // NCCL may round at every hop in the dtype itself; the host path (CPU ranks, or ranks
         // sharing GPUs) adds in float32 (float64 for float64) and rounds once.
         let host = cfg.device == DeviceKind::Cpu || cfg.shared_gpus.is_some();
         let reduce_u = match (host, narrow) {
-            (true, true) => f32::EPSILON as f64 / 2.0,
-            _ => cfg.dtype.epsilon() / 2.0,
+            (true, true) => Dtype::Float32.unit_roundoff(),
+            _ => cfg.dtype.unit_roundoff(),
         };
+        // bfloat16's gradients are summed in float32, whose subnormals are the finer.
         let tiny = match cfg.dtype {
-            Dtype::Float32 | Dtype::Bfloat16 => f32::from_bits(1) as f64,
-            Dtype::Float64 => f64::from_bits(1),
-            Dtype::Float16 => 2f64.powi(-24),
-        };
+            Dtype::Bfloat16 => Dtype::Float32,
+            d => d,
+        }
+        .smallest_subnormal();
         let none = || (0..params).map(|_| None).collect::<Vec<Option<Tensor>>>();
         Bounds {
             world: w,
@@ -101,10 +102,10 @@ impl Bounds {
             // are float16 autocast's, and its large ones may overflow at W times the scale.
             exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16 && !cfg.amp.scaled(),
             reduce_u,
-            dtype: cfg.dtype.kind(),
+            dtype: cfg.dtype,
             tiny: tiny * (cfg.acc_steps + w) as f64,
             subnormal: tiny,
-            u: cfg.dtype.epsilon() / 2.0,
+            u: cfg.dtype.unit_roundoff(),
             lr: cfg.lr,
             momentum: cfg.momentum,
             weight_decay: cfg.weight_decay,
@@ -121,7 +122,7 @@ impl Bounds {
                     betas: cfg.optim.betas,
                     eps: cfg.optim.eps,
                     weight_decay: cfg.weight_decay,
-                    u: cfg.dtype.epsilon() / 2.0,
+                    u: cfg.dtype.unit_roundoff(),
                     lockstep: cfg.lockstep,
                 };
                 let runs = if cfg.with_big_batch() { 2 } else { 1 };
@@ -346,7 +347,7 @@ impl Bounds {
         let depth = (n.max(1) as f64).log2().ceil() as usize + (grads.len().max(1) as f64).log2().ceil() as usize + 32;
         let spread: f64 = allowed.iter().map(|a| a.square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
         // ATen accumulates a narrow dtype's norm in float32 and rounds the result once.
-        let acc_u = if matches!(self.dtype, Kind::BFloat16 | Kind::Half) { f32::EPSILON as f64 / 2.0 } else { self.u };
+        let acc_u = if self.dtype.is_narrow() { Dtype::Float32.unit_roundoff() } else { self.u };
         let d = spread + 2.0 * (gamma(depth, acc_u) + self.u) * c.total;
         let f = |x: f64| (c.max / (x.max(0.0) + 1e-6)).min(1.0);
         // The coefficient's three roundings in each run: relative, or half a subnormal
@@ -395,14 +396,14 @@ impl Bounds {
     /// the host), rounding is monotone, so DDP's result lies between the two ends of
     /// c ± reach rounded (widened by float32's own rounding of them).
     fn allowed(&self, mut c: Tensor, mut mag: Tensor, g: &Tensor) -> Tensor {
-        let narrow = matches!(self.dtype, Kind::BFloat16 | Kind::Half);
+        let narrow = self.dtype.is_narrow();
         let mut reach = {
             mag *= 2.0 * gamma(self.world.saturating_sub(1), self.reduce_u);
             mag
         };
         let mut floor = if narrow {
-            reach += c.abs() * f64::from(f32::EPSILON);
-            let end = |t: Tensor| (t.to_kind(self.dtype).to_kind(Kind::Float) - g).abs();
+            reach += c.abs() * Dtype::Float32.epsilon();
+            let end = |t: Tensor| (t.to_kind(self.dtype.kind()).to_kind(Kind::Float) - g).abs();
             end(&c - &reach).maximum(&end(&c + &reach))
         } else {
             c -= g;
@@ -519,8 +520,8 @@ fn gamma(n: usize, u: f64) -> f64 {
 /// rounding and float16's range would distort the bound itself), else the tensor itself,
 /// detached (callers never write into it).
 fn work(t: &Tensor) -> Tensor {
-    match t.kind() {
-        Kind::BFloat16 | Kind::Half => t.detach().to_kind(Kind::Float),
-        _ => t.detach(),
+    match Dtype::of_kind(t.kind()).is_some_and(Dtype::is_narrow) {
+        true => t.detach().to_kind(Kind::Float),
+        false => t.detach(),
     }
 }

@@ -65,7 +65,7 @@ pub fn strategy(max_gpus: usize, models: &[ModelKind]) -> BoxedStrategy<TrainCon
     // (float32 moments), and what this tool checks there is the reduction. So do free-running
     // deep nets, held to a fixed tolerance: AdamW turns a rounding difference in a noise
     // gradient into a whole step, which only the derived (lockstep) bound follows.
-    let narrow = |c: &TrainConfig| matches!(c.dtype, Dtype::Bfloat16 | Dtype::Float16) || !c.bounds_hold();
+    let narrow = |c: &TrainConfig| c.dtype.is_narrow() || !c.bounds_hold();
     // tiny-lm drops out in one draw of three.
     let dropout = prop_oneof![2 => Just(0.0), 1 => 0.05f64..0.5];
     (models, optim_strategy(), dropout, amp_strategy())

@@ -22,7 +22,7 @@ use crate::spec::{
     Amp, AmpConfig, Bug, Config, DeviceRequest, Dtype, Format, KernelMode, ModelKind, OptimConfig, Optimizer,
     PartialWindow, ReportTarget, Schedule, Tolerance, ToleranceOverrides, TrainConfig,
 };
-use crate::train::{data, models};
+use crate::train::{fits, models};
 
 /// `--report FORMAT [--report-file PATH]...`, paired by position; the table on stdout by default.
 pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {
@@ -169,7 +169,7 @@ pub fn preflight(cfg: &Config) -> Result<()> {
             "pass a state_dict saved with safetensors",
         ));
     }
-    data::check_fits(t, data::available_bytes)?;
+    fits::check_fits(t, fits::available_bytes)?;
     models::check_init(t)?;
     if let Some(dir) = &cfg.save_trace {
         check_save_trace(dir, cfg.force)?;
@@ -324,7 +324,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
 pub fn split(args: &SplitArgs) -> Result<(TrainConfig, u64)> {
     let train = shape(&args.shape, None, 1, defaults::LR, defaults::MOMENTUM);
     plan::checks::check_split(&train)?;
-    data::check_split_fits(&train, data::available_bytes)?;
+    fits::check_split_fits(&train, fits::available_bytes)?;
     Ok((train, args.epoch))
 }
 

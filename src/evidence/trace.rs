@@ -11,7 +11,6 @@ use std::path::Path;
 
 use tch::{Kind, Tensor};
 
-use super::writer::TraceWriter;
 use crate::error::{Error, Result};
 
 /// Named tensors sorted by name.
@@ -155,14 +154,6 @@ impl ScalerRecord {
 }
 
 impl Trace {
-    pub fn save(&self, path: &Path) -> Result<()> {
-        let mut w = TraceWriter::create(path)?;
-        for (s, grads) in self.steps.iter().enumerate() {
-            w.step(s, grads)?;
-        }
-        w.finish(self)
-    }
-
     /// Reads a trace and checks its layout, so a corrupt file is refused, never half-compared.
     pub fn load(path: &Path) -> Result<Self> {
         let fix = "point to a trace written by ddp-verify --save-trace, the ddp_verify_trace recorder or \

@@ -9,6 +9,17 @@ use tch::{Kind, Tensor};
 use super::trace::{Params, Trace};
 use crate::error::{Error, Result};
 
+impl Trace {
+    /// Writes the whole trace at once, as [`TraceWriter`] streams it.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut w = TraceWriter::create(path)?;
+        for (s, grads) in self.steps.iter().enumerate() {
+            w.step(s, grads)?;
+        }
+        w.finish(self)
+    }
+}
+
 /// Writes a trace as it is made, one step's gradients at a time, so saving never needs every
 /// step in memory. Tensor bytes go to `<path>.part` as they come; `finish` writes the
 /// safetensors header (which must come first and name every offset) and then copies them.

@@ -3,7 +3,7 @@
 //! of a given configuration, from the sampling plans themselves, so a config it cannot
 //! change is reported as such instead of as a miss.
 
-use super::sampler::{MicroBatch, SamplerSpec};
+use super::sampler::MicroBatch;
 use super::steps::{accumulation_micro_batches, StepPlan};
 use crate::spec::{Bug, TrainConfig};
 
@@ -37,8 +37,8 @@ impl Bug {
             Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.amp.scaled()),
             Bug::SchedulePerMicroBatch => {
                 return whether(
-                    super::schedule::factors(cfg, &correct, None)
-                        != super::schedule::factors(cfg, &correct, Some(self)),
+                    super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), None)
+                        != super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), Some(self)),
                 )
             }
             Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
@@ -153,44 +153,8 @@ fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
         .collect()
 }
 
-/// When DDP ranks call `set_epoch`: each epoch, unless the bug forgets to.
-pub fn sampler_epoch(bug: Option<Bug>, epoch: u64) -> u64 {
-    if bug == Some(Bug::NoSetEpoch) {
-        0
-    } else {
-        epoch
-    }
-}
-
 /// Whether every micro-batch either run would see under `bug` (or none) holds at least
 /// `least` samples: train-mode BatchNorm refuses one value per channel.
 pub fn micro_batches_hold(cfg: &TrainConfig, bug: Option<Bug>, least: usize) -> bool {
     (0..cfg.epochs as u64).all(|e| accumulation_micro_batches(cfg, bug, e).iter().all(|m| m.indices.len() >= least))
-}
-
-/// The same padded index list as the strided shards, cut into W contiguous blocks instead
-/// of taking every W-th index (the contiguous-split bug).
-pub fn contiguous_blocks(strided: &[Vec<i64>]) -> Vec<Vec<i64>> {
-    let mut flat = vec![0; strided.len() * strided[0].len()];
-    for (r, shard) in strided.iter().enumerate() {
-        for (i, &x) in shard.iter().enumerate() {
-            flat[i * strided.len() + r] = x;
-        }
-    }
-    flat.chunks(strided[0].len()).map(<[i64]>::to_vec).collect()
-}
-
-/// The shards as if DistributedSampler did not pad (the no-padding bug).
-pub fn unpadded_shards(spec: &SamplerSpec, epoch: u64) -> Vec<Vec<i64>> {
-    let padded = spec.shards(epoch);
-    let total = spec.data_size;
-    // The padded list is the permutation followed by repeats, and rank r holds its positions
-    // r, r + W, ...: keep only positions below N.
-    padded
-        .iter()
-        .enumerate()
-        .map(|(r, shard)| {
-            shard.iter().enumerate().filter(|(i, _)| i * spec.world + r < total).map(|(_, &x)| x).collect()
-        })
-        .collect()
 }

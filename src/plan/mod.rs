@@ -2,6 +2,7 @@
 //! mimics it, each run's step plan (windows, carry-over, --max-steps), the split that
 //! `ddp-verify split` prints, and what a planted bug changes.
 
+pub mod bug_samplers;
 pub mod bugs;
 pub mod checks;
 pub mod dropout;

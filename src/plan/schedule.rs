@@ -1,18 +1,18 @@
 //! Each optimizer step's learning-rate factor: the schedule read at the step's tick. A
 //! tick is one optimizer step; `schedule-per-micro-batch` ticks once per micro-batch.
 
-use super::steps::StepPlan;
 use crate::spec::{Bug, TrainConfig};
 
-/// f(tick of step s) for every step of `plan`, ticking as `bug` makes the run tick.
-pub fn factors(cfg: &TrainConfig, plan: &StepPlan, bug: Option<Bug>) -> Vec<f64> {
+/// f(tick of step s) for every step, given how many micro-batches each holds, ticking as
+/// `bug` makes the run tick.
+pub fn factors(cfg: &TrainConfig, micro_batches: impl IntoIterator<Item = usize>, bug: Option<Bug>) -> Vec<f64> {
     let schedule = cfg.optim.lr_schedule;
     let mut tick = 0;
-    plan.steps
-        .iter()
-        .map(|s| {
+    micro_batches
+        .into_iter()
+        .map(|n| {
             let f = schedule.factor(tick);
-            tick += if bug == Some(Bug::SchedulePerMicroBatch) { s.len() } else { 1 };
+            tick += if bug == Some(Bug::SchedulePerMicroBatch) { n } else { 1 };
             f
         })
         .collect()
@@ -21,6 +21,7 @@ pub fn factors(cfg: &TrainConfig, plan: &StepPlan, bug: Option<Bug>) -> Vec<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::StepPlan;
     use crate::spec::Schedule;
 
     #[test]
@@ -28,7 +29,10 @@ mod tests {
         let mut cfg = TrainConfig { data_size: 16, batch_size: 2, acc_steps: 4, epochs: 2, ..TrainConfig::article() };
         cfg.optim.lr_schedule = Schedule::Warmup(4);
         let plan = StepPlan::accumulation(&cfg, None);
-        assert_eq!(factors(&cfg, &plan, None), [0.25, 0.5, 0.75, 1.0]);
-        assert_eq!(factors(&cfg, &plan, Some(Bug::SchedulePerMicroBatch)), [0.25, 1.0, 1.0, 1.0]);
+        assert_eq!(factors(&cfg, plan.steps.iter().map(Vec::len), None), [0.25, 0.5, 0.75, 1.0]);
+        assert_eq!(
+            factors(&cfg, plan.steps.iter().map(Vec::len), Some(Bug::SchedulePerMicroBatch)),
+            [0.25, 1.0, 1.0, 1.0]
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! does with the same loop; `--max-steps` stops it. Written once here: the runs train from
 //! it, and a planted bug's effect is judged by comparing plans.
 
-use super::bugs;
+use super::bug_samplers;
 use super::norm::Normaliser;
 use super::sampler::{accumulation_order, rank_batches, MicroBatch, SamplerSpec};
 use crate::spec::{Bug, PartialWindow, TrainConfig};
@@ -96,7 +96,7 @@ impl StepPlan {
     /// `set_epoch` called each epoch unless `bug` forgets it.
     pub fn rank(cfg: &TrainConfig, rank: usize, bug: Option<Bug>) -> StepPlan {
         let spec = SamplerSpec::from_train(cfg);
-        let order = |e| rank_batches(&spec.shards(bugs::sampler_epoch(bug, e))[rank], cfg.batch_size);
+        let order = |e| rank_batches(&spec.shards(bug_samplers::sampler_epoch(bug, e))[rank], cfg.batch_size);
         StepPlan::walk(cfg, order, cfg.local_acc_steps())
     }
 }
@@ -106,10 +106,12 @@ impl StepPlan {
 pub fn accumulation_micro_batches(cfg: &TrainConfig, bug: Option<Bug>, epoch: u64) -> Vec<MicroBatch> {
     let spec = SamplerSpec::from_train(cfg);
     match bug {
-        Some(Bug::ContiguousSplit) => accumulation_order(&bugs::contiguous_blocks(&spec.shards(epoch)), cfg.batch_size),
+        Some(Bug::ContiguousSplit) => {
+            accumulation_order(&bug_samplers::contiguous_blocks(&spec.shards(epoch)), cfg.batch_size)
+        }
         // With drop_last there is no padding to ignore.
         Some(Bug::NoPadding) if !spec.drop_last => {
-            accumulation_order(&bugs::unpadded_shards(&spec, epoch), cfg.batch_size)
+            accumulation_order(&bug_samplers::unpadded_shards(&spec, epoch), cfg.batch_size)
         }
         _ => accumulation_order(&spec.shards(epoch), cfg.batch_size),
     }
@@ -118,7 +120,8 @@ pub fn accumulation_micro_batches(cfg: &TrainConfig, bug: Option<Bug>, epoch: u6
 impl RunPlan {
     /// A run's plan from its steps; `bug` is the planted bug where this run carries it.
     fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, zero_grad: bool, bug: Option<Bug>) -> RunPlan {
-        let lrs = super::schedule::factors(cfg, &steps, bug).iter().map(|f| cfg.lr * f).collect();
+        let lrs =
+            super::schedule::factors(cfg, steps.steps.iter().map(Vec::len), bug).iter().map(|f| cfg.lr * f).collect();
         let clip_each_micro_batch = bug == Some(Bug::ClipPerMicroBatch);
         let unsynced_param = bug == Some(Bug::UnsyncedParam);
         let dropout_same_seed = bug == Some(Bug::DropoutSameSeed);

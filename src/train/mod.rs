@@ -7,6 +7,7 @@ mod bounds;
 pub mod data;
 mod ddp;
 mod dropout;
+pub mod fits;
 mod lockstep;
 pub mod models;
 pub mod optim;

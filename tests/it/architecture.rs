@@ -114,3 +114,124 @@ fn the_reference_scripts_share_the_tools_defaults() {
         assert_eq!(&py[key], want, "fixtures/linear_reference.py --{} default", key.replace('_', "-"));
     }
 }
+
+/// The file-level graph of one folder of `src/`: its files and sub-folders (a folder counts
+/// as one node), each with the siblings it names, through `super::x`, `self::x` or
+/// `crate::<folder>::x`. The folder's `mod.rs` is left out: it declares its children,
+/// which use its items. Test modules are left out too.
+fn sibling_graph(dir: &Path, module: &str) -> Vec<(String, Vec<String>)> {
+    let entries: Vec<std::path::PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let name = |p: &Path| p.file_stem().unwrap().to_str().unwrap().to_string();
+    let nodes: Vec<String> = entries
+        .iter()
+        .filter(|p| p.is_dir() || (p.extension().is_some_and(|e| e == "rs") && name(p) != "mod"))
+        .map(|p| name(p))
+        .collect();
+    let code = |p: &Path| {
+        let text = std::fs::read_to_string(p).unwrap();
+        text.split("#[cfg(test)]").next().unwrap().to_string()
+    };
+    let mut graph = Vec::new();
+    for node in &nodes {
+        let path = dir.join(node);
+        let (texts, up) = match path.is_dir() {
+            true => {
+                let mut files = Vec::new();
+                rust_files(&path, &mut files);
+                // From inside a sub-folder, the folder's siblings are super::super:: away
+                // (super:: from its mod.rs).
+                (files.iter().map(|f| (code(f), f.ends_with("mod.rs"))).collect::<Vec<_>>(), true)
+            }
+            false => (vec![(code(&path.with_extension("rs")), false)], false),
+        };
+        let mut uses = Vec::new();
+        for (text, is_mod) in texts {
+            let prefixes = match (up, is_mod) {
+                (false, _) | (true, true) => vec!["super::".to_string(), format!("crate::{module}::")],
+                (true, false) => vec!["super::super::".to_string(), format!("crate::{module}::")],
+            };
+            for prefix in prefixes {
+                for (i, _) in text.match_indices(&prefix) {
+                    if prefix == "super::" && text[..i].ends_with("super::") {
+                        continue;
+                    }
+                    let rest: String = text[i + prefix.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if nodes.contains(&rest) && rest != *node && !uses.contains(&rest) {
+                        uses.push(rest);
+                    }
+                }
+            }
+        }
+        graph.push((node.clone(), uses));
+    }
+    graph
+}
+
+/// A cycle in `graph`, as the names along it, if there is one.
+fn find_cycle(graph: &[(String, Vec<String>)]) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        graph: &[(String, Vec<String>)],
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(n.to_string());
+            return Some(cycle);
+        }
+        if done.iter().any(|d| d == n) {
+            return None;
+        }
+        path.push(n.to_string());
+        let next = graph.iter().find(|(m, _)| m == n).map(|(_, u)| u.clone()).unwrap_or_default();
+        for m in next {
+            if let Some(c) = visit(&m, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.push(n.to_string());
+        None
+    }
+    let mut done = Vec::new();
+    graph.iter().find_map(|(n, _)| visit(n, graph, &mut Vec::new(), &mut done))
+}
+
+/// Inside a stage, files depend on one another one way too: no file (or folder) reaches
+/// back to itself through its siblings.
+#[test]
+fn no_files_of_a_folder_depend_on_each_other_in_a_cycle() {
+    fn folders(dir: &Path, module: &str, out: &mut Vec<(std::path::PathBuf, String)>) {
+        out.push((dir.to_path_buf(), module.to_string()));
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                let name = p.file_name().unwrap().to_str().unwrap().to_string();
+                let sub = if module.is_empty() { name } else { format!("{module}::{name}") };
+                folders(&p, &sub, out);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    folders(&repo("src"), "", &mut all);
+    let mut cycles = Vec::new();
+    for (dir, module) in all.iter().filter(|(_, m)| !m.is_empty()) {
+        if let Some(c) = find_cycle(&sibling_graph(dir, module)) {
+            cycles.push(format!("src/{}: {}", module.replace("::", "/"), c.join(" -> ")));
+        }
+    }
+    assert!(cycles.is_empty(), "files in a cycle:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let g = |edges: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
+        edges.iter().map(|(n, u)| (n.to_string(), u.iter().map(|s| s.to_string()).collect())).collect()
+    };
+    assert_eq!(find_cycle(&g(&[("a", &["b"]), ("b", &["c"]), ("c", &[])])), None);
+    assert_eq!(find_cycle(&g(&[("a", &["b"]), ("b", &["c"]), ("c", &["a"])])).map(|c| c.len()), Some(4));
+}

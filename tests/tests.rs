@@ -1,5 +1,30 @@
-//! Integration tests, one binary. Expected values come from real PyTorch (golden/, made by
-//! fixtures/make_golden.sh) or from properties.
+//! Integration tests, one binary, one file per capability. Expected values come from real
+//! PyTorch (golden/, made by fixtures/make_golden.sh) or from properties.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | amp | mixed precision: autocast and the float16 loss scaler |
+//! | architecture | the one-way flow of stages, and of files inside each |
+//! | bad_input | bad input and outputs: refused in one line before anything runs, nothing of others touched |
+//! | bounds | how much difference is allowed: margins of honest runs and planted bugs |
+//! | ci_examples | the CI configurations in examples/ci |
+//! | cli | flags, exit codes, files written, launch modes, printed commands that round-trip |
+//! | compare | two recorded traces judged like a run |
+//! | devices | --device and `ddp-verify devices` |
+//! | explore | random configurations, shrunk failures, planted bugs |
+//! | faults | ranks that fail, hang or are signalled |
+//! | goldens | every golden case against PyTorch's own traces |
+//! | hosts | several hosts in network namespaces |
+//! | kernels | portable kernels, where a golden holds, no verdict from kernels that do not repeat |
+//! | optimizer_step | AdamW, clipping and schedules through the binary |
+//! | own_loop | the recorder on users' own PyTorch loops |
+//! | readers | trace and golden readers on corrupted bytes |
+//! | reports | every report format |
+//! | resnet | the ResNets against torchvision, and through the binary |
+//! | sampler | the DistributedSampler port and properties of the split |
+//! | suite | named cases for a CI gate |
+//! | tiny_lm | the language model, token-level loss and the big batch |
+//! | torch_optim | the optimizer step op for op against torch.optim and clip_grad_norm_ |
 
 #[path = "it/util.rs"]
 mod util;
@@ -20,6 +45,10 @@ fn portable_kernels() {
 mod amp;
 #[path = "it/architecture.rs"]
 mod architecture;
+#[path = "it/bad_input.rs"]
+mod bad_input;
+#[path = "it/bounds.rs"]
+mod bounds;
 #[path = "it/ci_examples.rs"]
 mod ci_examples;
 #[path = "it/cli.rs"]
@@ -32,35 +61,27 @@ mod devices;
 mod explore;
 #[path = "it/faults.rs"]
 mod faults;
-#[path = "it/golden_cases.rs"]
-mod golden_cases;
+#[path = "it/goldens.rs"]
+mod goldens;
 #[path = "it/hosts.rs"]
 mod hosts;
 #[path = "it/kernels.rs"]
 mod kernels;
-#[path = "it/no_harm.rs"]
-mod no_harm;
 #[path = "it/optimizer_step.rs"]
 mod optimizer_step;
 #[path = "it/own_loop.rs"]
 mod own_loop;
-#[path = "it/properties.rs"]
-mod properties;
 #[path = "it/readers.rs"]
 mod readers;
 #[path = "it/reports.rs"]
 mod reports;
 #[path = "it/resnet.rs"]
 mod resnet;
-#[path = "it/resnet_runs.rs"]
-mod resnet_runs;
 #[path = "it/sampler.rs"]
 mod sampler;
-#[path = "it/sgd.rs"]
-mod sgd;
 #[path = "it/suite.rs"]
 mod suite;
 #[path = "it/tiny_lm.rs"]
 mod tiny_lm;
-#[path = "it/trust.rs"]
-mod trust;
+#[path = "it/torch_optim.rs"]
+mod torch_optim;

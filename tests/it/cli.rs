@@ -246,3 +246,33 @@ fn a_bad_flag_on_a_run_the_front_starts_is_one_line_and_exit_2() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--bogus"), "{err}");
 }
+
+mod command_round_trip {
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::util::proptest_config(64))]
+
+        /// The command explore prints for a (shrunk) configuration reproduces it: parsed by the
+        /// same flags and lowered by the same code as a user's, it gives the same config back,
+        /// planted bug included.
+        #[test]
+        fn a_printed_command_lowers_to_the_config_it_was_printed_from(
+            cfg in ddp_verify::jobs::explore::strategy(
+                3,
+                &[ddp_verify::spec::ModelKind::Linear, ddp_verify::spec::ModelKind::ResnetTiny, ddp_verify::spec::ModelKind::TinyLm],
+            ),
+            bug in proptest::option::of(proptest::sample::select(ddp_verify::spec::Bug::ALL.to_vec())),
+        ) {
+            use ddp_verify_cli::{Cli, Parser};
+            let (mut cfg, model) = (cfg.clone(), cfg.model);
+            ddp_verify::jobs::explore::plant(&mut cfg, bug.filter(|b| b.applies_to(model)));
+            let command = cfg.command();
+            let cli = Cli::try_parse_from(command.split_whitespace().chain(["--device", "cpu"]))
+                .map_err(|e| TestCaseError::fail(format!("{command}: {e}")))?;
+            let lowered = ddp_verify::lower::verification(&cli.run)
+                .map_err(|e| TestCaseError::fail(format!("{command}: {e}")))?;
+            prop_assert_eq!(&lowered.train, &cfg, "{}", command);
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! A verdict people can trust (issue 14): equivalent runs pass with room to spare, whatever
+//! How much difference is allowed, as properties: equivalent runs pass with room to spare, whatever
 //! W, dtype or model, and planted bugs exceed what was allowed by far. Properties, not
 //! examples: DDP replays the control's rounding, so a correct run uses at most half of its
 //! allowance (the bound is twice what rounding explains).

@@ -1,4 +1,5 @@
-//! Nothing that is not ours is touched, bad input never hangs or panics (issue 15).
+//! Bad input and outputs: nothing that is not ours is touched, bad input never hangs or
+//! panics, and is refused before anything runs.
 
 use std::time::Instant;
 

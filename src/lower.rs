@@ -1,6 +1,6 @@
 //! Flags → one validated configuration. Every check of the input happens here, once:
 //! [`verification`], [`split`] and [`explore`] check what needs nothing but the flags (every
-//! rank may run them: they fail alike everywhere); [`preflight`] checks what depends on the
+//! rank may run them: they fail alike everywhere); [`crate::jobs::preflight`] checks what depends on the
 //! machine (files, memory, the CI variable) and runs in one process only, before any
 //! training. The stages below receive plain, valid data.
 
@@ -22,7 +22,7 @@ use crate::spec::{
     Amp, AmpConfig, Bug, Config, DeviceRequest, Dtype, Format, KernelMode, ModelKind, OptimConfig, Optimizer,
     PartialWindow, ReportTarget, Schedule, Tolerance, ToleranceOverrides, TrainConfig,
 };
-use crate::train::{fits, models};
+use crate::train::fits;
 
 /// `--report FORMAT [--report-file PATH]...`, paired by position; the table on stdout by default.
 pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {
@@ -156,44 +156,6 @@ pub fn kernel_mode(args: &KernelArgs, golden: Option<&Path>) -> Result<KernelMod
     }
 }
 
-/// What depends on this machine rather than the flags: --init readable and fitting the
-/// model, W ranks fitting in memory, every output writable and nothing overwritten without
-/// --force, and --bless's rules. One process runs it before any training: rank 0, or the
-/// process that starts the ranks.
-pub fn preflight(cfg: &Config) -> Result<()> {
-    let t = &cfg.train;
-    if let Some(path) = t.init.as_deref().filter(|p| !p.is_file()) {
-        return Err(Error::bad_file(
-            path,
-            format!("--init {}", crate::error::what_is(path)),
-            "pass a state_dict saved with safetensors",
-        ));
-    }
-    fits::check_fits(t, fits::available_bytes)?;
-    models::check_init(t)?;
-    if let Some(dir) = &cfg.save_trace {
-        check_save_trace(dir, cfg.force)?;
-    }
-    crate::report::check_targets(&cfg.reports, cfg.plot.as_ref(), cfg.force)?;
-    if cfg.bless {
-        let Some(dir) = &cfg.golden else {
-            return Err(Error::bad_flag("--bless", "needs --golden DIR to know where to write", "add --golden DIR"));
-        };
-        if golden::on_ci() {
-            return Err(Error::bad_flag(
-                "--bless",
-                "refusing to write goldens on CI (the CI variable is set)",
-                "bless locally, review the files, and commit them",
-            ));
-        }
-        if t.inject.is_some() {
-            return Err(Error::bad_flag("--bless", "refusing to bless a run with an injected bug", "drop --inject"));
-        }
-        golden::check_blessable(dir)?;
-    }
-    Ok(())
-}
-
 /// `compare`'s flags: the two trace files (a directory stands for the pair `--save-trace`
 /// writes), the tolerance and the reports, checked before either file is read.
 pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
@@ -312,7 +274,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
     let device = cases.first().map(|c| c.config.train.device).unwrap_or_default();
     crate::dist::kernels::apply(mode, device)?;
     for case in &cases {
-        preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
+        crate::jobs::preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
     }
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
@@ -481,21 +443,6 @@ fn shape(s: &SplitShape, features: Option<usize>, epochs: usize, lr: f64, moment
 }
 
 /// `--save-trace DIR`: writable, and none of the files it would write already there.
-fn check_save_trace(dir: &Path, force: bool) -> Result<()> {
-    crate::outputs::check_dir("--save-trace", dir, true)?;
-    if force {
-        return Ok(());
-    }
-    if let Some(f) = SAVED_FILES.iter().map(|f| dir.join(f)).find(|p| p.exists()) {
-        return Err(Error::bad_file(
-            f,
-            "--save-trace would overwrite this file",
-            "choose another directory or pass --force",
-        ));
-    }
-    Ok(())
-}
-
 fn check_tolerance(t: &Tolerance) -> Result<()> {
     for (flag, v) in [("--rtol", t.rtol), ("--atol", t.atol)] {
         if !v.is_finite() || v < 0.0 {

@@ -75,12 +75,12 @@ fn run(cli: Cli) -> Result<Exit> {
             if !world::inside_mpi_world() {
                 // Both runs happen inside one MPI world of W ranks: refuse bad input here,
                 // before starting them.
-                lower::preflight(&cfg)?;
+                jobs::preflight(&cfg)?;
                 if validate_only() {
                     return Ok(Exit::Equivalent);
                 }
             }
-            jobs::verify::command(&cfg, lower::preflight)
+            jobs::verify::command(&cfg)
         }
     }
 }

@@ -5,8 +5,11 @@
 pub mod compare;
 pub mod explore;
 mod pool;
+mod preflight;
 pub mod suite;
 pub mod verify;
+
+pub use preflight::preflight;
 
 use crate::error::{Exit, Result};
 use crate::plan::SplitPlan;

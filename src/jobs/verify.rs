@@ -10,22 +10,15 @@ use crate::judge::{Judging, Outcome, Verdict};
 use crate::spec::Config;
 use crate::train::{self, models, StepGrads};
 
-/// Set for the ranks by a process that ran the preflight before starting them.
-const PREFLIGHT_DONE: &str = "DDP_VERIFY_PREFLIGHT_DONE";
-
 /// `ddp-verify [flags]` in this process. Outside an MPI world (the core started directly,
-/// or above `VALIDATE_FIRST_ABOVE` ranks): `preflight` has passed; starts the W ranks and
-/// returns rank 0's exit. Inside one: this process is a rank (see [`verify_in_world`]);
-/// rank 0 writes the reports. `preflight` is run by rank 0 unless the starter ran it.
-pub fn command(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<()>) -> Result<Exit> {
+/// or above `VALIDATE_FIRST_ABOVE` ranks): starts the W ranks and returns rank 0's exit.
+/// Inside one: this process is a rank (see [`verify_in_world`]); rank 0 writes the reports.
+pub fn command(cfg: &Config) -> Result<Exit> {
     if !world::inside_mpi_world() {
-        // No other thread runs yet; the ranks inherit the variable.
-        std::env::set_var(PREFLIGHT_DONE, "1");
         let timeout = Duration::try_from_secs_f64(cfg.timeout_s).unwrap_or(Duration::MAX);
         return world::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
     }
-    let checked = std::env::var_os(PREFLIGHT_DONE).is_some();
-    let Some(outcome) = verify_in_world(cfg, |c| if checked { Ok(()) } else { preflight(c) })? else {
+    let Some(outcome) = verify_in_world(cfg)? else {
         return Ok(Exit::Equivalent);
     };
     crate::profile::mark("outcome");
@@ -37,7 +30,7 @@ pub fn command(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<()>) -> R
 /// Inside an MPI world (ours, started by `ddp-verify`, or a user's `mpirun`): every
 /// process is a DDP rank; rank 0 also runs accumulation on a thread of its own and returns
 /// the outcome, the others return None.
-pub fn verify_in_world(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<()>) -> Result<Option<Outcome>> {
+pub fn verify_in_world(cfg: &Config) -> Result<Option<Outcome>> {
     let rank = world::init_rank()?;
     crate::profile::mark("mpi initialised");
     let is_root = rank.comm.rank() == 0;
@@ -46,7 +39,7 @@ pub fn verify_in_world(cfg: &Config, preflight: impl FnOnce(&Config) -> Result<(
     // themselves; it tells the others whether to go on, so a refusal there never leaves
     // them waiting in a collective.
     let checked = match is_root {
-        true => preflight(cfg).and_then(|()| load_golden(cfg)).and_then(|g| Ok((g, repeats(cfg)?))),
+        true => super::preflight(cfg).and_then(|()| load_golden(cfg)).and_then(|g| Ok((g, repeats(cfg)?))),
         false => Ok((None, None)),
     };
     let mut go = [match &checked {

@@ -1,0 +1,182 @@
+//! Two runs compared step by step as their gradients arrive, then their final weights and
+//! buffers: one [`Comparison`].
+
+use super::elementwise::{compare_group, Scales};
+use super::{Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch, Verdict};
+use crate::evidence::{Params, Trace};
+use crate::spec::Tolerance;
+
+/// Compares two runs step by step as their gradients arrive, so no step needs to be kept.
+pub struct Comparer {
+    left: String,
+    right: String,
+    tol: Tolerance,
+    /// Hold elements to the bounds the accumulation run derived, where it gives them.
+    derived: bool,
+    /// Golden files may keep only a strided sample of each tensor: compare that sample.
+    sample: Option<usize>,
+    steps: Vec<GroupDiff>,
+    left_steps: usize,
+    right_steps: usize,
+    /// Some step was held to derived bounds.
+    bounded: bool,
+}
+
+impl Comparer {
+    pub fn new(left: &str, right: &str, tol: &Tolerance, sample: Option<usize>) -> Self {
+        Comparer {
+            left: left.into(),
+            right: right.into(),
+            tol: *tol,
+            derived: false,
+            sample,
+            steps: Vec::new(),
+            left_steps: 0,
+            right_steps: 0,
+            bounded: false,
+        }
+    }
+
+    /// Elements are held to the bounds `allowed` gives (from the accumulation run) instead
+    /// of the fixed tolerance: the default, unless --max-ulps/--rtol/--atol were given.
+    pub fn derived(mut self, on: bool) -> Self {
+        self.derived = on;
+        self
+    }
+
+    /// One step's gradients; an empty side means that run made no such step. `allowed`
+    /// (possibly empty) bounds each element's difference when derived.
+    pub fn step(&mut self, a: &Params, b: &Params, allowed: &Params) {
+        self.step_at(a, b, allowed, &Params::new());
+    }
+
+    /// Like [`Comparer::step`], with recorded per-element magnitudes (`Trace::scales`, may be
+    /// empty) that differences are also measured at.
+    fn step_at(&mut self, a: &Params, b: &Params, allowed: &Params, magnitudes: &Params) {
+        self.left_steps += usize::from(!a.is_empty());
+        self.right_steps += usize::from(!b.is_empty());
+        if !a.is_empty() && !b.is_empty() {
+            // A gradient is a sum of K micro-batch gradients, which the two runs add in
+            // different orders; where they cancel, the rounding left over is a few ulps of
+            // the terms, not of the small result. So gradients are measured at their
+            // tensor's largest magnitude, as final weights are at their peak, and where the
+            // terms' magnitudes were recorded, at those too.
+            let (a, b) = (self.sampled(a), self.sampled(b));
+            let bounds = self.bounds(allowed);
+            self.bounded |= bounds.is_some();
+            let magnitudes = self.sampled(magnitudes);
+            let scales = Scales::TensorPeakAnd(&magnitudes);
+            self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref()));
+        }
+    }
+
+    /// Final weights and buffers; `a` and `b` may hold steps, which are compared first.
+    pub fn finish(mut self, a: &Trace, b: &Trace, buffers_counted: bool) -> Comparison {
+        for i in 0..a.steps.len().max(b.steps.len()) {
+            let none = Params::new();
+            let allowed = a.allowed.get(i).unwrap_or(&none);
+            let magnitudes = larger(a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none));
+            self.step_at(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed, &magnitudes);
+        }
+        // Steps both loss scalers skipped were never applied: their inf/NaN gradients prove
+        // nothing either way (a skip in one run only is `scaler`'s to report), nor do steps
+        // float16's range parted (`RangeParts`), nor, once free-running runs part, any later.
+        let range_parted = RangeParted::of(a, b);
+        let both_skipped = a.scaler.found_inf.iter().zip(&b.scaler.found_inf).map(|(x, y)| *x && *y);
+        let both_skipped: Vec<bool> = both_skipped.chain(std::iter::repeat(false)).take(self.steps.len()).collect();
+        for (i, (g, skipped)) in self.steps.iter_mut().zip(both_skipped).enumerate() {
+            if range_parted.as_ref().is_some_and(|p| p.covers(i)) {
+                *g = GroupDiff::not_judged(NotJudged::RangeParted);
+            } else if skipped {
+                *g = GroupDiff::not_judged(NotJudged::BothSkipped);
+            }
+        }
+        // Final weights are measured at each weight's largest magnitude during training:
+        // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
+        let scales = self.sampled(&peaks(a, b));
+        let bounds = self.bounds(&a.allowed_finals);
+        let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
+        // A parted step applied in one run only: even in lockstep, which restarts weights and
+        // scaler but not momentum or AdamW's moments, the final weights differ by it.
+        let finals = match range_parted.is_some() {
+            true => GroupDiff::not_judged(NotJudged::RangeParted),
+            false => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref()),
+        };
+        let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty())
+            .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None));
+        let counted: Vec<&GroupDiff> =
+            self.steps.iter().chain([&finals]).chain(buffers.iter().filter(|_| buffers_counted)).collect();
+        let mut verdict = counted.iter().map(|s| s.verdict).max().unwrap_or(Verdict::Exact);
+        let worst_fraction = counted.iter().map(|s| s.worst_fraction).fold(0.0, f64::max);
+        let derived = self.derived && (self.bounded || !a.allowed_finals.is_empty());
+        if self.left_steps != self.right_steps {
+            verdict = Verdict::Diverged;
+        }
+        // Both computed as lr · f(tick) in float64 from whole numbers: equal or not.
+        let lr = a.lrs.iter().zip(&b.lrs).enumerate().find(|(_, (x, y))| x != y);
+        let lr = lr.map(|(step, (&left, &right))| LrMismatch { step, left, right });
+        let mut worst_fraction = worst_fraction;
+        let rank_drift = a.rank_drift.clone().or_else(|| b.rank_drift.clone());
+        let scaler =
+            ScalerMismatch::first(&a.scaler, &b.scaler, |m| range_parted.as_ref().is_some_and(|p| p.excuses(m)));
+        if lr.is_some() || rank_drift.is_some() || scaler.is_some() {
+            // Learning rates and the ranks' fingerprints are compared exactly: no
+            // difference is allowed.
+            verdict = Verdict::Diverged;
+            worst_fraction = f64::INFINITY;
+        }
+        Comparison {
+            left: self.left,
+            right: self.right,
+            tolerance: self.tol,
+            derived,
+            worst_fraction,
+            left_steps: self.left_steps,
+            right_steps: self.right_steps,
+            steps: self.steps,
+            finals,
+            buffers,
+            buffers_counted,
+            lr,
+            rank_drift,
+            scaler,
+            range_parted,
+            verdict,
+        }
+    }
+
+    /// The derived bounds to hold elements to, if this comparer uses them and has some.
+    fn bounds(&self, allowed: &Params) -> Option<Params> {
+        (self.derived && !allowed.is_empty()).then(|| self.sampled(allowed))
+    }
+
+    fn sampled(&self, p: &Params) -> Params {
+        match self.sample {
+            Some(k) => p.iter().map(|(n, t)| (n.clone(), crate::evidence::sample(t, k))).collect(),
+            None => p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+        }
+    }
+}
+
+/// Two whole traces; buffers count toward the verdict.
+pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -> Comparison {
+    Comparer::new(left, right, tol, None).finish(a, b, true)
+}
+
+/// Element-wise largest of the two traces' recorded peaks (either may be empty).
+fn peaks(a: &Trace, b: &Trace) -> Params {
+    larger(&a.peaks, &b.peaks)
+}
+
+/// Element-wise largest of two sets of magnitudes, by name (either may be empty).
+pub(super) fn larger(a: &Params, b: &Params) -> Params {
+    let mut out: Params = a.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+    for (name, t) in b {
+        match out.iter_mut().find(|(n, _)| n == name) {
+            Some((_, mine)) if mine.size() == t.size() => *mine = mine.maximum(t),
+            Some(_) => {}
+            None => out.push((name.clone(), t.shallow_clone())),
+        }
+    }
+    out
+}

@@ -1,0 +1,49 @@
+//! Minimal failing configurations, persisted as proptest persists its regressions, but as
+//! the configurations themselves: one JSON line each, replayed first on the next run.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+use crate::spec::TrainConfig;
+
+/// The regressions file's configurations; a line that is not one is refused (exit 2), never
+/// skipped in silence. Configurations today's rules refuse are left out.
+pub fn read_regressions(path: Option<&PathBuf>) -> Result<Vec<TrainConfig>> {
+    let Some(path) = path.filter(|p| p.exists()) else { return Ok(Vec::new()) };
+    let fix = "fix or delete the file (explore writes one configuration as JSON per line)";
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::bad_file(path, format!("--regressions cannot be read ({e})"), fix))?;
+    let mut configs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let cfg: TrainConfig = serde_json::from_str(line).map_err(|e| {
+            Error::bad_file(path, format!("--regressions line {} is not a configuration ({e})", i + 1), fix)
+        })?;
+        if crate::plan::checks::check_train(&cfg).is_ok() {
+            configs.push(cfg);
+        }
+    }
+    Ok(configs)
+}
+
+/// Appends a minimal failing configuration; a failure to write it is an error, not a
+/// finding lost in silence.
+pub(super) fn append_regression(path: Option<&PathBuf>, cfg: &TrainConfig) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let io = |e| Error::io(format!("appending to {}", path.display()), e);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let fresh = !path.exists();
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+    let mut text = String::new();
+    if fresh {
+        text.push_str("# Minimal configurations ddp-verify explore found not equivalent; replayed first.\n");
+    }
+    text.push_str(&serde_json::to_string(cfg).expect("config serialises"));
+    text.push('\n');
+    f.write_all(text.as_bytes()).map_err(io)
+}

@@ -30,8 +30,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     strip_ddp_prefix(&mut a, &b);
     strip_ddp_prefix(&mut b, &a);
     line_up(&a, &b, pa, pb)?;
-    let kind = a.finals[0].1.kind();
-    let dtype = Dtype::ALL.into_iter().find(|d| d.kind() == kind).unwrap_or(Dtype::Float32);
+    let dtype = Dtype::of_kind(a.finals[0].1.kind()).unwrap_or(Dtype::Float32);
     // Users' runs train on their own: the free-running tolerance of their dtype.
     let tolerance = opts.tolerance.tolerance(dtype, false);
     let labels = labels(pa, pb);

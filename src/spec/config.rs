@@ -39,3 +39,25 @@ pub struct Config {
     #[serde(default)]
     pub kernels: crate::spec::KernelMode,
 }
+
+impl Config {
+    /// `train` judged as a verification judges it, writing nothing: what explore assembles
+    /// for each case (`jobs::verify::assemble`).
+    pub fn judging(train: TrainConfig, tolerance: Tolerance, derive_bounds: bool) -> Config {
+        Config {
+            train,
+            tolerance,
+            derive_bounds,
+            save_trace: None,
+            golden: None,
+            force: false,
+            bless: false,
+            reports: Vec::new(),
+            timeout_s: ddp_verify_cli::defaults::TIMEOUT_S,
+            plot: None,
+            strict_buffers: false,
+            device_note: String::new(),
+            kernels: crate::spec::KernelMode::default(),
+        }
+    }
+}

@@ -6,9 +6,9 @@ use std::time::Instant;
 use super::Timing;
 use crate::error::Result;
 use crate::jobs::pool::RankPool;
-use crate::judge::{diagnose, Comparer, Context, Diagnosis, Verdict};
+use crate::judge::{Diagnosis, Verdict};
 use crate::plan::Effect;
-use crate::spec::{Bug, ToleranceOverrides, TrainConfig};
+use crate::spec::{Bug, Config, ToleranceOverrides, TrainConfig};
 use crate::train::accumulation;
 
 pub(super) struct Case {
@@ -45,23 +45,13 @@ impl Runner<'_> {
             None => (accumulation(cfg)?, cfg.with_big_batch().then(|| crate::train::big_batch(cfg)).transpose()?),
         };
         let t2 = Instant::now();
-        let tol = self.tol.tolerance(cfg.dtype, cfg.lockstep);
-        let derive = self.tol.derive(cfg);
-        let c = Comparer::new("accumulation", "ddp", &tol, None).derived(derive).finish(&acc, &ddp, false);
-        let cx = Context::of_run(cfg);
-        let mut diagnosis = diagnose(&acc, &ddp, &c, &cx);
-        let (mut verdict, mut used) = (c.verdict, c.worst_fraction);
-        let unjudged = c.verdict != Verdict::Diverged && c.steps.iter().all(|g| g.not_judged.is_some());
-        if let Some(big) = big {
-            // The same judgement a verification makes (`Trace::for_big_batch`).
-            let acc = acc.for_big_batch();
-            let b = Comparer::new("accumulation", "big batch", &tol, None).derived(derive).finish(&acc, &big, true);
-            let runs_agree = c.verdict != Verdict::Diverged;
-            if diagnosis.is_none() {
-                diagnosis = crate::judge::diagnose_big_batch(&acc, &big, &b, &cx, runs_agree);
-            }
-            (verdict, used) = (verdict.max(b.verdict), used.max(b.worst_fraction));
-        }
+        // The judgement a verification makes, big batch included.
+        let judged = Config::judging(cfg.clone(), self.tol.tolerance(cfg.dtype, cfg.lockstep), self.tol.derive(cfg));
+        let o = crate::jobs::verify::assemble(&judged, acc, ddp, big, None);
+        let used = o.comparisons().iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
+        let unjudged = o.runs.verdict != Verdict::Diverged && o.runs.steps.iter().all(|g| g.not_judged.is_some());
+        let diagnosis = o.diagnosis.clone().or_else(|| o.big_batch.as_ref().and_then(|b| b.diagnosis.clone()));
+        let verdict = o.verdict();
         let t = &mut self.timing;
         t.ddp += (t1 - t0).as_secs_f64();
         t.accumulation += (t2 - t1).as_secs_f64();

@@ -18,4 +18,4 @@ pub use bugs::Effect;
 pub use norm::{Counts, Normaliser};
 pub use sampler::{batches_per_rank, optimizer_steps, steps_per_epoch, SamplerSpec};
 pub use split::SplitPlan;
-pub use steps::{RunPlan, StepPlan};
+pub use steps::{Planted, RunPlan, StepPlan};

@@ -23,17 +23,28 @@ pub struct StepPlan {
     pub tail_epoch: u64,
 }
 
-/// Which samples, which normalisation, and whether gradients are zeroed: one run's plan.
+/// Which samples, which normalisation, which learning rates, and what a planted bug makes
+/// the run do: one run's plan.
 pub struct RunPlan {
     pub steps: StepPlan,
     pub norm: Normaliser,
-    /// False only to plant the stale-gradient bug.
-    pub zero_grad: bool,
     /// Each step's learning rate: lr times the schedule's factor at the step's tick.
     pub lrs: Vec<f64>,
-    /// `--clip-grad-norm`, and whether this run clips after every micro-batch instead of
-    /// once per step (`clip-per-micro-batch`).
+    /// `--clip-grad-norm`.
     pub clip: Option<f64>,
+    /// `--overflow-step`: the step, and which of this run's micro-batches in it overflows
+    /// (the last rank's first: accumulation's W-th, that rank's first).
+    pub overflow: Option<(usize, usize)>,
+    pub planted: Planted,
+}
+
+/// What a planted bug makes a run do at run time, in one value the run consults (the
+/// sampler's and the normalisation's bugs are in its steps and normaliser already).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Planted {
+    /// Never zeroes its gradients after a step (`stale-zero-grad`).
+    pub stale_grads: bool,
+    /// Clips after every micro-batch instead of once per step (`clip-per-micro-batch`).
     pub clip_each_micro_batch: bool,
     /// A DDP rank leaves its last registered parameter out of the all-reduce
     /// (`unsynced-param`).
@@ -41,14 +52,24 @@ pub struct RunPlan {
     /// A DDP rank keys dropout by its own sample counter, so every rank draws one mask
     /// stream (`dropout-same-seed`).
     pub dropout_same_seed: bool,
-    /// `--overflow-step`: the step, and which of this run's micro-batches in it overflows
-    /// (the last rank's first: accumulation's W-th, that rank's first).
-    pub overflow: Option<(usize, usize)>,
-    /// Under a loss scaler, this run unscales after every micro-batch
-    /// (`unscale-per-micro-batch`), or updates the scale after every one
-    /// (`scaler-update-per-micro-batch`).
+    /// Under a loss scaler, unscales after every micro-batch (`unscale-per-micro-batch`),
+    /// or updates the scale after every one (`scaler-update-per-micro-batch`).
     pub unscale_each_micro_batch: bool,
     pub scaler_update_each_micro_batch: bool,
+}
+
+impl Planted {
+    /// The run-time switches of `bug`, planted in a run whose gradients are zeroed or not.
+    fn of(bug: Option<Bug>, zero_grad: bool) -> Planted {
+        Planted {
+            stale_grads: !zero_grad,
+            clip_each_micro_batch: bug == Some(Bug::ClipPerMicroBatch),
+            unsynced_param: bug == Some(Bug::UnsyncedParam),
+            dropout_same_seed: bug == Some(Bug::DropoutSameSeed),
+            unscale_each_micro_batch: bug == Some(Bug::UnscalePerMicroBatch),
+            scaler_update_each_micro_batch: bug == Some(Bug::ScalerUpdatePerMicroBatch),
+        }
+    }
 }
 
 impl StepPlan {
@@ -122,23 +143,8 @@ impl RunPlan {
     fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, zero_grad: bool, bug: Option<Bug>) -> RunPlan {
         let lrs =
             super::schedule::factors(cfg, steps.steps.iter().map(Vec::len), bug).iter().map(|f| cfg.lr * f).collect();
-        let clip_each_micro_batch = bug == Some(Bug::ClipPerMicroBatch);
-        let unsynced_param = bug == Some(Bug::UnsyncedParam);
-        let dropout_same_seed = bug == Some(Bug::DropoutSameSeed);
-        let clip = cfg.optim.clip_grad_norm;
-        RunPlan {
-            steps,
-            norm,
-            zero_grad,
-            lrs,
-            clip,
-            clip_each_micro_batch,
-            unsynced_param,
-            dropout_same_seed,
-            overflow: None,
-            unscale_each_micro_batch: bug == Some(Bug::UnscalePerMicroBatch),
-            scaler_update_each_micro_batch: bug == Some(Bug::ScalerUpdatePerMicroBatch),
-        }
+        let (clip, planted) = (cfg.optim.clip_grad_norm, Planted::of(bug, zero_grad));
+        RunPlan { steps, norm, lrs, clip, overflow: None, planted }
     }
 
     pub fn accumulation(cfg: &TrainConfig) -> RunPlan {

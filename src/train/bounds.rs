@@ -525,3 +525,45 @@ fn work(t: &Tensor) -> Tensor {
         false => t.detach(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+    /// Higham's γ(n) = n·u / (1 − n·u), by hand.
+    #[test]
+    fn gamma_is_highams() {
+        assert_eq!(gamma(0, U), 0.0);
+        assert_eq!(gamma(1, U), U / (1.0 - U));
+        assert_eq!(gamma(3, U), 3.0 * U / (1.0 - 3.0 * U));
+    }
+
+    /// float32 on two CPU ranks: each element may differ by HEADROOM · (|control −
+    /// accumulation| + 2·γ(1)·Σ|partial|), plus the subnormal floor of K + W additions.
+    #[test]
+    fn the_allowance_is_twice_the_measured_gap_plus_the_reordered_sums_reach() {
+        let b = Bounds::new(&TrainConfig::article(), 1);
+        let tiny = f64::from(f32::from_bits(1)) * 4.0;
+        let c = Tensor::from_slice(&[1.0f32, -2.0]);
+        let g = Tensor::from_slice(&[1.0f32, -2.0 + 2f32.powi(-22)]);
+        let mag = Tensor::from_slice(&[3.0f32, 4.0]);
+        let got = Vec::<f64>::try_from(b.allowed(c, mag, &g).to_kind(Kind::Double)).unwrap();
+        let reach = |m: f64| 2.0 * gamma(1, U) * m;
+        let want = [HEADROOM * reach(3.0) + tiny, HEADROOM * (2f64.powi(-22) + reach(4.0)) + tiny];
+        for (got, want) in got.iter().zip(want) {
+            assert!((got - want).abs() <= 4.0 * U * want, "{got} vs {want}");
+        }
+    }
+
+    /// A control that overflowed derives nothing: only the floor is allowed, never infinity.
+    #[test]
+    fn a_non_finite_control_allows_only_the_floor() {
+        let b = Bounds::new(&TrainConfig::article(), 1);
+        let c = Tensor::from_slice(&[f32::INFINITY, f32::NAN]);
+        let got =
+            Vec::<f64>::try_from(b.allowed(c, Tensor::from_slice(&[1.0f32, 1.0]), &Tensor::from_slice(&[0f32, 0.0])));
+        assert!(got.unwrap().iter().all(|&a| a == f64::from(f32::from_bits(1)) * 4.0));
+    }
+}

@@ -4,7 +4,7 @@ use crate::evidence::Trace;
 use crate::plan::RunPlan;
 use crate::spec::TrainConfig;
 
-use super::{DdpSide, DdpStart, Run};
+use super::{DdpSide, DdpStart, Derives, Run};
 
 /// One DDP rank: its own DistributedSampler shard (set_epoch each epoch), K/W micro-batches
 /// under no_sync, each loss divided by K/W, then gradients averaged the way PyTorch's DDP
@@ -19,7 +19,7 @@ pub fn ddp_run<'a>(cfg: &TrainConfig, comm: &'a dyn Collective, start: DdpStart)
         ));
     }
     let side = DdpSide { comm, broadcast_buffers: true, start };
-    Run::new(cfg, RunPlan::ddp_rank(cfg, rank), Some(side), false)
+    Run::new(cfg, RunPlan::ddp_rank(cfg, rank), Some(side), Derives::Nothing)
 }
 
 /// One rank's whole trace, free-running; every rank returns the same gradients.

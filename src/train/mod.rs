@@ -29,7 +29,7 @@ use self::scaler::Scaler;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
 use crate::evidence::{snapshot, Params, RangeParts, ScalerRecord, Trace};
-use crate::plan::{Counts, Normaliser, RunPlan, StepPlan};
+use crate::plan::{Counts, Normaliser, Planted, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
 
 /// A run's weights and buffers as [`collective::flatten`] makes them.
@@ -55,44 +55,47 @@ pub enum DdpStart {
     Restarted,
 }
 
+/// Whether a run derives, from its own arithmetic, what the others may differ by: the
+/// accumulation run does (`train::Bounds`); the others are held to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Derives {
+    Bounds,
+    Nothing,
+}
+
 /// One run in one process: model, data, optimizer, and the steps it will take.
 pub struct Run<'a> {
     model: Box<dyn Model>,
     data: Data,
     opt: Optimizer,
-    /// Its steps, loss normalisation and zeroing, from `plan::RunPlan`.
+    /// Its steps and loss normalisation, from `plan::RunPlan`.
     plan: StepPlan,
     norm: Normaliser,
-    zero_grad: bool,
+    /// What a planted bug makes this run do (`plan::Planted`): the one value it consults.
+    planted: Planted,
     /// Each step's learning rate, and the clipping (see `plan::RunPlan`).
     lrs: Vec<f64>,
     clip: Option<f64>,
-    clip_each_micro_batch: bool,
     /// A schedule other than constant was asked for.
     lr_scheduled: bool,
     /// Clipping calls each step made so far, and the parameters in PyTorch's order, in
     /// which clipping sums their norms.
     clips: Vec<i64>,
     torch_order: Vec<usize>,
-    /// A DDP rank: the first step at which some rank held another model than rank 0, and
-    /// whether it plants `unsynced-param`.
+    /// A DDP rank: the first step at which some rank held another model than rank 0.
     drift: Option<crate::evidence::RankDrift>,
-    unsynced_param: bool,
-    /// tiny-lm's dropout; whether this rank keys it by its own sample counter
-    /// (`dropout-same-seed`), that counter (epoch, samples so far), and each step's digest
+    /// tiny-lm's dropout; the sample counter a rank keys it by under `dropout-same-seed`
+    /// (epoch, samples so far), and each step's digest
     /// of the keys its masks were drawn from (all ranks' together in DDP).
     dropout: Option<dropout::Dropout>,
-    dropout_same_seed: bool,
     counter: (Option<u64>, i64),
     dropout_keys: Vec<f64>,
     /// `--amp float16`'s GradScaler and what it did each step; the micro-batch made to
-    /// overflow (step, index in the window); the two scaler bugs; and whether a micro-batch
+    /// overflow (step, index in the window); and whether a micro-batch
     /// unscaled so far this window (`unscale-per-micro-batch`) found inf/NaN.
     scaler: Option<Scaler>,
     scaler_record: ScalerRecord,
     overflow: Option<(usize, usize)>,
-    unscale_each_micro_batch: bool,
-    scaler_update_each_micro_batch: bool,
     found_in_window: bool,
     /// The accumulation run's prediction of where float16's range parts it from DDP.
     range_parts: Option<RangeParts>,
@@ -113,21 +116,8 @@ pub struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    /// `bounds`: this run is the accumulation run, which derives what the others may differ by.
-    fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, bounds: bool) -> Result<Self> {
-        let RunPlan {
-            steps: plan,
-            norm,
-            zero_grad,
-            lrs,
-            clip,
-            clip_each_micro_batch,
-            unsynced_param,
-            dropout_same_seed,
-            overflow,
-            unscale_each_micro_batch,
-            scaler_update_each_micro_batch,
-        } = plan;
+    fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, derives: Derives) -> Result<Self> {
+        let RunPlan { steps: plan, norm, lrs, clip, overflow, planted } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
         let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
@@ -143,31 +133,26 @@ impl<'a> Run<'a> {
             true => model.parameters().iter().map(|(_, p)| p.detach().abs()).collect(),
             false => Vec::new(),
         };
-        let bounds = bounds.then(|| Bounds::new(cfg, model.parameters().len()));
+        let bounds = (derives == Derives::Bounds).then(|| Bounds::new(cfg, model.parameters().len()));
         let mut run = Run {
             model,
             data,
             opt,
             plan,
             norm,
-            zero_grad,
+            planted,
             lrs,
             clip,
-            clip_each_micro_batch,
             lr_scheduled: cfg.optim.lr_schedule != crate::spec::Schedule::Constant,
             clips: Vec::new(),
             torch_order,
             drift: None,
-            unsynced_param,
             dropout: dropout::Dropout::new(cfg, device),
-            dropout_same_seed,
             counter: (None, 0),
             dropout_keys: Vec::new(),
             scaler: Scaler::new(cfg, device),
             scaler_record: ScalerRecord::default(),
             overflow,
-            unscale_each_micro_batch,
-            scaler_update_each_micro_batch,
             found_in_window: false,
             range_parts: (bounds.is_some() && cfg.amp.scaled())
                 .then(|| RangeParts { steps: Vec::new(), carries: !cfg.lockstep }),
@@ -207,7 +192,7 @@ impl<'a> Run<'a> {
         }
         if let Some(d) = &self.ddp {
             // `unsynced-param` leaves out the last parameter PyTorch registers.
-            let left_out = self.torch_order.last().copied().filter(|_| self.unsynced_param);
+            let left_out = self.torch_order.last().copied().filter(|_| self.planted.unsynced_param);
             let params = self.model.parameters().iter().enumerate();
             let grads: Vec<Tensor> = params.filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
             collective::average_gradients(d.comm, &grads)?;
@@ -219,10 +204,10 @@ impl<'a> Run<'a> {
         let params = self.model.parameters();
         let lr = self.lrs[s];
         if self.clip.is_some() {
-            self.clips.push(if self.clip_each_micro_batch { group.len() as i64 } else { 1 });
+            self.clips.push(if self.planted.clip_each_micro_batch { group.len() as i64 } else { 1 });
         }
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-        let clip = match (self.clip, self.clip_each_micro_batch) {
+        let clip = match (self.clip, self.planted.clip_each_micro_batch) {
             (Some(max), false) => {
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| tensors[i].grad()).collect();
                 let (total, coef) = optim::clip_coefficient(&grads, max)?;
@@ -243,7 +228,7 @@ impl<'a> Run<'a> {
         if let Some((_, coef)) = &clip {
             optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
         }
-        let grads = match (self.traced, self.zero_grad && self.model_device() == tch::Device::Cpu) {
+        let grads = match (self.traced, !self.planted.stale_grads && self.model_device() == tch::Device::Cpu) {
             (false, _) => Params::new(),
             // zero_grad drops these tensors for new ones and SGD only reads them, so
             // holding them is as good as a copy of 45 MB a step for resnet18.
@@ -263,7 +248,7 @@ impl<'a> Run<'a> {
         }
         self.compare_ranks(s)?;
         self.track_peaks();
-        if self.zero_grad {
+        if !self.planted.stale_grads {
             self.opt.zero_grad()?;
         }
         Ok(grads)
@@ -278,15 +263,15 @@ impl<'a> Run<'a> {
             return Ok(false);
         }
         let mut found = std::mem::take(&mut self.found_in_window);
-        if !self.unscale_each_micro_batch {
+        if !self.planted.unscale_each_micro_batch {
             found |= self.unscale_grads()?;
         }
         let r = &mut self.scaler_record;
         let n = n as i64;
         r.scales.push(start);
         r.found_inf.push(found);
-        r.unscales.push(if self.unscale_each_micro_batch { n } else { 1 });
-        r.updates.push(if self.scaler_update_each_micro_batch { n } else { 1 });
+        r.unscales.push(if self.planted.unscale_each_micro_batch { n } else { 1 });
+        r.updates.push(if self.planted.scaler_update_each_micro_batch { n } else { 1 });
         if let (Some(b), Some(parts)) = (self.bounds.as_mut(), self.range_parts.as_mut()) {
             // Free-running runs part for good at the first: later predictions start from
             // other weights.
@@ -475,7 +460,7 @@ impl<'a> Run<'a> {
                 if self.counter.0 != Some(epoch) {
                     self.counter = (Some(epoch), 0);
                 }
-                let keys: Vec<i64> = match self.dropout_same_seed {
+                let keys: Vec<i64> = match self.planted.dropout_same_seed {
                     // Every rank's n-th sample of the epoch draws the n-th masks.
                     true => (self.counter.1..self.counter.1 + idx.len() as i64).collect(),
                     false => idx.clone(),
@@ -503,15 +488,15 @@ impl<'a> Run<'a> {
                 // summed loss over the step's token count; times the loss scale under AMP.
                 None => scaler::seed(&loss, divisor, scale.as_ref()).f_backward()?,
             }
-            if self.unscale_each_micro_batch {
+            if self.planted.unscale_each_micro_batch {
                 self.found_in_window |= self.unscale_grads()?;
             }
-            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.scaler_update_each_micro_batch) {
+            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.planted.scaler_update_each_micro_batch) {
                 if j + 1 < group.len() {
                     scaler.update(false)?;
                 }
             }
-            if let (true, Some(max)) = (self.clip_each_micro_batch, self.clip) {
+            if let (true, Some(max)) = (self.planted.clip_each_micro_batch, self.clip) {
                 let params = self.model.parameters();
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| params[i].1.grad()).collect();
                 let coef = optim::clip_grad_norm(&grads, max)?;

@@ -8,7 +8,7 @@
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use super::Run;
+use super::{Derives, Run};
 use crate::error::Result;
 use crate::evidence::{snapshot, Params};
 use crate::plan::RunPlan;
@@ -52,7 +52,7 @@ impl Unrepeatable {
 /// micro-batches of the accumulation run, on its device.
 pub fn repeat_check(cfg: &TrainConfig, platform: &Platform) -> Result<Option<Unrepeatable>> {
     let clean = TrainConfig { inject: None, ..cfg.clone() };
-    let mut run = Run::new(&clean, RunPlan::accumulation(&clean), None, false)?;
+    let mut run = Run::new(&clean, RunPlan::accumulation(&clean), None, Derives::Nothing)?;
     let Some(first) = run.plan.steps.first().and_then(|g| g.first()).cloned() else { return Ok(None) };
     let group = [first];
     let divisors = run.divisors(0, &group, false)?;

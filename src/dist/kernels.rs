@@ -90,18 +90,48 @@ pub fn machine(device: DeviceKind) -> Machine {
 
 /// The first processor's model name and vendor id from `/proc/cpuinfo`'s text.
 pub fn parse_cpuinfo(text: &str) -> Machine {
-    let first = text.split("\n\n").next().unwrap_or_default();
-    let field = |key: &str| {
-        first.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == key).then(|| v.trim().to_string())
-        })
-    };
     Machine {
-        cpu: field("model name").unwrap_or_else(|| "unknown".into()),
-        vendor: field("vendor_id").unwrap_or_else(|| "unknown".into()),
+        cpu: first_field(text, "model name").unwrap_or_else(|| "unknown".into()),
+        vendor: first_field(text, "vendor_id").unwrap_or_else(|| "unknown".into()),
         ..Machine::default()
     }
+}
+
+/// The instruction set oneDNN dispatches to on a CPU with `flags` (`/proc/cpuinfo`'s),
+/// as oneDNN names it, capped by `ONEDNN_MAX_CPU_ISA` where that is set: what its kernels
+/// would use here with `--kernels native` (the portable mode turns it off).
+pub fn onednn_isa(flags: &str, cap: Option<&str>) -> String {
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let ladder = [
+        ("AVX10_1_512_AMX_FP16", has("amx_fp16")),
+        ("AVX512_CORE_AMX", has("amx_bf16") && has("amx_tile")),
+        ("AVX512_CORE_BF16", has("avx512_bf16")),
+        ("AVX512_CORE_VNNI", has("avx512_vnni")),
+        ("AVX512_CORE", ["avx512f", "avx512bw", "avx512vl", "avx512dq"].iter().all(|f| has(f))),
+        ("AVX2", has("avx2")),
+        ("SSE41", has("sse4_1")),
+    ];
+    let best = ladder.iter().position(|(_, on)| *on).unwrap_or(ladder.len() - 1);
+    let capped = cap.and_then(|c| ladder.iter().position(|(name, _)| name.eq_ignore_ascii_case(c)));
+    let at = capped.map_or(best, |c| c.max(best));
+    match capped {
+        Some(_) => format!("{} (ONEDNN_MAX_CPU_ISA={})", ladder[at].0, cap.unwrap_or_default()),
+        None => ladder[at].0.to_string(),
+    }
+}
+
+/// This machine's CPU flags, as `/proc/cpuinfo` lists them for its first processor.
+pub fn cpu_flags() -> String {
+    first_field(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default(), "flags").unwrap_or_default()
+}
+
+/// A field of the first processor in `/proc/cpuinfo`'s text.
+fn first_field(text: &str, key: &str) -> Option<String> {
+    let first = text.split("\n\n").next().unwrap_or_default();
+    first.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == key).then(|| v.trim().to_string())
+    })
 }
 
 /// libstdc++'s `std::string` (the C++11 ABI): data pointer, length, inline buffer.
@@ -155,6 +185,19 @@ pub fn onednn() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn onednn_isa_is_the_best_the_flags_allow_under_the_cap() {
+        let spr = "sse4_1 avx2 avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 amx_bf16 amx_tile";
+        assert_eq!(onednn_isa(spr, None), "AVX512_CORE_AMX");
+        assert_eq!(onednn_isa(spr, Some("AVX2")), "AVX2 (ONEDNN_MAX_CPU_ISA=AVX2)");
+        assert_eq!(
+            onednn_isa("sse4_1 avx2 avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16", None),
+            "AVX512_CORE_BF16"
+        );
+        assert_eq!(onednn_isa("sse4_1 avx2", Some("avx512_core")), "AVX2 (ONEDNN_MAX_CPU_ISA=avx512_core)");
+        assert_eq!(onednn_isa("", None), "SSE41");
+    }
 
     #[test]
     fn cpuinfo_gives_the_first_processors_model_and_vendor() {

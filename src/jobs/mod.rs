@@ -34,6 +34,9 @@ pub fn devices(gpus: usize, mode: KernelMode) -> Result<Exit> {
     print!("{}", crate::dist::device::describe(gpus));
     println!("cpu:      {} ({})", platform.machine.cpu, platform.machine.vendor);
     println!("kernels:  --kernels {}: {}", mode.name(), platform.describe());
+    let cap = std::env::var("ONEDNN_MAX_CPU_ISA").ok();
+    let isa = crate::dist::kernels::onednn_isa(&crate::dist::kernels::cpu_flags(), cap.as_deref());
+    println!("oneDNN:   {} here, used by --kernels native (off in portable)", isa);
     let mut places = vec![DeviceKind::Cpu];
     if crate::dist::device::cuda_gpus().is_ok() {
         places.push(DeviceKind::Cuda);

@@ -176,6 +176,8 @@ fn devices_checks_that_every_model_and_dtype_repeats() {
         out.contains("--kernels portable: ") && out.contains("ATen AVX2, oneDNN off, MKL_CBWR=COMPATIBLE"),
         "{out}"
     );
+    let onednn = out.lines().find(|l| l.starts_with("oneDNN:   ")).unwrap_or_default();
+    assert!(onednn.contains(" here, used by --kernels native"), "{out}");
     let checks: Vec<&str> = out.lines().filter(|l| l.starts_with("  cpu ")).collect();
     assert_eq!(checks.len(), 18, "{out}");
     assert!(checks.iter().all(|l| l.contains(" repeats (")), "{out}");

@@ -34,9 +34,8 @@ pub enum Command {
     Compare(CompareArgs),
     /// Run the cases of a TOML file (CI gates); cases with the same W share ranks started once.
     Suite(SuiteArgs),
-    /// Show what --device can use here: CUDA driver and GPUs, NCCL, and what auto picks.
-    /// Show what this machine computes with (CPU, kernels, GPUs, NCCL) and check that its
-    /// kernels repeat themselves for every model and dtype: a self-test for a new runner.
+    /// Show what this machine computes with (CPU, kernels, GPUs, NCCL, what --device auto picks) and
+    /// check that its kernels repeat themselves for every model and dtype: a self-test for a new runner.
     Devices {
         /// DDP ranks that would share this machine.
         #[arg(long, default_value_t = d::GPUS)]

@@ -8,6 +8,7 @@ pub mod data;
 mod ddp;
 mod dropout;
 pub mod fits;
+mod listen;
 mod lockstep;
 pub mod models;
 pub mod optim;
@@ -17,6 +18,7 @@ mod scaler;
 pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
 pub use bounds::{Bounds, Clip};
 pub use ddp::{ddp_rank, ddp_run};
+use listen::Listener;
 pub use lockstep::{lockstep, StepGrads, StepSink};
 pub use repeat::{repeat_check, Unrepeatable};
 
@@ -107,8 +109,9 @@ pub struct Run<'a> {
     traced: bool,
     /// Lockstep: whether this run has restarted from the accumulation run yet.
     restarted: bool,
-    /// The accumulation run's: what rounding may make DDP differ by (see `bounds`).
-    bounds: Option<Bounds>,
+    /// Who hears what the run does: the accumulation run's bounds (what rounding may make
+    /// DDP differ by, see `bounds`), else a listener that only backpropagates.
+    listener: Box<dyn Listener>,
     /// What the last step's gradients may differ by, until taken: from DDP's, and from
     /// the big batch's.
     allowed: Params,
@@ -133,7 +136,10 @@ impl<'a> Run<'a> {
             true => model.parameters().iter().map(|(_, p)| p.detach().abs()).collect(),
             false => Vec::new(),
         };
-        let bounds = (derives == Derives::Bounds).then(|| Bounds::new(cfg, model.parameters().len()));
+        let listener: Box<dyn Listener> = match derives {
+            Derives::Bounds => Box::new(Bounds::new(cfg, model.parameters().len())),
+            Derives::Nothing => Box::new(listen::Silent),
+        };
         let mut run = Run {
             model,
             data,
@@ -154,13 +160,13 @@ impl<'a> Run<'a> {
             scaler_record: ScalerRecord::default(),
             overflow,
             found_in_window: false,
-            range_parts: (bounds.is_some() && cfg.amp.scaled())
+            range_parts: (derives == Derives::Bounds && cfg.amp.scaled())
                 .then(|| RangeParts { steps: Vec::new(), carries: !cfg.lockstep }),
             ddp,
             peaks,
             traced,
             restarted: false,
-            bounds,
+            listener,
             allowed: Params::new(),
             allowed_big: Params::new(),
         };
@@ -215,16 +221,12 @@ impl<'a> Run<'a> {
             }
             _ => None,
         };
-        if let Some(b) = self.bounds.as_mut() {
-            // Before clipping: the bounds follow what clipping does to them.
-            let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-            let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
-            (self.allowed, self.allowed_big) = match found_inf {
-                // Skipped by both runs: nothing applied, nothing carried.
-                true => b.skip(&names, &tensors),
-                false => b.step(&names, &grads, &tensors, lr, clip.as_ref().map(|c| c.0)),
-            };
-        }
+        // Before clipping: the bounds follow what clipping does to them.
+        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+        let grads: Vec<Tensor> = tensors.iter().map(Tensor::grad).collect();
+        let applied = (!found_inf).then_some(&grads[..]);
+        (self.allowed, self.allowed_big) =
+            self.listener.step(&names, applied, &tensors, lr, clip.as_ref().map(|c| c.0));
         if let Some((_, coef)) = &clip {
             optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
         }
@@ -239,9 +241,7 @@ impl<'a> Run<'a> {
         // `scaler.step(optimizer)`: no step where inf/NaN was found; then `scaler.update()`.
         if !found_inf {
             self.opt.step()?;
-            if let Some(b) = self.bounds.as_mut() {
-                b.after_step(&tensors, &self.opt.moments());
-            }
+            self.listener.stepped(&tensors, &self.opt);
         }
         if let Some(scaler) = self.scaler.as_mut() {
             scaler.update(found_inf)?;
@@ -272,10 +272,10 @@ impl<'a> Run<'a> {
         r.found_inf.push(found);
         r.unscales.push(if self.planted.unscale_each_micro_batch { n } else { 1 });
         r.updates.push(if self.planted.scaler_update_each_micro_batch { n } else { 1 });
-        if let (Some(b), Some(parts)) = (self.bounds.as_mut(), self.range_parts.as_mut()) {
+        if let Some(parts) = self.range_parts.as_mut() {
             // Free-running runs part for good at the first: later predictions start from
             // other weights.
-            let ddp_found = b.take_ddp_found_inf();
+            let ddp_found = self.listener.ddp_found_inf();
             let parted_for_good = parts.carries && !parts.steps.is_empty();
             if ddp_found != found && !parted_for_good {
                 parts.steps.push(s);
@@ -290,9 +290,7 @@ impl<'a> Run<'a> {
         let Some(scaler) = &self.scaler else { return Ok(false) };
         let inv = scaler.inverse();
         let found = scaler.unscale(&self.model.parameters().iter().map(|(_, p)| p.grad()).collect::<Vec<_>>())?;
-        if let Some(b) = self.bounds.as_mut() {
-            b.rescale(inv);
-        }
+        self.listener.rescaled(inv);
         Ok(found)
     }
 
@@ -310,21 +308,16 @@ impl<'a> Run<'a> {
     /// and peaks (no steps: the caller has them).
     pub fn finish(mut self) -> Result<Trace> {
         let tail = std::mem::take(&mut self.plan.tail);
-        // They make no step, so the bounds need not see them.
-        let bounds = self.bounds.take();
+        // They make no step, so the bounds need not hear of them.
+        let listener = std::mem::replace(&mut self.listener, Box::new(listen::Silent));
         // Never stepped, so its normalisation is never seen: no count is all-reduced.
         let divisors = self.divisors(self.plan.steps.len(), &tail, false)?;
         self.forward_backward(&tail, &divisors, self.plan.tail_epoch, None)?;
         let m = &self.model;
-        let (allowed_finals, allowed_finals_big) = match &bounds {
-            Some(b) => {
-                let params = m.parameters();
-                let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-                let weights: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-                (b.finals(&names, &weights), b.finals_big(&names, &weights))
-            }
-            None => (Params::new(), Params::new()),
-        };
+        let params = m.parameters();
+        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+        let weights: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+        let (allowed_finals, allowed_finals_big) = listener.finals(&names, &weights);
         Ok(Trace {
             allowed: Vec::new(),
             allowed_finals,
@@ -479,15 +472,8 @@ impl<'a> Run<'a> {
                 }
             }
             let scale = self.scaler.as_ref().map(|s| s.scale().shallow_clone());
-            match self.bounds.as_mut() {
-                Some(b) => {
-                    let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
-                    b.backward(&loss, divisor, batch_rows(&batch), &params, scale.as_ref())?;
-                }
-                // `loss / ACC_STEPS` with an integer divisor, as in the article; tiny-lm's
-                // summed loss over the step's token count; times the loss scale under AMP.
-                None => scaler::seed(&loss, divisor, scale.as_ref()).f_backward()?,
-            }
+            let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
+            self.listener.backward(&loss, divisor, batch_rows(&batch), &params, scale.as_ref())?;
             if self.planted.unscale_each_micro_batch {
                 self.found_in_window |= self.unscale_grads()?;
             }
@@ -500,9 +486,7 @@ impl<'a> Run<'a> {
                 let params = self.model.parameters();
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| params[i].1.grad()).collect();
                 let coef = optim::clip_grad_norm(&grads, max)?;
-                if let Some(b) = self.bounds.as_mut() {
-                    b.rescale(coef);
-                }
+                self.listener.rescaled(coef);
             }
         }
         Ok(digest)

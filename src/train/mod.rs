@@ -2,7 +2,6 @@
 //! step plan it is handed (`plan::RunPlan`) by one loop; lockstep drives both at once.
 
 mod accumulation;
-mod adamw_bounds;
 mod bounds;
 pub mod data;
 mod ddp;

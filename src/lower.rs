@@ -14,13 +14,11 @@ use ddp_verify_cli::{
 use crate::dist::{device, world};
 use crate::error::{Error, Result};
 use crate::evidence::{golden, SAVED_FILES};
-use crate::jobs::compare::CompareOptions;
-use crate::jobs::explore::ExploreOptions;
-use crate::jobs::suite::{Suite, SuiteCase};
 use crate::plan;
 use crate::spec::{
-    Amp, AmpConfig, Bug, Config, DeviceRequest, Dtype, Format, KernelMode, ModelKind, OptimConfig, Optimizer,
-    PartialWindow, ReportTarget, Schedule, Tolerance, ToleranceOverrides, TrainConfig,
+    Amp, AmpConfig, Bug, CompareOptions, Config, DeviceRequest, Dtype, ExploreOptions, Format, KernelMode, ModelKind,
+    OptimConfig, Optimizer, PartialWindow, ReportTarget, Schedule, Suite, SuiteCase, Tolerance, ToleranceOverrides,
+    TrainConfig,
 };
 use crate::train::fits;
 

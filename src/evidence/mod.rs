@@ -7,7 +7,7 @@ mod trace;
 mod writer;
 
 pub use golden::Golden;
-pub use trace::{sample, snapshot, Params, RangeParts, RankDrift, ScalerRecord, Trace, TraceMeta};
+pub use trace::{sample, snapshot, Params, RangePrediction, RankDrift, ScalerRecord, Trace, TraceMeta};
 pub use writer::TraceWriter;
 
 /// The `format` a trace's header names: the layout `Trace` documents, version 1.

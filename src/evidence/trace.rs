@@ -67,7 +67,7 @@ pub struct Trace {
     /// Under `--amp float16`: the loss scaler's record, per step.
     pub scaler: ScalerRecord,
     /// The accumulation run's, under `--amp float16`: where float16's range parts the runs.
-    pub range_parts: Option<RangeParts>,
+    pub range_parts: Option<RangePrediction>,
     /// The file's header, when it has one.
     pub meta: TraceMeta,
 }
@@ -79,12 +79,12 @@ pub struct Trace {
 /// step restarts from accumulation's weights and scaler, so only those steps part; free-running,
 /// the runs part for good at the first (`carries`), and only that one is recorded.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RangeParts {
+pub struct RangePrediction {
     pub steps: Vec<usize>,
     pub carries: bool,
 }
 
-impl RangeParts {
+impl RangePrediction {
     /// In a trace file: `range_part.<step>`, float32 [1], 1 when the runs part for good.
     const PREFIX: &'static str = "range_part.";
 
@@ -173,13 +173,13 @@ impl Trace {
         let mut lrs: BTreeMap<usize, f64> = BTreeMap::new();
         let mut clips: BTreeMap<usize, i64> = BTreeMap::new();
         let mut scaler: [BTreeMap<usize, f64>; 4] = Default::default();
-        let mut range_parts: Option<RangeParts> = None;
+        let mut range_parts: Option<RangePrediction> = None;
         for (name, t) in tensors {
-            if let Some(step) = name.strip_prefix(RangeParts::PREFIX) {
+            if let Some(step) = name.strip_prefix(RangePrediction::PREFIX) {
                 let step = step.parse::<usize>().ok().filter(|_| t.numel() == 1);
                 let step =
                     step.ok_or_else(|| Error::bad_file(path, format!("tensor {name} is not one step's mark"), fix))?;
-                let parts = range_parts.get_or_insert_with(RangeParts::default);
+                let parts = range_parts.get_or_insert_with(RangePrediction::default);
                 parts.steps.push(step);
                 parts.carries |= t.to_kind(Kind::Double).flatten(0, -1).double_value(&[0]) != 0.0;
                 continue;

@@ -1,21 +1,13 @@
 //! `ddp-verify compare A B`: two traces recorded elsewhere (a user's own loop through the
 //! `ddp_verify_trace` recorder, or `--save-trace`), judged and reported like a run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{Params, Trace};
 use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair};
-use crate::spec::{Dtype, ReportTarget, ToleranceOverrides};
-
-pub struct CompareOptions {
-    /// The accumulation trace, then the DDP one (any two runs that should agree).
-    pub paths: [PathBuf; 2],
-    pub tolerance: ToleranceOverrides,
-    pub reports: Vec<ReportTarget>,
-    pub plot: Option<PathBuf>,
-    pub strict_buffers: bool,
-}
+pub use crate::spec::CompareOptions;
+use crate::spec::Dtype;
 
 pub fn command(opts: &CompareOptions) -> Result<Exit> {
     let outcome = judge_traces(opts)?;

@@ -2,7 +2,6 @@
 //! once (the largest W any case needs; a case of W ranks runs on ranks 0..W), one
 //! verdict per case, summarised in one report.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use super::pool::RankPool;
@@ -10,29 +9,7 @@ use super::verify;
 use crate::dist::{world, Collective as _};
 use crate::error::{Error, Exit, Result};
 use crate::report::suite::{CaseResult, SuiteReport};
-use crate::spec::{Config, ReportTarget};
-
-pub struct Suite {
-    pub file: PathBuf,
-    pub cases: Vec<SuiteCase>,
-    pub reports: Vec<ReportTarget>,
-    /// Every case must be done by then, or every rank is stopped (exit 3).
-    pub timeout_s: f64,
-    /// A line per case on stderr (a terminal).
-    pub progress: bool,
-}
-
-pub struct SuiteCase {
-    pub name: String,
-    pub config: Config,
-}
-
-impl Suite {
-    /// The ranks the suite starts: the most any case needs.
-    pub fn ranks(&self) -> usize {
-        self.cases.iter().map(|c| c.config.train.gpus).max().unwrap_or(1)
-    }
-}
+pub use crate::spec::{Suite, SuiteCase};
 
 pub fn command(suite: &Suite) -> Result<Exit> {
     if !world::inside_mpi_world() {

@@ -94,7 +94,7 @@ fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Resu
     world::failure_hook(rank.comm.rank())?;
     crate::profile::mark("prepared");
     if cfg.train.lockstep {
-        return lockstep(cfg, comm.as_ref(), Judging::new(cfg, golden));
+        return judge_in_lockstep(cfg, comm.as_ref(), Judging::new(cfg, golden));
     }
     if !is_root {
         train::ddp_rank(&cfg.train, comm.as_ref())?;
@@ -142,7 +142,7 @@ pub(crate) fn stamp(t: &crate::spec::TrainConfig, accumulation: &mut Trace, ddp:
 const KEEP_STEPS_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
 
 /// Both runs in lockstep; every comparison streams step by step.
-fn lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result<Option<Outcome>> {
+fn judge_in_lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) -> Result<Option<Outcome>> {
     let steps = crate::plan::optimizer_steps(&cfg.train) as f64;
     let mut keep = None;
     // --save-trace streams each step to disk as it comes.

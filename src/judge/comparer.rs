@@ -80,7 +80,7 @@ impl Comparer {
         }
         // Steps both loss scalers skipped were never applied: their inf/NaN gradients prove
         // nothing either way (a skip in one run only is `scaler`'s to report), nor do steps
-        // float16's range parted (`RangeParts`), nor, once free-running runs part, any later.
+        // float16's range parted (`RangePrediction`), nor, once free-running runs part, any later.
         let range_parted = RangeParted::of(a, b);
         let both_skipped = a.scaler.found_inf.iter().zip(&b.scaler.found_inf).map(|(x, y)| *x && *y);
         let both_skipped: Vec<bool> = both_skipped.chain(std::iter::repeat(false)).take(self.steps.len()).collect();

@@ -133,7 +133,7 @@ pub struct Comparison {
     /// recorded them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scaler: Option<ScalerMismatch>,
-    /// Steps float16's range parted the runs at, which were not judged (see `RangeParts`).
+    /// Steps float16's range parted the runs at, which were not judged (see `RangePrediction`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub range_parted: Option<RangeParted>,
     pub verdict: Verdict,

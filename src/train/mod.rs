@@ -29,7 +29,7 @@ use self::optim::Optimizer;
 use self::scaler::Scaler;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
-use crate::evidence::{snapshot, Params, RangeParts, ScalerRecord, Trace};
+use crate::evidence::{snapshot, Params, RangePrediction, ScalerRecord, Trace};
 use crate::plan::{Counts, Normaliser, Planted, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
 
@@ -99,7 +99,7 @@ pub struct Run<'a> {
     overflow: Option<(usize, usize)>,
     found_in_window: bool,
     /// The accumulation run's prediction of where float16's range parts it from DDP.
-    range_parts: Option<RangeParts>,
+    range_parts: Option<RangePrediction>,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
     peaks: Vec<Tensor>,
@@ -160,7 +160,7 @@ impl<'a> Run<'a> {
             overflow,
             found_in_window: false,
             range_parts: (derives == Derives::Bounds && cfg.amp.scaled())
-                .then(|| RangeParts { steps: Vec::new(), carries: !cfg.lockstep }),
+                .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.lockstep }),
             ddp,
             peaks,
             traced,

@@ -14,7 +14,6 @@ pub use strategy::{amp_strategy, linear_strategy, optim_strategy, plant, resnet_
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use proptest::prelude::*;
@@ -25,27 +24,8 @@ use super::pool::RankPool;
 use crate::dist::{world as launch, Collective as _};
 use crate::error::{Error, Exit, Result};
 use crate::judge::{Diagnosis, Verdict};
-use crate::spec::{Bug, ModelKind, ToleranceOverrides, TrainConfig};
-
-pub struct ExploreOptions {
-    pub cases: usize,
-    pub max_gpus: usize,
-    /// The models configurations are drawn for (linear, resnet-tiny).
-    pub models: Vec<ModelKind>,
-    pub seed: u64,
-    /// One pass per entry; `None` is the honest run.
-    pub bugs: Vec<Option<Bug>>,
-    /// --max-ulps/--rtol/--atol, if given; else each case is held to its derived bounds.
-    pub tolerance: ToleranceOverrides,
-    /// Minimal failing configurations, replayed first and appended to (proptest's idea of
-    /// persisted regressions, stored as the configs themselves).
-    pub regressions: Option<PathBuf>,
-    pub progress: bool,
-    /// Print the report as JSON instead of text.
-    pub json: bool,
-    /// The CPU kernels every case computes with.
-    pub kernels: crate::spec::KernelMode,
-}
+pub use crate::spec::ExploreOptions;
+use crate::spec::{Bug, ModelKind, TrainConfig};
 
 /// What one bug (or the honest run) did over all cases.
 #[derive(Debug, Default, serde::Serialize)]

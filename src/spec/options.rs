@@ -1,0 +1,60 @@
+//! What the commands other than a verification take, validated once by `lower.rs`:
+//! `compare`'s, `explore`'s and `suite`'s options.
+
+use std::path::PathBuf;
+
+use super::{Bug, Config, KernelMode, ModelKind, ReportTarget, ToleranceOverrides};
+
+/// `compare A B`.
+pub struct CompareOptions {
+    /// The accumulation trace, then the DDP one (any two runs that should agree).
+    pub paths: [PathBuf; 2],
+    pub tolerance: ToleranceOverrides,
+    pub reports: Vec<ReportTarget>,
+    pub plot: Option<PathBuf>,
+    pub strict_buffers: bool,
+}
+
+/// `explore`.
+pub struct ExploreOptions {
+    pub cases: usize,
+    pub max_gpus: usize,
+    /// The models configurations are drawn for (linear, resnet-tiny).
+    pub models: Vec<ModelKind>,
+    pub seed: u64,
+    /// One pass per entry; `None` is the honest run.
+    pub bugs: Vec<Option<Bug>>,
+    /// --max-ulps/--rtol/--atol, if given; else each case is held to its derived bounds.
+    pub tolerance: ToleranceOverrides,
+    /// Minimal failing configurations, replayed first and appended to (proptest's idea of
+    /// persisted regressions, stored as the configs themselves).
+    pub regressions: Option<PathBuf>,
+    pub progress: bool,
+    /// Print the report as JSON instead of text.
+    pub json: bool,
+    /// The CPU kernels every case computes with.
+    pub kernels: KernelMode,
+}
+
+/// `suite FILE.toml`: named verifications for a CI gate.
+pub struct Suite {
+    pub file: PathBuf,
+    pub cases: Vec<SuiteCase>,
+    pub reports: Vec<ReportTarget>,
+    /// Every case must be done by then, or every rank is stopped (exit 3).
+    pub timeout_s: f64,
+    /// A line per case on stderr (a terminal).
+    pub progress: bool,
+}
+
+pub struct SuiteCase {
+    pub name: String,
+    pub config: Config,
+}
+
+impl Suite {
+    /// The ranks the suite starts: the most any case needs.
+    pub fn ranks(&self) -> usize {
+        self.cases.iter().map(|c| c.config.train.gpus).max().unwrap_or(1)
+    }
+}

@@ -98,3 +98,79 @@ impl AdamWTrack {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// torch.optim.AdamW's arithmetic on one float32 element: decay, moments, update.
+    struct Adam {
+        w: f32,
+        m: f32,
+        v: f32,
+    }
+
+    impl Adam {
+        fn step(&mut self, p: &AdamWParams, t: i32, lr: f64, g: f32) {
+            let (b1, b2) = (p.betas.0 as f32, p.betas.1 as f32);
+            self.w *= 1.0 - (lr * p.weight_decay) as f32;
+            self.m += (g - self.m) * (1.0 - b1);
+            self.v = self.v * b2 + (1.0 - b2) * g * g;
+            let bc1 = 1.0 - b1.powi(t);
+            let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
+            let denom = self.v.sqrt() / bc2_sqrt + p.eps as f32;
+            self.w -= lr as f32 / bc1 * (self.m / denom);
+        }
+    }
+
+    fn params(weight_decay: f64) -> AdamWParams {
+        AdamWParams { betas: (0.9, 0.999), eps: 1e-8, weight_decay, u: f64::from(f32::EPSILON) / 2.0, lockstep: false }
+    }
+
+    /// Identical gradients and exact arithmetic: nothing may part.
+    #[test]
+    fn no_allowance_and_no_rounding_bound_nothing() {
+        let p = AdamWParams { u: 0.0, ..params(0.0) };
+        let mut t = AdamWTrack::new(1);
+        let (g, zero) = (Tensor::from_slice(&[0.5f32]), Tensor::from_slice(&[0.0f32]));
+        t.before_step(0, &zero, &g);
+        t.after_step(0, &p, 1, 0.1, &(&g * 0.1), &(&g * &g * 0.001), &Tensor::from_slice(&[1.0f32]));
+        let f = t.finals(&["w".into()], &[zero], 1.0, 0.0);
+        assert!(f.iter().all(|(_, a)| a.abs().max().double_value(&[]) == 0.0), "{f:?}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Soundness: two float32 AdamW runs whose gradients differ by at most each step's
+        /// allowance end with weights and moments no farther apart than the bound, also
+        /// where the true gradient is zero and both record opposite-signed rounding noise
+        /// (an attention key bias), where Adam's division makes noise a full step.
+        #[test]
+        fn two_runs_within_each_steps_allowance_end_within_the_bound(
+            steps in proptest::collection::vec((-1.0f32..1.0, 0.0f32..1e-3, -1.0f32..1.0), 1..8),
+            noise in any::<bool>(),
+            wd in prop_oneof![Just(0.0), Just(0.1)],
+        ) {
+            let (p, lr) = (params(wd), 1e-3);
+            let mut track = AdamWTrack::new(1);
+            let (mut a, mut b) = (Adam { w: 0.5, m: 0.0, v: 0.0 }, Adam { w: 0.5, m: 0.0, v: 0.0 });
+            for (t, &(g, allow, where_in)) in steps.iter().enumerate() {
+                let (g, allow) = if noise { (g * 1e-12, allow * 1e-12 + 2e-12) } else { (g, allow) };
+                let g2 = g + allow * where_in;
+                track.before_step(0, &Tensor::from_slice(&[allow]), &Tensor::from_slice(&[g.abs()]));
+                a.step(&p, t as i32 + 1, lr, g);
+                b.step(&p, t as i32 + 1, lr, g2);
+                let (m, v, w) = ([a.m], [a.v], [a.w.abs()]);
+                track.after_step(0, &p, t as u32 + 1, lr, &Tensor::from_slice(&m), &Tensor::from_slice(&v), &Tensor::from_slice(&w));
+            }
+            let f = track.finals(&["w".into()], &[Tensor::from_slice(&[a.w])], 1.0, 0.0);
+            let bound = |i: usize| f[i].1.double_value(&[0]);
+            for (i, (x, y)) in [(a.w, b.w), (a.m, b.m), (a.v, b.v)].into_iter().enumerate() {
+                prop_assert!(f64::from((x - y).abs()) <= bound(i), "{}: {x} vs {y}, bound {}", f[i].0, bound(i));
+            }
+        }
+    }
+}

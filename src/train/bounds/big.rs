@@ -44,3 +44,44 @@ impl Bounds {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Soundness: the same float32 terms summed micro-batch by micro-batch (accumulation)
+        /// and all at once in another order (the big batch) differ by no more than the big
+        /// batch's allowance, also where whole micro-batches cancel each other. (Terms that
+        /// cancel inside one micro-batch are not in Σ|micro-batch gradient|: there the
+        /// allowance leans on CANCELLED_ULPS of the tensor's largest gradient instead.)
+        #[test]
+        fn a_sum_by_micro_batches_and_one_reordered_sum_stay_within_the_allowance(
+            terms in proptest::collection::vec(0.0f32..1e3, 2..64),
+            k in 1usize..5,
+            alternate in any::<bool>(),
+        ) {
+            let size = terms.len().div_ceil(k);
+            // Each micro-batch's terms share a sign; with `alternate`, micro-batches flip it.
+            let terms: Vec<f32> = terms
+                .iter()
+                .enumerate()
+                .map(|(i, t)| if alternate && (i / size) % 2 == 1 { -t } else { *t })
+                .collect();
+            let mut b = Bounds::new(&TrainConfig::article(), 1);
+            b.big = true;
+            let micro: Vec<f32> = terms.chunks(size).map(|c| c.iter().sum()).collect();
+            let acc: f32 = micro.iter().sum();
+            let big: f32 = terms.iter().rev().sum();
+            b.rows = terms.len();
+            b.micro_mag[0] = Some(Tensor::from_slice(&[micro.iter().map(|m| m.abs()).sum::<f32>()]));
+            let allowed = b.big_allowed(&["w".into()], &[Tensor::from_slice(&[acc])]);
+            let a = allowed[0].1.double_value(&[0]);
+            prop_assert!(f64::from((acc - big).abs()) <= a, "{acc} vs {big}: allowed {a}");
+        }
+    }
+}

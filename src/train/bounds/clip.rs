@@ -39,3 +39,61 @@ impl Bounds {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// torch.nn.utils.clip_grad_norm_ on float32 vectors: the total 2-norm, the coefficient
+    /// clamped to 1, every gradient times it.
+    fn clip(g: &[f32], max: f32) -> (f32, f32, Vec<f32>) {
+        let total = g.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let coef = (max / (total + 1e-6)).min(1.0);
+        (total, coef, g.iter().map(|x| x * coef).collect())
+    }
+
+    /// Nothing is clipped (coef 1) and nothing allowed beyond the floor: the allowance is
+    /// unchanged but for the product's rounding, by hand coef·a + 2·(2u·|g| + 2·subnormal).
+    #[test]
+    fn an_inactive_clip_keeps_the_allowance_and_adds_the_products_rounding() {
+        let b = Bounds::new(&TrainConfig::article(), 1);
+        let g = Tensor::from_slice(&[3.0f32, -4.0]);
+        let mut a = vec![Tensor::from_slice(&[1e-6f32, 2e-6])];
+        b.clipped(&mut a, &[g], Clip { max: 1e6, total: 5.0, coef: 1.0 });
+        let got = Vec::<f64>::try_from(a[0].to_kind(Kind::Double)).unwrap();
+        let (u, sub) = (b.u, b.subnormal);
+        for (got, (a, g)) in got.iter().zip([(1e-6f32, 3.0), (2e-6, 4.0)]) {
+            let dcoef = 6.0 * (u + sub);
+            let want = f64::from(a) + HEADROOM * (g * dcoef + g * 2.0 * u + 2.0 * sub);
+            assert!((got - want).abs() <= 1e-3 * want, "{got} vs {want}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Soundness: two float32 gradients within the allowance of each other stay within
+        /// the clipped allowance after each run clips by its own norm, active or not.
+        #[test]
+        fn two_clipped_gradients_stay_within_the_clipped_allowance(
+            parts in proptest::collection::vec((-2.0f32..2.0, 1e-7f32..1e-3, -1.0f32..1.0), 1..16),
+            max in prop_oneof![Just(0.1f32), Just(1.0), Just(100.0)],
+        ) {
+            let b = Bounds::new(&TrainConfig::article(), 1);
+            let g: Vec<f32> = parts.iter().map(|p| p.0).collect();
+            let g2: Vec<f32> = parts.iter().map(|p| p.0 + p.1 * p.2).collect();
+            let allowed: Vec<f32> = parts.iter().map(|p| p.1).collect();
+            let (total, coef, ca) = clip(&g, max);
+            let (_, _, cb) = clip(&g2, max);
+            let mut a = vec![Tensor::from_slice(&allowed)];
+            let clip = Clip { max: f64::from(max), total: f64::from(total), coef: f64::from(coef) };
+            b.clipped(&mut a, &[Tensor::from_slice(&g)], clip);
+            let a = Vec::<f64>::try_from(a[0].to_kind(Kind::Double)).unwrap();
+            for ((x, y), a) in ca.iter().zip(&cb).zip(a) {
+                prop_assert!(f64::from((x - y).abs()) <= a, "{x} vs {y}: allowed {a}");
+            }
+        }
+    }
+}

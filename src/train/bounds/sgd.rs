@@ -155,3 +155,90 @@ impl Bounds {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+    fn sgd(momentum: f64, weight_decay: f64, lr: f64) -> Bounds {
+        let cfg = TrainConfig { momentum, weight_decay, lr, ..TrainConfig::article() };
+        Bounds::new(&cfg, 1)
+    }
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(t.to_kind(tch::Kind::Double)).unwrap()
+    }
+
+    /// One step with nothing measured (the floor alone): by hand, b = |g| + wd·|w|,
+    /// e = floor + 6u·b, the weight's bound f = lr·e + 2u·(|w| + lr·b), and the final
+    /// allowance HEADROOM·f + floor.
+    #[test]
+    fn one_step_carries_the_floor_and_sgds_own_rounding() {
+        let (lr, wd) = (0.5, 0.25);
+        let mut b = sgd(0.0, wd, lr);
+        let floor = f64::from(f32::from_bits(1)) * 4.0;
+        let names = vec!["w".to_string()];
+        let (g, w) = (Tensor::from_slice(&[1.0f32, -4.0]), Tensor::from_slice(&[2.0f32, 8.0]));
+        b.step(&names, &[g], &[w.shallow_clone()], lr, None);
+        b.after_step(&[w.shallow_clone()], &[]);
+        let got = values(&b.finals(&names, &[w])[0].1);
+        for (got, (g, w)) in got.iter().zip([(1.0, 2.0), (4.0, 8.0)]) {
+            let bm = g + wd * w;
+            let e = floor + 6.0 * U * bm;
+            let f = lr * e + 2.0 * U * (w + lr * bm);
+            let want = HEADROOM * f + floor;
+            assert!((got - want).abs() <= 8.0 * U * want, "{got} vs {want}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Soundness: two float32 SGD runs whose gradients differ by at most each step's
+        /// allowance end with weights no farther apart than the final allowance. The
+        /// allowance is planted through the control (|control − g|, no reordered sums).
+        #[test]
+        fn two_runs_within_each_steps_allowance_end_within_the_final_one(
+            steps in proptest::collection::vec(
+                proptest::collection::vec((-4.0f32..4.0, 0.0f32..1e-3, -1.0f32..1.0), 3), 1..6),
+            w0 in proptest::collection::vec(-2.0f32..2.0, 3),
+            momentum in prop_oneof![Just(0.0), Just(0.9)],
+            wd in prop_oneof![Just(0.0), Just(0.01)],
+        ) {
+            let lr = 0.1;
+            let mut b = sgd(momentum, wd, lr);
+            let names = vec!["w".to_string()];
+            let (mut wa, mut wb) = (w0.clone(), w0.clone());
+            let (mut ba, mut bb): (Option<Vec<f32>>, Option<Vec<f32>>) = (None, None);
+            for step in &steps {
+                let g: Vec<f32> = step.iter().map(|s| s.0).collect();
+                let c: Vec<f32> = step.iter().map(|s| s.0 + s.1).collect();
+                // DDP's gradient: anywhere within HEADROOM·|c − g| of accumulation's.
+                let g2: Vec<f32> = step.iter().map(|s| s.0 + s.1 * s.2 * HEADROOM as f32).collect();
+                b.control[0] = Some(Tensor::from_slice(&c));
+                b.partial_mag[0] = Some(Tensor::zeros([3], (tch::Kind::Float, tch::Device::Cpu)));
+                b.step(&names, &[Tensor::from_slice(&g)], &[Tensor::from_slice(&wa)], lr, None);
+                for (w, buf, g) in [(&mut wa, &mut ba, &g), (&mut wb, &mut bb, &g2)] {
+                    let d: Vec<f32> = g.iter().zip(w.iter()).map(|(g, w)| g + wd as f32 * w).collect();
+                    let next: Vec<f32> = match buf.take() {
+                        Some(b) => b.iter().zip(&d).map(|(b, d)| momentum as f32 * b + d).collect(),
+                        None => d,
+                    };
+                    for (w, b) in w.iter_mut().zip(&next) {
+                        *w -= lr as f32 * b;
+                    }
+                    *buf = Some(next);
+                }
+                b.after_step(&[Tensor::from_slice(&wa)], &[]);
+            }
+            let allowed = values(&b.finals(&names, &[Tensor::from_slice(&wa)])[0].1);
+            for ((a, b), allowed) in wa.iter().zip(&wb).zip(allowed) {
+                prop_assert!(f64::from((a - b).abs()) <= allowed, "{a} vs {b}: allowed {allowed}");
+            }
+        }
+    }
+}

@@ -276,3 +276,22 @@ mod command_round_trip {
         }
     }
 }
+
+/// Every golden's header, printed as a command and lowered back, is the config it records:
+/// the flags the golden tests pass (`util::golden_flags`) reproduce the golden's run.
+#[test]
+fn every_goldens_config_is_reproduced_by_its_printed_command() {
+    use ddp_verify_cli::{Cli, Parser};
+    let mut seen = 0;
+    for dir in std::fs::read_dir(crate::util::repo("golden")).unwrap() {
+        let dir = dir.unwrap().path();
+        let Ok(meta) = ddp_verify::evidence::golden::read_meta(&dir) else { continue };
+        let command = meta.train.command();
+        let cli = Cli::try_parse_from(command.split_whitespace().chain(["--device", "cpu"])).expect(&command);
+        let lowered = ddp_verify::lower::verification(&cli.run).expect(&command);
+        let want = ddp_verify::spec::TrainConfig { shared_gpus: None, ..meta.train.clone() };
+        assert_eq!(lowered.train, want, "{}: {command}", dir.display());
+        seen += 1;
+    }
+    assert!(seen >= 20, "only {seen} goldens read");
+}

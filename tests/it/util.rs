@@ -45,28 +45,11 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The flags that reproduce a golden case, read from its config.json.
+/// The flags that reproduce a golden case: its header's config, printed as the command
+/// explore prints (one definition, held to round-trip by `cli::command_round_trip`).
 pub fn golden_flags(case: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(repo(&format!("golden/{case}/config.json"))).unwrap();
-    let meta: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let mut flags = Vec::new();
-    for (k, v) in meta["train"].as_object().unwrap() {
-        // Where the ranks sat (GPUs shared) follows from the machine and --gpus, not a flag.
-        if k == "shared_gpus" {
-            continue;
-        }
-        let flag = format!("--{}", k.replace('_', "-"));
-        match v {
-            // Lockstep is the ResNets' default; a free-running golden says so.
-            serde_json::Value::Bool(false) if k == "lockstep" => flags.push("--free-running".into()),
-            serde_json::Value::Bool(true) => flags.push(flag),
-            serde_json::Value::Bool(false) => {}
-            serde_json::Value::String(s) => flags.extend([flag, s.clone()]),
-            serde_json::Value::Array(vs) => flags.extend(std::iter::once(flag).chain(vs.iter().map(|v| v.to_string()))),
-            other => flags.extend([flag, other.to_string()]),
-        }
-    }
-    flags
+    let meta = ddp_verify::evidence::golden::read_meta(&repo(&format!("golden/{case}"))).unwrap();
+    meta.train.command().split_whitespace().skip(1).map(str::to_string).collect()
 }
 
 pub fn json_file(path: &str) -> serde_json::Value {

@@ -1,181 +1,121 @@
-"""Records what `ddp-verify compare A B` needs from your own PyTorch training loop.
+"""Records what `ddp-verify compare` needs from your own PyTorch training: one line, or none.
 
-Record the gradient-accumulation run and the DDP run of one model with one recorder each,
-then compare the two files:
+One line, anywhere before training (any loop: plain, Transformers Trainer, Lightning,
+Accelerate, Colossal-AI; it records at every real optimizer step, after accumulation and
+the all-reduce, on every rank, and rank 0 writes the file when the script ends):
 
-    rec = TraceRecorder(model, "out/ddp.safetensors")   # the module or its DDP wrapper
+    import ddp_verify_trace; ddp_verify_trace.record("out/ddp.safetensors")
+
+None: `ddp-verify --acc-steps K --gpus W -- python train.py ARGS` runs the script as both
+legs with this hook loaded (`ddp_verify_trace.auto`).
+
+By hand, where a loop wants to say when (the recorder of earlier versions):
+
+    rec = TraceRecorder(model, "out/ddp.safetensors", optimizer=optimizer)
     ...
         rec.step()          # right before optimizer.step()
         optimizer.step()
     rec.close()             # final weights and buffers; writes the file (rank 0 only)
 
-File layout (safetensors, format "ddp-verify-trace/1"): `grads.<step>.<param>`,
-`scale.<step>.<param>`, `peak.<param>`, `final.<param>`, `buffer.<name>` and a string header.
+File layout: see `recorder.py`. `DistributedSamplerMimic` deals one process the samples W
+ranks of DistributedSampler would see, step by step.
 """
-import os
+from .hook import Session
+from .recorder import Recorder, rank_world, unwrap
+from .sampler import AccumulationBatchSampler, accumulation_order
 
-import torch
-import torch.distributed as dist
-from safetensors.torch import save_file
+__all__ = [
+    "TraceRecorder",
+    "record",
+    "recording",
+    "AccumulationBatchSampler",
+    "accumulation_order",
+    "TrainerCallback",
+    "LightningCallback",
+]
+__version__ = "0.2.0"
 
-__all__ = ["TraceRecorder"]
-__version__ = "0.1.0"
-
-FORMAT = "ddp-verify-trace/1"
-# The float dtypes ddp-verify reads, by the names its --dtype uses.
-DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _rank_world():
-    """(rank, world size). Before init_process_group (or after its destroy) torchrun's RANK
-    still says which process is rank 0, so only one of them ever touches the file."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), 1
+_SESSION = None
 
 
-def _host(t):
-    """A detached contiguous CPU copy: never a view of a tensor training goes on changing."""
-    return t.detach().to("cpu", copy=True).contiguous()
+def _check_int(key, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"ddp_verify_trace: {key} must be a positive int, not {value!r}")
+    return value
+
+
+def _header(acc_steps, steps_per_epoch):
+    meta = {}
+    for key, value in (("acc_steps", acc_steps), ("steps_per_epoch", steps_per_epoch)):
+        if _check_int(key, value) is not None:
+            meta[key] = str(value)
+    return meta
+
+
+def record(path, *, model=None, overwrite=False, magnitudes=True, acc_steps=None, steps_per_epoch=None):
+    """Records this process's training to `path` from now on, with no other change to the
+    script. `model`: only where the optimizer's parameters are held by several modules that
+    are not wrappers of one another. `acc_steps`: K over all ranks, for the report."""
+    global _SESSION
+    if _SESSION is not None and _SESSION.recorder is not None and _SESSION.recorder.state == "open":
+        raise RuntimeError(f"ddp_verify_trace: already recording to {_SESSION.path}")
+    _SESSION = Session(path, overwrite=overwrite, magnitudes=magnitudes, meta=_header(acc_steps, steps_per_epoch), model=model)
+    return _SESSION.start()
+
+
+def recording(path, **kwargs):
+    """`with recording(path): train()`: records the steps inside, writes the file at the end
+    (nothing if the block raises)."""
+    return record(path, **kwargs)
 
 
 class TraceRecorder:
     """Records each optimizer step's gradients, the weights' peaks, the final weights and
-    buffers of one run; every rank calls step() and close(), rank 0 alone writes `path`.
+    buffers of one run, where the loop calls `step()` right before `optimizer.step()`.
     Construct it once the model is on its device (it keeps the peaks there).
 
+    optimizer: records each step's learning rates and the settings the final weights' bound
+      needs (AdamW's betas and eps).
     magnitudes: also record `scale.<step>.<param>`, the sum of |micro-batch gradient| behind
       each step's gradient, which rounding differences are relative to where terms cancel.
     acc_steps, steps_per_epoch: stored in the header when given, for the report.
     """
 
-    def __init__(self, model, path, *, overwrite=False, magnitudes=True, acc_steps=None, steps_per_epoch=None):
-        # DDP's wrapper adds `module.` to every name; record the names of the model itself.
-        self._module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-        self.path = os.fspath(path)
-        self._params = [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
-        if not self._params:
-            raise ValueError("TraceRecorder: the model has no parameters that require grad; nothing to record")
-        dtypes = sorted({str(p.dtype) for _, p in self._params})
-        if len(dtypes) > 1:
-            raise ValueError(
-                f"TraceRecorder: the parameters mix dtypes ({', '.join(dtypes)}); a trace holds one float "
-                "dtype, so cast the model to one (model.to(dtype)) before recording"
-            )
-        self._dtype = self._params[0][1].dtype
-        if self._dtype not in DTYPES:
-            raise ValueError(f"TraceRecorder: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
-        self._extra = {}
-        for key, value in (("acc_steps", acc_steps), ("steps_per_epoch", steps_per_epoch)):
-            if value is not None:
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise ValueError(f"TraceRecorder: {key} must be a positive int, not {value!r}")
-                self._extra[key] = str(value)
-        rank, self._world = _rank_world()
-        if rank == 0 and not overwrite and os.path.exists(self.path):
-            raise FileExistsError(f"{self.path} exists: pass overwrite=True to replace it, or remove it")
-
-        self._magnitudes = magnitudes
-        self._tensors = {}
-        self._steps = 0
-        self._state = "open"
-        # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
-        self._peaks = {n: p.detach().abs() for n, p in self._params}
-        # Magnitudes add up in at least float32, so that many half-precision terms keep their sum.
-        self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
-        self._sums = {}  # name -> sum of |gradient| of each backward since the last step()
-        self._hooks = [p.register_hook(self._summer(n)) for n, p in self._params] if magnitudes else []
-
-    def _summer(self, name):
-        # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
-        # (under DDP: this rank's, before the all-reduce; under no_sync too).
-        def hook(grad):
-            g = grad.detach().abs().to(self._acc_dtype)
-            total = self._sums.get(name)
-            self._sums[name] = g if total is None else total.add_(g)
-
-        return hook
-
-    def _check_open(self, what):
-        if self._state != "open":
-            raise RuntimeError(f"TraceRecorder({self.path!r}): {what} called after the recorder was {self._state}")
-
-    def _track_peaks(self):
-        for n, p in self._params:
-            torch.maximum(self._peaks[n], p.detach().abs(), out=self._peaks[n])
-
-    def _reduced_sums(self):
-        """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
-        Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
-        sums = {n: self._sums.pop(n, None) for n, _ in self._params}
-        sums = {n: torch.zeros_like(p, dtype=self._acc_dtype) if sums[n] is None else sums[n] for n, p in self._params}
-        _, world = _rank_world()
-        if world > 1:
-            flat = torch.cat([s.reshape(-1) for s in sums.values()])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            flat.div_(world)
-            parts = flat.split([s.numel() for s in sums.values()])
-            sums = {n: part.view(s.shape) for (n, s), part in zip(sums.items(), parts)}
-        return sums
+    def __init__(
+        self, model, path, *, optimizer=None, overwrite=False, magnitudes=True, acc_steps=None, steps_per_epoch=None
+    ):
+        self._optimizer = optimizer
+        self._rec = Recorder(model, path, overwrite=overwrite, magnitudes=magnitudes, meta=_header(acc_steps, steps_per_epoch))
+        self.path = self._rec.path
 
     def step(self):
         """Call right before optimizer.step(), on every rank: records the gradients it applies."""
-        self._check_open("step()")
-        _, world = _rank_world()
-        self._world = max(self._world, world)
-        self._track_peaks()
-        sums = self._reduced_sums() if self._magnitudes else {}
-        s = self._steps
-        for n, p in self._params:
-            if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
-                continue
-            self._tensors[f"grads.{s}.{n}"] = _host(p.grad)
-            if self._magnitudes:
-                self._tensors[f"scale.{s}.{n}"] = _host(sums[n].to(p.grad.dtype))
-        self._steps += 1
+        self._rec.check_open("step()")
+        self._rec.track_peaks()
+        self._rec.step(self._optimizer)
 
     def close(self):
         """Records the final weights and buffers and writes the file (rank 0 only); on every rank."""
-        self._check_open("close()")
-        self._finish("closed")
-        self._track_peaks()
-        for n, p in self._params:
-            self._tensors[f"peak.{n}"] = _host(self._peaks[n])
-            self._tensors[f"final.{n}"] = _host(p)
-        for n, b in self._module.named_buffers():
-            self._tensors[f"buffer.{n}"] = _host(b)
-        meta = {
-            "format": FORMAT,
-            "run": "ddp" if self._world > 1 else "single",
-            "world_size": str(self._world),
-            "dtype": DTYPES[self._dtype],
-            "torch_version": torch.__version__,
-            "steps": str(self._steps),
-            "magnitudes": "true" if self._magnitudes else "false",
-            **self._extra,
-        }
-        if _rank_world()[0] == 0:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            # Written aside, then renamed: a crash never leaves a half-written trace at `path`.
-            part = self.path + ".part"
-            save_file(self._tensors, part, metadata=meta)
-            os.replace(part, self.path)
-        self._tensors = {}
-
-    def _finish(self, state):
-        self._state = state
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._rec.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
         # A run that raised is no run to compare: nothing is written.
-        if self._state == "open":
+        if self._rec.state == "open":
             if exc_type is None:
                 self.close()
             else:
-                self._finish("abandoned by an exception in its with block")
+                self._rec.finish("abandoned by an exception in its with block")
         return False
+
+
+def __getattr__(name):
+    # Framework callbacks subclass the framework's own class: built on first use, so the
+    # package imports without them.
+    if name in ("TrainerCallback", "LightningCallback"):
+        from . import frameworks
+
+        return getattr(frameworks, name)
+    raise AttributeError(name)

@@ -111,7 +111,11 @@ def test_layout_and_metadata(run):
     want = {f"{k}.{s}.{n}" for k in ("grads", "scale") for s in range(4) for n in used}
     want |= {f"{k}.{n}" for k in ("peak", "final") for n in names}
     want |= {f"buffer.{n}" for n, _ in model.named_buffers()}
+    # Each step's record beside its gradients: backward passes, clip_grad_norm_ calls.
+    want |= {f"{k}.{s}" for k in ("micro", "clips") for s in range(4)}
     assert set(t) == want
+    assert [t[f"micro.{s}"].item() for s in range(4)] == [2] * 4
+    assert [t[f"clips.{s}"].item() for s in range(4)] == [0] * 4
     assert not os.path.exists(str(path) + ".part")
     assert meta == {
         "format": "ddp-verify-trace/1", "run": "single", "world_size": "1", "dtype": "float32",
@@ -119,7 +123,8 @@ def test_layout_and_metadata(run):
         "acc_steps": "2", "steps_per_epoch": "4",
     }
     assert t["buffer.bn.num_batches_tracked"].dtype == torch.int64
-    assert all(v.dtype == torch.float32 and v.is_contiguous() for k, v in t.items() if not k.endswith("num_batches_tracked"))
+    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips."))}
+    assert all(v.dtype == torch.float32 and v.is_contiguous() for v in floats.values())
 
 
 def test_values_match_independent_computation(run):

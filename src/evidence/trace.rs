@@ -59,8 +59,15 @@ pub struct Trace {
     /// How many times each step clipped its gradients (`clips.<step>`, int64), when
     /// recorded: once per step is right, once per micro-batch clips partial sums.
     pub clips: Vec<i64>,
-    /// A DDP rank's: the first step at which some rank held another model than rank 0.
+    /// A DDP rank's: the first step at which some rank held another model than rank 0 (ours),
+    /// or another gradient (the recorder's `rank_bits.<step>.<param>`: DDP all-reduces into
+    /// identical gradients on every rank, so a difference is a gradient not synchronised).
     pub rank_drift: Option<RankDrift>,
+    /// The recorder's: backward passes this rank made per step (`micro.<step>`, K/W in DDP).
+    pub micro: Vec<i64>,
+    /// The recorder's: per step, the last clip's (total norm before clipping, max_norm),
+    /// where clip_grad_norm_ ran (`clip.<step>`).
+    pub clip_norms: Vec<Option<(f64, f64)>>,
     /// tiny-lm with dropout, ours: per step, a digest of the keys its masks were drawn from
     /// (`plan::dropout::digest`; all ranks' summed in DDP). Runs that key masks alike agree.
     pub dropout_keys: Vec<f64>,
@@ -172,6 +179,9 @@ impl Trace {
         let float = tensors.iter().find(|(n, _)| n.starts_with("final.")).map_or(Kind::Float, |(_, t)| t.kind());
         let mut lrs: BTreeMap<usize, f64> = BTreeMap::new();
         let mut clips: BTreeMap<usize, i64> = BTreeMap::new();
+        let mut micro: BTreeMap<usize, i64> = BTreeMap::new();
+        let mut clip_norms: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
+        let mut rank_drift: Option<RankDrift> = None;
         let mut scaler: [BTreeMap<usize, f64>; 4] = Default::default();
         let mut range_parts: Option<RangePrediction> = None;
         for (name, t) in tensors {
@@ -191,24 +201,60 @@ impl Trace {
                 buffers.push((b.to_string(), t));
                 continue;
             }
-            if let Some(step) = name.strip_prefix("clips.") {
-                let n = step
-                    .parse::<usize>()
-                    .ok()
-                    .zip((t.numel() == 1 && t.kind() == Kind::Int64).then(|| t.int64_value(&[0])));
-                let (step, n) = n.ok_or_else(|| {
-                    Error::bad_file(path, format!("tensor {name} is not one int64 count of a numbered step"), fix)
+            for (prefix, into) in [("clips.", &mut clips), ("micro.", &mut micro)] {
+                if let Some(step) = name.strip_prefix(prefix) {
+                    let n = step
+                        .parse::<usize>()
+                        .ok()
+                        .zip((t.numel() == 1 && t.kind() == Kind::Int64).then(|| t.int64_value(&[0])));
+                    let (step, n) = n.ok_or_else(|| {
+                        Error::bad_file(path, format!("tensor {name} is not one int64 count of a numbered step"), fix)
+                    })?;
+                    into.insert(step, n);
+                }
+            }
+            if name.starts_with("clips.") || name.starts_with("micro.") {
+                continue;
+            }
+            if let Some(step) = name.strip_prefix("clip.") {
+                let v = (t.numel() == 2 && t.kind() == Kind::Double)
+                    .then(|| (t.double_value(&[0]), t.double_value(&[1])))
+                    .zip(step.parse::<usize>().ok());
+                let ((total, max), step) = v.ok_or_else(|| {
+                    Error::bad_file(path, format!("tensor {name} is not a step's float64 [total norm, max norm]"), fix)
                 })?;
-                clips.insert(step, n);
+                clip_norms.insert(step, (total, max));
+                continue;
+            }
+            if let Some(rest) = name.strip_prefix("rank_bits.") {
+                let parsed = rest.split_once('.').and_then(|(s, p)| Some((s.parse::<usize>().ok()?, p)));
+                let ((step, param), true) = (
+                    parsed.ok_or_else(|| Error::bad_file(path, format!("tensor {name} has no step number"), fix))?,
+                    t.kind() == Kind::Int64 && t.dim() == 1,
+                ) else {
+                    return Err(Error::bad_file(
+                        path,
+                        format!("tensor {name} is not one int64 checksum per rank"),
+                        fix,
+                    ));
+                };
+                let bits = Vec::<i64>::try_from(&t).unwrap_or_default();
+                if let Some(rank) = bits.iter().position(|b| *b != bits[0]) {
+                    let drift = RankDrift { step, rank, tensor: format!("grad {param}") };
+                    if rank_drift.as_ref().is_none_or(|d| (step, &drift.tensor) < (d.step, &d.tensor)) {
+                        rank_drift = Some(drift);
+                    }
+                }
                 continue;
             }
             if let Some(step) = name.strip_prefix("lr.") {
                 let step: usize = step
                     .parse()
                     .map_err(|_| Error::bad_file(path, format!("tensor {name} has no step number"), fix))?;
-                let lr = (t.numel() == 1).then(|| t.to_kind(Kind::Double).flatten(0, -1).double_value(&[0]));
+                // One per param group (the recorder's); the first group's is compared.
+                let lr = (t.numel() >= 1).then(|| t.to_kind(Kind::Double).flatten(0, -1).double_value(&[0]));
                 let lr = lr.filter(|v| v.is_finite()).ok_or_else(|| {
-                    Error::bad_file(path, format!("tensor {name} is not one finite learning rate"), fix)
+                    Error::bad_file(path, format!("tensor {name} is not a finite learning rate per param group"), fix)
                 })?;
                 lrs.insert(step, lr);
                 continue;
@@ -265,10 +311,25 @@ impl Trace {
         let scaler =
             ScalerRecord::from_series(scaler, steps.len()).map_err(|problem| Error::bad_file(path, problem, fix))?;
         let (lrs, clips) = (lrs.into_values().collect(), clips.into_values().collect());
+        let micro = micro.into_values().collect();
+        let clip_norms = (0..steps.len()).map(|s| clip_norms.get(&s).copied()).collect();
         if let Some(p) = range_parts.as_mut() {
             p.steps.sort_unstable();
         }
-        let mut trace = Trace { finals, buffers, peaks, meta, lrs, clips, scaler, range_parts, ..Trace::default() };
+        let mut trace = Trace {
+            finals,
+            buffers,
+            peaks,
+            meta,
+            lrs,
+            clips,
+            micro,
+            clip_norms,
+            rank_drift,
+            scaler,
+            range_parts,
+            ..Trace::default()
+        };
         for (i, (s, mut grads)) in steps.into_iter().enumerate() {
             if s != i {
                 return Err(Error::bad_file(path, format!("step {i} is missing"), fix));
@@ -338,6 +399,8 @@ impl Trace {
             lrs: self.lrs.clone(),
             clips: self.clips.clone(),
             rank_drift: self.rank_drift.clone(),
+            micro: self.micro.clone(),
+            clip_norms: self.clip_norms.clone(),
             dropout_keys: self.dropout_keys.clone(),
             scaler: self.scaler.clone(),
             range_parts: self.range_parts.clone(),

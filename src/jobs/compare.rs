@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{Params, Trace};
-use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair};
+use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS};
 pub use crate::spec::CompareOptions;
 use crate::spec::Dtype;
 
@@ -33,8 +33,14 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     let meta_usize = |k: &str| [&a, &b].iter().find_map(|t| t.meta.get(k)?.parse::<usize>().ok());
     // BatchNorm or many layers: deep enough to amplify rounding from step to step.
     let chaos_possible = !a.buffers.is_empty() || a.finals.len() > 4;
+    let framework = [&a, &b].iter().find_map(|t| {
+        let f = t.meta.get("framework")?;
+        LOSS_DIVIDING_FRAMEWORKS.iter().map(|(name, _)| *name).find(|name| name == f)
+    });
     let cx = Context {
         steps_per_epoch: meta_usize("steps_per_epoch"),
+        framework,
+        adamw: [&a, &b].iter().any(|t| t.meta.get("optimizer").is_some_and(|o| o.starts_with("Adam"))),
         ..Context::of_traces(dtype.epsilon(), chaos_possible)
     };
     let diagnosis = diagnose(&a, &b, &runs, &cx);
@@ -92,12 +98,11 @@ fn line_up(a: &Trace, b: &Trace, pa: &Path, pb: &Path) -> Result<()> {
         Err(Error::bad_file(
             pb,
             format!("does not line up with {}: {problem}", pa.display()),
-            "record both runs of the same model with the same number of optimizer steps",
+            "record both runs of the same model (the same parameters, shapes and dtype)",
         ))
     };
-    if a.steps.len() != b.steps.len() {
-        return refuse(format!("{} optimizer steps there, {} here", a.steps.len(), b.steps.len()));
-    }
+    // Different numbers of optimizer steps are judged (NOT EQUIVALENT, with their cause),
+    // not refused: the steps both made must hold the same tensors.
     let groups = a.steps.iter().zip(&b.steps).enumerate().map(|(s, (x, y))| (format!("step {s}"), x, y));
     let groups = groups.chain([("the final weights".to_string(), &a.finals, &b.finals)]).chain([(
         "the buffers".to_string(),

@@ -29,7 +29,18 @@ pub struct Context {
     pub first_short: Option<(usize, f64)>,
     /// The optimizer is AdamW, which hides a gradient's scale from the weights.
     pub adamw: bool,
+    /// The framework that called optimizer.step() in a user's run (the recorder's header),
+    /// where it divides the loss by its accumulation steps itself.
+    pub framework: Option<&'static str>,
 }
+
+/// Frameworks that divide each micro-batch's loss by their accumulation steps themselves,
+/// with the setting that does it.
+pub const LOSS_DIVIDING_FRAMEWORKS: [(&str, &str); 3] = [
+    ("lightning", "Lightning's Trainer(accumulate_grad_batches=K)"),
+    ("accelerate", "Accelerate's accelerator.backward under accumulate()"),
+    ("transformers", "Transformers' Trainer (gradient_accumulation_steps)"),
+];
 
 impl Context {
     pub fn of_run(t: &TrainConfig) -> Self {
@@ -52,6 +63,7 @@ impl Context {
             ours: true,
             token_loss: t.model.token_loss(),
             same_samples: Some(same_samples),
+            framework: None,
             first_short: correct
                 .steps
                 .iter()
@@ -72,6 +84,7 @@ impl Context {
             same_samples: None,
             first_short: None,
             adamw: false,
+            framework: None,
         }
     }
 }
@@ -141,12 +154,21 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     if c.verdict != Verdict::Diverged {
         return None;
     }
+    if let Some(d) = one_process(a, b, c) {
+        return Some(d);
+    }
     if c.left_steps != c.right_steps {
+        return Some(step_count(a, b, c));
+    }
+    if let Some(d) = c.rank_drift.as_ref().filter(|d| d.tensor.starts_with("grad ")) {
         return Some(Diagnosis {
-            reason: Reason::StepCount,
+            reason: Reason::UnsyncedGradient,
             detail: format!(
-                "{} made {} optimizer steps and {} made {}: the samplers give different numbers of micro-batches",
-                c.left, c.left_steps, c.right, c.right_steps
+                "at step {} DDP rank {}'s {} differs from rank 0's: DDP all-reduces a synchronised backward into \
+                 the same gradient on every rank, so part of this one was never all-reduced; a micro-batch that \
+                 should sync ran without it (require_backward_grad_sync set after the forward, no_sync around the \
+                 last micro-batch) and each rank steps with its own mix of synced and local gradients",
+                d.step, d.rank, d.tensor
             ),
         });
     }
@@ -165,8 +187,10 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
         return Some(Diagnosis {
             reason: Reason::LrSchedule,
             detail: format!(
-                "{} applied lr {} at step {} where {} applied {}: the schedule must tick once per optimizer step \
-                 (scheduler.step() after optimizer.step()), not once per micro-batch, which runs it K times faster",
+                "{} applied lr {} at step {} where {} applied {}: their schedules ticked a different number of \
+                 times by then; tick once per optimizer step in both (scheduler.step() after optimizer.step()), \
+                 not once per micro-batch (K times faster) nor once per process (a scheduler prepared by \
+                 Accelerate steps W times per step under DDP)",
                 c.left, l.left, l.step, c.right, l.right
             ),
         });
@@ -251,19 +275,33 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             }
         }
     }
+    if let Some(d) = clipped_factor(a, b, c, cx, s, &x, &y) {
+        return Some(d);
+    }
     if let Some(r) = constant_ratio(&x, &y, eps) {
         return Some(Diagnosis {
             reason: Reason::LossScaling,
             detail: format!(
-                "{} gradients are exactly {r:.2}x {}'s from step {s}: loss scaling (divide each loss by K in accumulation, by K/W on each rank){}",
+                "{} gradients are exactly {r:.2}x {}'s from step {s}: {}{}",
                 c.right,
                 c.left,
+                loss_scaling_fix(cx),
                 if cx.adamw {
                     "; under AdamW the weights barely show it (Adam divides by √v, so a gradient K times too large \
                      makes almost the same step), which is why the gradients are compared"
                 } else {
                     ""
                 }
+            ),
+        });
+    }
+    if let Some(r) = fitted_ratio(&x, &y, eps) {
+        return Some(Diagnosis {
+            reason: Reason::UniformFactor,
+            detail: format!(
+                "{} gradients are a uniform {r:.4}x {}'s in every tensor at step {s}: the same samples, scaled \
+                 differently (a loss or gradient multiplied by a factor in one run only)",
+                c.right, c.left
             ),
         });
     }
@@ -293,6 +331,106 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
         reason: Reason::DifferentSamples,
         detail: format!(
             "step {s} differs by more than rounding and not by a constant factor: the runs likely see different samples in that step (strided vs contiguous split, padding)"
+        ),
+    })
+}
+
+/// What to do about a whole-number factor: divide by K, or not again where a framework does.
+fn loss_scaling_fix(cx: &Context) -> String {
+    match LOSS_DIVIDING_FRAMEWORKS.iter().find(|(f, _)| Some(*f) == cx.framework) {
+        Some((_, how)) => format!(
+            "loss scaling; {how} already divides each loss by the accumulation steps, so a loss divided by K \
+             in your own step is divided twice: return the plain mean loss"
+        ),
+        None => "loss scaling (divide each loss by K in accumulation, by K/W on each rank)".into(),
+    }
+}
+
+/// A trace meant as DDP's (its `leg` header, or its name) written by a world of 1, beside
+/// another one-process trace: the "DDP" leg never started its W processes.
+fn one_process(a: &Trace, b: &Trace, c: &Comparison) -> Option<Diagnosis> {
+    let one = |t: &Trace| t.meta.get("world_size").is_some_and(|w| w == "1");
+    if !one(a) || !one(b) {
+        return None;
+    }
+    let meant = |l: &String, t: &Trace| t.meta.get("leg").map_or(l.contains("ddp"), |leg| leg == "ddp");
+    let (label, _) = [(&c.left, a), (&c.right, b)].into_iter().find(|(l, t)| meant(l, t))?;
+    Some(Diagnosis {
+        reason: Reason::OneProcess,
+        detail: format!(
+            "{label} was written by a world of 1: the DDP leg ran as one process, without its ranks \
+             (`accelerate launch --cpu` starts one process unless given --multi_gpu --num_processes W; \
+             torchrun needs --nproc_per_node W); launch it with W processes and record again"
+        ),
+    })
+}
+
+/// Different numbers of optimizer steps, named by what the recorder counted: a run that
+/// steps every micro-batch, or at another cadence, else different numbers of micro-batches.
+fn step_count(a: &Trace, b: &Trace, c: &Comparison) -> Diagnosis {
+    let typical = |t: &Trace| {
+        let mut m: Vec<i64> = t.micro.clone();
+        m.sort_unstable();
+        m.get(m.len() / 2).copied()
+    };
+    let (l, r) = (&c.left, &c.right);
+    let (ls, rs) = (c.left_steps, c.right_steps);
+    let detail = match (typical(a), typical(b)) {
+        (Some(1), Some(k)) | (Some(k), Some(1)) if k > 1 => {
+            let (one, other) = if typical(a) == Some(1) { (l, r) } else { (r, l) };
+            format!(
+                "{one} steps the optimizer after every micro-batch ({} steps, 1 backward each) where {other} \
+                 steps after {k} ({} steps): one run does not accumulate; call optimizer.step() and zero_grad() \
+                 once per K micro-batches (K/W per rank under DDP)",
+                if one == l { ls } else { rs },
+                if one == l { rs } else { ls }
+            )
+        }
+        (Some(x), Some(y)) if x != y => format!(
+            "{l} made {ls} optimizer steps of {x} backward passes each and {r} made {rs} of {y}: the runs step at \
+             different cadences; the accumulation condition must step once per K micro-batches in total \
+             ((i + 1) % K == 0, K/W per rank), not e.g. i % (K - 1) == 0"
+        ),
+        _ => format!(
+            "{l} made {ls} optimizer steps and {r} made {rs}: the samplers give different numbers of micro-batches"
+        ),
+    };
+    Diagnosis { reason: Reason::StepCount, detail }
+}
+
+/// A factor clipping put into one run's gradients: where the records say clipping ran on one
+/// side only at step `s`, the factor before clipping is what the loop did (a whole one is
+/// loss scaling); else clipping itself scaled the same gradients differently.
+fn clipped_factor(
+    a: &Trace,
+    b: &Trace,
+    c: &Comparison,
+    cx: &Context,
+    s: usize,
+    x: &[f64],
+    y: &[f64],
+) -> Option<Diagnosis> {
+    let (ca, cb) = (a.clip_norms.get(s).copied().flatten(), b.clip_norms.get(s).copied().flatten());
+    let coef = |n: Option<(f64, f64)>| n.map_or(1.0, |(total, max)| (max / (total + 1e-6)).min(1.0));
+    let (ka, kb) = (coef(ca), coef(cb));
+    if (ka < 1.0) == (kb < 1.0) {
+        return None;
+    }
+    let r = fitted_ratio(x, y, cx.eps)?;
+    let before = r * ka / kb;
+    let side = if kb < 1.0 { &c.right } else { &c.left };
+    let (total, max) = if kb < 1.0 { cb? } else { ca? };
+    let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= 1e-3 * v;
+    let (reason, what) = match whole(before) || whole(1.0 / before) {
+        true => (Reason::LossScaling, format!("exactly {before:.2}x before clipping: {}", loss_scaling_fix(cx))),
+        false => (Reason::UniformFactor, format!("{before:.4}x before clipping")),
+    };
+    Some(Diagnosis {
+        reason,
+        detail: format!(
+            "{} gradients are a uniform {r:.4}x {}'s at step {s}, and clipping ran on {side} only (norm {total:.4} \
+             over max_norm {max}): {what}; clipping hides the factor, it does not remove it",
+            c.right, c.left
         ),
     })
 }

@@ -10,7 +10,7 @@ mod reason;
 mod ulps;
 
 pub use comparer::{compare, Comparer};
-pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis};
+pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
 pub use reason::Reason;

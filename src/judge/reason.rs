@@ -23,10 +23,13 @@ pub enum Reason {
     PerMicroBatchMean,
     GradientClipping,
     DropoutMasks,
+    UniformFactor,
+    UnsyncedGradient,
+    OneProcess,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -45,6 +48,9 @@ impl Reason {
         Reason::PerMicroBatchMean,
         Reason::GradientClipping,
         Reason::DropoutMasks,
+        Reason::UniformFactor,
+        Reason::UnsyncedGradient,
+        Reason::OneProcess,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -68,6 +74,9 @@ impl Reason {
             Reason::PerMicroBatchMean => "per-micro-batch mean",
             Reason::GradientClipping => "gradient clipping",
             Reason::DropoutMasks => "dropout masks",
+            Reason::UniformFactor => "uniform factor",
+            Reason::UnsyncedGradient => "unsynchronised gradient",
+            Reason::OneProcess => "one process",
         }
     }
 }

@@ -102,7 +102,10 @@ fn traces_that_do_not_line_up_are_refused_naming_the_first_mismatch() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(says), "{says}: {err}");
     };
-    refused(&acc(&two), &ddp(&three), "2 optimizer steps there, 3 here");
+    // A different number of optimizer steps is a verdict with its cause, not bad input.
+    let steps = ddp_verify(&["compare", &acc(&two), &ddp(&three)]);
+    assert_eq!(steps.status.code(), Some(1), "{}", stderr(&steps));
+    assert!(stdout(&steps).contains("made 2 optimizer steps and ddp made 3"), "{}", stdout(&steps));
     refused(&acc(&two), &ddp(&wide), "linear.weight has shape [1, 8] there, [1, 6] here");
     refused(&acc(&two), &acc(&two), "is the same file as A");
     refused(&acc(&two), &dir(&t, "none.safetensors"), "trace does not exist");

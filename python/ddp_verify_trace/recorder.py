@@ -1,0 +1,254 @@
+"""The recorder: what one run's optimizer steps applied, and everything around them that
+decides whether two runs are the same training.
+
+Per optimizer step (`grads.<s>.<param>` and beside it):
+  scale.<s>.<param>    sum of |each backward's gradient| (averaged over ranks as DDP averages)
+  lr.<s>               float64, the learning rate of each param group
+  micro.<s>            int64, this rank's backward passes since the last step (K/W under DDP)
+  clips.<s>            int64, how many times clip_grad_norm_ ran since the last step
+  clip.<s>             float64 [total norm, max norm] of the last clip, where one ran
+  rank_bits.<s>.<param> int64 [W], each rank's bit checksum of the gradient (DDP only): DDP
+                       all-reduces into identical gradients on every rank, so any difference
+                       names a rank whose gradient was not (fully) synchronised
+and once: `peak.<param>`, `final.<param>`, `buffer.<name>`, and a string header with the world
+size, the optimizer's kind and settings, and the framework that called the step.
+"""
+import atexit
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from . import _clip
+
+FORMAT = "ddp-verify-trace/1"
+# The float dtypes ddp-verify reads, by the names its --dtype uses.
+DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# Integer views of each float dtype, for bit checksums.
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+# Optimizer settings the bound on final weights needs (AdamW carries a gradient's allowance).
+_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize")
+
+
+def rank_world():
+    """(rank, world size). Before init_process_group (or after its destroy) torchrun's RANK
+    still says which process is rank 0, so only one of them ever touches the file."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), 1
+
+
+def _host(t):
+    """A detached contiguous CPU copy: never a view of a tensor training goes on changing."""
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+def _bits(g):
+    """An exact checksum of a tensor's bits: equal gradients give equal sums, and a gradient
+    that differs anywhere almost surely does not."""
+    flat = g.detach().contiguous().reshape(-1).view(_BITS[g.dtype]).to(torch.int64)
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.int64, device=flat.device)
+    return (flat * weights).sum()
+
+
+def _framework():
+    """Which framework called optimizer.step(), from the calling frames: it decides where
+    clipping and loss division happen, so causes can name the right fix."""
+    frame = sys._getframe(2)
+    seen = set()
+    while frame is not None:
+        mod = frame.f_globals.get("__name__", "")
+        for name in ("lightning", "pytorch_lightning", "transformers", "accelerate", "colossalai"):
+            if mod == name or mod.startswith(name + "."):
+                seen.add("lightning" if name == "pytorch_lightning" else name)
+        frame = frame.f_back
+    # Transformers' Trainer steps through Accelerate: the outermost framework is the user's.
+    for name in ("transformers", "lightning", "colossalai", "accelerate"):
+        if name in seen:
+            return name
+    return "plain"
+
+
+def unwrap(module):
+    """The user's own module inside DDP's, Accelerate's, Colossal-AI's or torch.compile's
+    wrappers: their names are what both runs share."""
+    while True:
+        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
+        if isinstance(inner, torch.nn.Module) and set(map(id, inner.parameters())) == set(
+            map(id, module.parameters())
+        ):
+            module = inner
+        else:
+            return module
+
+
+class Recorder:
+    """One run's record. `step()` takes the gradients as they are now; every rank calls it
+    at every optimizer step, and `close()` at the end; rank 0 alone writes `path`."""
+
+    def __init__(self, module, path, *, overwrite=False, magnitudes=True, meta=None, params=None):
+        self._module = unwrap(module)
+        self.path = os.fspath(path)
+        self._params = params or [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
+        if not self._params:
+            raise ValueError("ddp_verify_trace: the model has no parameters that require grad; nothing to record")
+        dtypes = sorted({str(p.dtype) for _, p in self._params})
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"ddp_verify_trace: the parameters mix dtypes ({', '.join(dtypes)}); a trace holds one float "
+                "dtype, so cast the model to one (model.to(dtype)) before recording"
+            )
+        self._dtype = self._params[0][1].dtype
+        if self._dtype not in DTYPES:
+            raise ValueError(f"ddp_verify_trace: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
+        self._meta = dict(meta or {})
+        rank, self._world = rank_world()
+        if rank == 0 and not overwrite and os.path.exists(self.path):
+            raise FileExistsError(f"{self.path} exists: pass overwrite=True to replace it, or remove it")
+        self._magnitudes = magnitudes
+        self._tensors = {}
+        self._steps = 0
+        self.state = "open"
+        # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
+        self._peaks = {n: p.detach().abs() for n, p in self._params}
+        # Magnitudes add up in at least float32, so that many half-precision terms keep their sum.
+        self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
+        self._sums = {}  # name -> sum of |gradient| of each backward since the last step
+        self._counts = {}  # name -> backward passes that reached it since the last step
+        self._hooks = [p.register_hook(self._summer(n)) for n, p in self._params]
+        self._clips = _clip.install()
+        self._clip_seen = self._clips.calls
+
+    def _summer(self, name):
+        # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
+        # (under DDP: this rank's, before the all-reduce; under no_sync too).
+        def hook(grad):
+            self._counts[name] = self._counts.get(name, 0) + 1
+            if not self._magnitudes:
+                return
+            g = grad.detach().abs().to(self._acc_dtype)
+            total = self._sums.get(name)
+            self._sums[name] = g if total is None else total.add_(g)
+
+        return hook
+
+    def take_sums(self, sums, counts):
+        """Magnitudes gathered before this recorder existed (the zero-edit hook's)."""
+        self._sums.update(sums)
+        self._counts.update(counts)
+
+    def check_open(self, what):
+        if self.state != "open":
+            raise RuntimeError(f"ddp_verify_trace({self.path!r}): {what} called after the recorder was {self.state}")
+
+    def track_peaks(self):
+        for n, p in self._params:
+            torch.maximum(self._peaks[n], p.detach().abs(), out=self._peaks[n])
+
+    def _reduced_sums(self, world):
+        """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
+        Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
+        sums = {n: self._sums.pop(n, None) for n, _ in self._params}
+        sums = {n: torch.zeros_like(p, dtype=self._acc_dtype) if sums[n] is None else sums[n] for n, p in self._params}
+        if world > 1:
+            flat = torch.cat([s.reshape(-1) for s in sums.values()])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(world)
+            parts = flat.split([s.numel() for s in sums.values()])
+            sums = {n: part.view(s.shape) for (n, s), part in zip(sums.items(), parts)}
+        return sums
+
+    def _rank_bits(self, world):
+        """Every rank's checksum of every gradient, gathered on every rank (one all_gather)."""
+        mine = torch.stack(
+            [_bits(p.grad) if p.grad is not None else torch.zeros((), dtype=torch.int64, device=p.device) for _, p in self._params]
+        )
+        out = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(out, mine)
+        return torch.stack([o.cpu() for o in out])  # [W, P]
+
+    def step(self, optimizer=None):
+        """Records the gradients as they are now: the ones this optimizer step applies."""
+        self.check_open("step()")
+        _, world = rank_world()
+        self._world = max(self._world, world)
+        sums = self._reduced_sums(world) if self._magnitudes else {}
+        s = self._steps
+        micro = max(self._counts.values(), default=0)
+        self._counts = {}
+        self._tensors[f"micro.{s}"] = torch.tensor([micro], dtype=torch.int64)
+        if optimizer is not None:
+            lrs = [float(g["lr"]) for g in optimizer.param_groups]
+            self._tensors[f"lr.{s}"] = torch.tensor(lrs, dtype=torch.float64)
+            self._settings(optimizer)
+        calls = self._clips.calls - self._clip_seen
+        self._clip_seen = self._clips.calls
+        self._tensors[f"clips.{s}"] = torch.tensor([calls], dtype=torch.int64)
+        if calls:
+            self._tensors[f"clip.{s}"] = torch.tensor(self._clips.last, dtype=torch.float64)
+        bits = self._rank_bits(world) if world > 1 else None
+        for i, (n, p) in enumerate(self._params):
+            if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
+                continue
+            self._tensors[f"grads.{s}.{n}"] = _host(p.grad)
+            if self._magnitudes:
+                self._tensors[f"scale.{s}.{n}"] = _host(sums[n].to(p.grad.dtype))
+            if bits is not None:
+                self._tensors[f"rank_bits.{s}.{n}"] = bits[:, i].contiguous()
+        self._steps += 1
+
+    def _settings(self, optimizer):
+        if "optimizer" in self._meta:
+            return
+        group = optimizer.param_groups[0]
+        self._meta["optimizer"] = type(optimizer).__name__
+        for key in _SETTINGS:
+            if key in group:
+                value = group[key]
+                self._meta[key] = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+    def close(self):
+        """Records the final weights and buffers and writes the file (rank 0 only)."""
+        self.check_open("close()")
+        self.finish("closed")
+        self.track_peaks()
+        for n, p in self._params:
+            self._tensors[f"peak.{n}"] = _host(self._peaks[n])
+            self._tensors[f"final.{n}"] = _host(p)
+        for n, b in self._module.named_buffers():
+            self._tensors[f"buffer.{n}"] = _host(b)
+        meta = {
+            "format": FORMAT,
+            "run": "ddp" if self._world > 1 else "single",
+            "world_size": str(self._world),
+            "dtype": DTYPES[self._dtype],
+            "torch_version": torch.__version__,
+            "steps": str(self._steps),
+            "magnitudes": "true" if self._magnitudes else "false",
+            **self._meta,
+        }
+        if rank_world()[0] == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            # Written aside, then renamed: a crash never leaves a half-written trace at `path`.
+            part = self.path + ".part"
+            save_file(self._tensors, part, metadata=meta)
+            os.replace(part, self.path)
+        self._tensors = {}
+
+    def finish(self, state):
+        self.state = state
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def close_at_exit(recorder):
+    """Writes the trace when the interpreter exits, if the run stepped and nothing closed it."""
+
+    def close():
+        if recorder.state == "open" and recorder._steps:
+            recorder.close()
+
+    atexit.register(close)

@@ -1,0 +1,66 @@
+"""The one-process leg's sampler: it deals the samples W ranks of torch's DistributedSampler
+would see, so that every window of K micro-batches holds exactly the samples of one DDP
+optimizer step (shuffle, seed, set_epoch, drop_last and padding included). The Python face
+of `ddp-verify split`; a test holds the two identical.
+
+    sampler = AccumulationBatchSampler(len(dataset), world=W, batch_size=B, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler)   # then accumulate K = W x K/W micro-batches
+    for epoch in ...: sampler.set_epoch(epoch)
+"""
+from torch.utils.data import DistributedSampler
+
+
+class _Sized:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def shards(size, world, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """`list(DistributedSampler(...))` for each rank: torch's own sampler, W times."""
+    out = []
+    for rank in range(world):
+        s = DistributedSampler(_Sized(size), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+def accumulation_order(size, world, batch_size, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """The one-process leg's micro-batches for one epoch: local batch 0 of every rank, then
+    local batch 1, ... Each rank's batches are a DataLoader(batch_size, drop_last=False) over
+    its shard, so a rank's short last batch stays a micro-batch of its own."""
+    per_rank = [
+        [shard[i : i + batch_size] for i in range(0, len(shard), batch_size)]
+        for shard in shards(size, world, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+    ]
+    most = max((len(b) for b in per_rank), default=0)
+    return [batches[i] for i in range(most) for batches in per_rank if i < len(batches)]
+
+
+class AccumulationBatchSampler:
+    """A batch sampler (`DataLoader(batch_sampler=...)`) yielding `accumulation_order`;
+    call set_epoch(epoch) each epoch, as on DistributedSampler."""
+
+    def __init__(self, size, *, world, batch_size, shuffle=True, seed=0, drop_last=False):
+        if world < 1 or batch_size < 1:
+            raise ValueError("AccumulationBatchSampler: world and batch_size must be at least 1")
+        self.size, self.world, self.batch_size = size, world, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def _order(self):
+        return accumulation_order(
+            self.size, self.world, self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, drop_last=self.drop_last
+        )
+
+    def __iter__(self):
+        return iter(self._order())
+
+    def __len__(self):
+        return len(self._order())

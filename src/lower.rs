@@ -18,7 +18,7 @@ use crate::plan;
 use crate::spec::{
     Amp, AmpConfig, Bug, CompareOptions, Config, DeviceRequest, Dtype, ExploreOptions, Format, KernelMode, ModelKind,
     OptimConfig, Optimizer, PartialWindow, ReportTarget, Schedule, Suite, SuiteCase, Tolerance, ToleranceOverrides,
-    TrainConfig,
+    ScriptOptions, TrainConfig,
 };
 use crate::train::fits;
 
@@ -181,6 +181,60 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
     Ok(CompareOptions { paths, tolerance, reports, plot: args.plot.clone(), strict_buffers: args.strict_buffers })
+}
+
+/// `-- python train.py ARGS`: the user's script as both legs. K a multiple of W ≥ 2, a
+/// Python command (the DDP leg runs it under torchrun), and an output directory whose traces
+/// are not overwritten without --force.
+pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
+    let (k, w) = (args.shape.acc_steps, args.shape.gpus);
+    if w < 2 {
+        return Err(Error::bad_flag("--gpus", "a DDP leg of one process proves nothing", "give --gpus 2 or more"));
+    }
+    if k == 0 || k % w != 0 {
+        return Err(Error::bad_flag(
+            "--acc-steps",
+            format!("K={k} is not a multiple of --gpus {w}: each DDP rank accumulates K/W micro-batches"),
+            "give a multiple of --gpus",
+        ));
+    }
+    let program = std::path::Path::new(&args.script[0]).file_name().map(|f| f.to_string_lossy().into_owned());
+    if !program.is_some_and(|p| p.starts_with("python")) || args.script.len() < 2 {
+        return Err(Error::bad_flag(
+            "--",
+            format!("`{}` is not a Python command; the DDP leg runs the script under torchrun", args.script.join(" ")),
+            "give it as -- python train.py ARGS (or -- python -m module ARGS)",
+        ));
+    }
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return Err(Error::bad_flag("--timeout", "must be a positive number of seconds", "e.g. --timeout 600"));
+    }
+    let out = match &args.save_trace {
+        Some(dir) => {
+            let taken: Vec<_> = SAVED_FILES.iter().map(|f| dir.join(f)).filter(|p| p.exists()).collect();
+            if let (Some(p), false) = (taken.first(), args.force) {
+                return Err(Error::bad_file(p, "exists", "pass --force to replace it, or choose another --save-trace"));
+            }
+            dir.clone()
+        }
+        None => tempfile::Builder::new()
+            .prefix("ddp-verify-script-")
+            .tempdir()
+            .map_err(|e| Error::io("creating a directory for the legs' traces", e))?
+            .keep(),
+    };
+    let tolerance = checked_overrides(&args.tolerance)?;
+    let reports = reports(&args.reports)?;
+    crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
+    let paths = [out.join(SAVED_FILES[0]), out.join(SAVED_FILES[1])];
+    Ok(ScriptOptions {
+        command: args.script.clone(),
+        acc_steps: k,
+        gpus: w,
+        out,
+        timeout: args.timeout,
+        compare: CompareOptions { paths, tolerance, reports, plot: args.plot.clone(), strict_buffers: false },
+    })
 }
 
 /// Keys a suite case may not set: the suite writes one report for all cases, and only checks.

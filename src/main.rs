@@ -68,6 +68,13 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             jobs::explore::command(&options)
         }
+        None if !cli.run.script.is_empty() => {
+            let options = lower::script(&cli.run)?;
+            if validate_only() {
+                return Ok(Exit::Equivalent);
+            }
+            jobs::script::command(&options)
+        }
         None => {
             let cfg = lower::verification(&cli.run)?;
             // Before anything makes a tensor: that fixes libtorch's kernels for the process.

@@ -8,6 +8,7 @@ pre-hook; the optimizers leave `.grad` as they applied it. The weights' peaks ar
 the pre-hook, before the step moves them."""
 import gc
 import os
+import warnings
 
 import torch
 
@@ -19,14 +20,17 @@ def _owner(params):
     inside any wrapper (DDP, Lightning's module, Accelerate's), so both runs name alike."""
     want = {id(p) for p in params}
     covering = []
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, torch.nn.Module):
-                have = {id(p) for p in obj.parameters()}
-                if want <= have:
-                    covering.append((len(have), obj))
-        except ReferenceError:
-            continue
+    # Some objects warn when merely looked at (deprecated proxies such as dist.reduce_op).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.nn.Module):
+                    have = {id(p) for p in obj.parameters()}
+                    if want <= have:
+                        covering.append((len(have), obj))
+            except ReferenceError:
+                continue
     if not covering:
         return None
     fewest = min(n for n, _ in covering)

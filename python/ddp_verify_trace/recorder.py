@@ -245,10 +245,19 @@ class Recorder:
 
 
 def close_at_exit(recorder):
-    """Writes the trace when the interpreter exits, if the run stepped and nothing closed it."""
+    """Writes the trace when the interpreter exits, if the run stepped, nothing closed it and
+    no exception ended the script: a trace on disk is a run that finished."""
+    crashed = []
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        crashed.append(kind)
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
 
     def close():
-        if recorder.state == "open" and recorder._steps:
+        if recorder.state == "open" and recorder._steps and not crashed:
             recorder.close()
 
     atexit.register(close)

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod explore;
 mod pool;
 mod preflight;
+pub mod script;
 pub mod suite;
 pub mod verify;
 

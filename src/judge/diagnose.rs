@@ -164,11 +164,13 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
         return Some(Diagnosis {
             reason: Reason::UnsyncedGradient,
             detail: format!(
-                "at step {} DDP rank {}'s {} differs from rank 0's: DDP all-reduces a synchronised backward into \
+                "at step {} DDP rank {}'s gradient of {} differs from rank 0's: DDP all-reduces a synchronised backward into \
                  the same gradient on every rank, so part of this one was never all-reduced; a micro-batch that \
                  should sync ran without it (require_backward_grad_sync set after the forward, no_sync around the \
                  last micro-batch) and each rank steps with its own mix of synced and local gradients",
-                d.step, d.rank, d.tensor
+                d.step,
+                d.rank,
+                &d.tensor["grad ".len()..]
             ),
         });
     }
@@ -227,7 +229,9 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             ),
         });
     }
-    let s = c.steps.iter().position(|g| g.verdict == Verdict::Diverged)?;
+    let Some(s) = c.steps.iter().position(|g| g.verdict == Verdict::Diverged) else {
+        return Some(after_the_gradients(c, cx));
+    };
     let ulps = c.steps[s].max_ulps;
     if !c.derived && ulps <= rounding_ulps(eps) {
         let (which, fix) = match cx.ours {
@@ -333,6 +337,33 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
             "step {s} differs by more than rounding and not by a constant factor: the runs likely see different samples in that step (strided vs contiguous split, padding)"
         ),
     })
+}
+
+/// Every step's gradients agree, yet the runs differ: in what the optimizer made of them,
+/// or in the buffers.
+fn after_the_gradients(c: &Comparison, cx: &Context) -> Diagnosis {
+    if c.finals.verdict != Verdict::Diverged {
+        return Diagnosis {
+            reason: Reason::Buffers,
+            detail: "every gradient and final weight agrees but the buffers (BatchNorm's running statistics) \
+                     differ: DDP keeps rank 0's (broadcast_buffers), so compare runs of one kind, or leave buffers \
+                     out (no --strict-buffers)"
+                .into(),
+        };
+    }
+    let detail = match (cx.ours, c.derived) {
+        (false, false) => "every step's gradients agree within tolerance but the final weights do not: the \
+                           optimizer made different steps of the same gradients, or amplified their rounding (Adam \
+                           and AdamW divide by √v, so a parameter whose true gradient is zero, such as an attention \
+                           key bias, moves a full step on rounding noise); record with ddp_verify_trace.record() \
+                           or TraceRecorder(optimizer=...) so the bound is carried through the optimizer"
+            .to_string(),
+        _ => "every step's gradients agree but the final weights differ beyond what the optimizer makes of that \
+              agreement: the runs' optimizers differ (their settings, their state, or a step applied to other \
+              parameters)"
+            .to_string(),
+    };
+    Diagnosis { reason: Reason::OptimizerStep, detail }
 }
 
 /// What to do about a whole-number factor: divide by K, or not again where a framework does.

@@ -1,6 +1,7 @@
 //! Judgement: per-step, per-parameter differences between two traces held to the
 //! tolerance or the derived bounds, verdicts, diagnoses, and the assembled outcome.
 
+mod carried;
 mod comparer;
 mod diagnose;
 mod elementwise;
@@ -10,6 +11,7 @@ mod reason;
 mod ulps;
 
 pub use comparer::{compare, Comparer};
+pub use carried::adamw_finals;
 pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};

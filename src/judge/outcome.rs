@@ -25,6 +25,9 @@ pub struct TracePair {
     pub magnitudes: bool,
     /// Both carry each weight's largest magnitude during training (`peak.<param>`).
     pub peaks: bool,
+    /// How the final weights were held: Ok where the step allowance was carried through
+    /// AdamW (`judge::adamw_finals`), else why it could not be.
+    pub finals_carried: Result<(), String>,
 }
 
 pub struct Outcome {

@@ -26,10 +26,12 @@ pub enum Reason {
     UniformFactor,
     UnsyncedGradient,
     OneProcess,
+    OptimizerStep,
+    Buffers,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 23] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -51,6 +53,8 @@ impl Reason {
         Reason::UniformFactor,
         Reason::UnsyncedGradient,
         Reason::OneProcess,
+        Reason::OptimizerStep,
+        Reason::Buffers,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -77,6 +81,8 @@ impl Reason {
             Reason::UniformFactor => "uniform factor",
             Reason::UnsyncedGradient => "unsynchronised gradient",
             Reason::OneProcess => "one process",
+            Reason::OptimizerStep => "optimizer step",
+            Reason::Buffers => "buffers",
         }
     }
 }

@@ -228,6 +228,12 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         "held to: the fixed tolerance, {} ulp or rel {:e} or abs {:e} (traces carry no bound derived from the arithmetic)",
         tol.max_ulps, tol.rtol, tol.atol
     ));
+    lines.push(match &pair.finals_carried {
+        Ok(()) => "final weights: each step's allowance carried through AdamW (its betas, eps and learning rates \
+                   as recorded), never less than the fixed tolerance"
+            .to_string(),
+        Err(why) => format!("final weights: the fixed tolerance (no bound carried through the optimizer: {why})"),
+    });
     lines.push(format!(
         "measured at: gradients, {}; final weights, {}",
         if pair.magnitudes {

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::judge::{Comparison, GroupDiff, Outcome, Verdict};
+use crate::judge::{Comparison, GroupDiff, Outcome, Subject, Verdict};
 use crate::spec::{Format, ReportTarget};
 
 pub use json::JSON_SCHEMA_VERSION;
@@ -118,6 +118,12 @@ pub(crate) fn worst_first(ds: &mut [&crate::judge::TensorDiff]) {
 /// What elements were held to, in words.
 pub(crate) fn bound_words(o: &Outcome) -> String {
     let tol = o.tolerance();
+    if let (Subject::Traces(_), true) = (&o.subject, o.runs.derived) {
+        return format!(
+            "{} ulp or rel {:e} or abs {:e}, carried through AdamW's steps to the final weights",
+            tol.max_ulps, tol.rtol, tol.atol
+        );
+    }
     if o.runs.derived {
         "the bound derived from the arithmetic (twice the rounding DDP's order and loss scaling can cause, per element)"
             .into()
@@ -166,6 +172,12 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
         );
     }
     let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
+    if let Some((d, p)) = first.rank_drift.as_ref().and_then(|d| Some((d, d.tensor.strip_prefix("grad ")?))) {
+        return format!(
+            "NOT EQUIVALENT: DDP rank {}'s gradient of {p} differs from rank 0's at step {}: not synchronised",
+            d.rank, d.step
+        );
+    }
     if let Some(d) = &first.rank_drift {
         return format!(
             "NOT EQUIVALENT: DDP rank {} held another {} than rank 0 after step {}",

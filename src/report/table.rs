@@ -46,9 +46,11 @@ impl Exporter for Table {
             );
         }
         let adamw = o.config().is_some_and(|c| c.train.optim.optimizer == crate::spec::Optimizer::AdamW);
-        let how = match (o.runs.derived, adamw) {
-            (true, false) => "each element against the bound carried through SGD",
-            (true, true) => "each element, and AdamW's moments, against the bound carried through AdamW",
+        let traces = matches!(o.subject, crate::judge::Subject::Traces(_));
+        let how = match (o.runs.derived, adamw, traces) {
+            (true, _, true) => "each element against the fixed tolerance carried through AdamW",
+            (true, false, _) => "each element against the bound carried through SGD",
+            (true, true, _) => "each element, and AdamW's moments, against the bound carried through AdamW",
             _ => "differences measured at each weight's largest magnitude during training",
         };
         let _ = writeln!(s, "\nfinal weights ({how})");

@@ -21,7 +21,7 @@ pub use device::{DeviceKind, DeviceRequest};
 pub use dtype::Dtype;
 pub use kernels::{KernelFacts, KernelMode, Machine, Platform};
 pub use optim::{OptimConfig, Optimizer, Schedule};
-pub use options::{CompareOptions, ExploreOptions, Suite, SuiteCase};
+pub use options::{CompareOptions, ExploreOptions, ScriptOptions, Suite, SuiteCase};
 pub use report::{Format, ReportTarget};
 pub use tolerance::{Tolerance, ToleranceOverrides};
 pub use train::{ModelKind, PartialWindow, TrainConfig};

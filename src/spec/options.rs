@@ -58,3 +58,17 @@ impl Suite {
         self.cases.iter().map(|c| c.config.train.gpus).max().unwrap_or(1)
     }
 }
+
+/// `ddp-verify --acc-steps K --gpus W -- python train.py ARGS`: a user's script as both legs.
+pub struct ScriptOptions {
+    /// The command after `--`, placeholders not yet filled in.
+    pub command: Vec<String>,
+    pub acc_steps: usize,
+    pub gpus: usize,
+    /// Where the legs' traces and logs go (--save-trace, or a fresh temporary directory).
+    pub out: std::path::PathBuf,
+    /// Each leg must finish within this many seconds.
+    pub timeout: f64,
+    /// How the two traces are judged and reported, as `compare` does.
+    pub compare: CompareOptions,
+}

@@ -15,7 +15,7 @@ mod repeat;
 mod scaler;
 
 pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
-pub use bounds::{Bounds, Clip};
+pub use bounds::{AdamWParams, AdamWTrack, Bounds, Clip};
 pub use ddp::{ddp_rank, ddp_run};
 use listen::Listener;
 pub use lockstep::{lockstep, StepGrads, StepSink};

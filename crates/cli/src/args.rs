@@ -115,6 +115,12 @@ pub struct RunArgs {
     /// Plant a known bug in one run, to watch the gate fire.
     #[arg(long, value_name = "BUG", value_parser = names::bug)]
     pub inject: Option<String>,
+    /// Your training command, after `--` (`-- python train.py ARGS`): run as the accumulation
+    /// leg (one process) and the DDP leg (torchrun, --gpus ranks), recorded with no edit and
+    /// compared. In ARGS {acc_steps} is K, {local_acc_steps} this leg's micro-batches per step
+    /// (K, or K/W), {gpus} W, {world} this leg's processes, {leg} accumulation or ddp.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub script: Vec<String>,
 }
 
 /// The model and how it is trained, beyond the sampling shape.
@@ -362,7 +368,8 @@ impl Verification {
     pub fn of(args: &[OsString]) -> Option<Verification> {
         let cli =
             Cli::try_parse_from(std::iter::once(OsString::from("ddp-verify")).chain(args.iter().cloned())).ok()?;
-        if cli.command.is_some() {
+        // A user's script starts its own processes (torchrun): the core runs it, no ranks.
+        if cli.command.is_some() || !cli.run.script.is_empty() {
             return None;
         }
         let (gpus, timeout) = (cli.run.shape.gpus, cli.run.timeout);

@@ -106,6 +106,28 @@ pub fn relaunch(
     }
 }
 
+/// Runs one leg of a user's training command (`ddp-verify -- python train.py`) supervised as
+/// the ranks are: a process group of its own that dies with us, a deadline, Ctrl-C stopping
+/// all of it; its output goes to `log`. Returns its exit status, whatever it is.
+pub fn run_leg(mut cmd: Command, log: &Path, timeout: Duration, what: &str) -> Result<std::process::ExitStatus> {
+    let file = std::fs::File::create(log).map_err(|e| LaunchError::io(format!("creating {}", log.display()), e))?;
+    let err = file.try_clone().map_err(|e| LaunchError::io(format!("opening {}", log.display()), e))?;
+    cmd.stdin(Stdio::null()).stdout(file).stderr(err);
+    // SAFETY: prctl is async-signal-safe; between fork and exec nothing else runs.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let child = cmd.process_group(0).spawn().map_err(|e| LaunchError::Launcher {
+        problem: format!("cannot start {what} ({e})"),
+        fix: "check the command after --".into(),
+    })?;
+    let mut supervised = Supervised::new(child, Some(timeout));
+    supervised.exited(what)
+}
+
 /// For a rank: die with the process that started it (mpirun, or Open MPI's daemon), so a
 /// killed launcher never leaves ranks running, hung ones included.
 pub fn die_with_parent() {

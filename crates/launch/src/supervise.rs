@@ -56,6 +56,23 @@ impl Supervised {
 
     /// Waits until mpirun is done, stopping every rank on a timeout or a rank's death.
     pub(crate) fn finished(mut self) -> Result<()> {
+        let status = self.exited("the DDP ranks")?;
+        let death = self.watcher.take().and_then(|w| w.join().ok()).flatten();
+        if !status.success() {
+            return Err(match death {
+                Some(d) => Error::Rank { rank: d.rank, problem: format!("{}; every rank was stopped", d.how) },
+                None => Error::Launcher {
+                    problem: format!("the DDP ranks failed (mpirun {status}); every rank was stopped"),
+                    fix: "see the rank's message above".into(),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits until the command is done, stopping its whole group on a timeout or a signal;
+    /// its exit status, whatever it is. `what` names it in the timeout's message.
+    pub(crate) fn exited(&mut self, what: &str) -> Result<std::process::ExitStatus> {
         let status = loop {
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
                 break status;
@@ -70,7 +87,7 @@ impl Supervised {
                 stop_group(self.group, &mut self.child);
                 return Err(Error::Launcher {
                     problem: format!(
-                        "the DDP ranks did not finish within --timeout {} s (a rank hung?); every rank was stopped",
+                        "{what} did not finish within --timeout {} s (hung?); every process was stopped",
                         timeout.as_secs_f64()
                     ),
                     fix: "raise --timeout if the run is only slow".into(),
@@ -78,19 +95,9 @@ impl Supervised {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        // mpirun is gone; sweep anything it left in its group.
+        // It is gone; sweep anything it left in its group.
         signal_group(self.group, libc::SIGKILL);
-        let death = self.watcher.take().and_then(|w| w.join().ok()).flatten();
-        if !status.success() {
-            return Err(match death {
-                Some(d) => Error::Rank { rank: d.rank, problem: format!("{}; every rank was stopped", d.how) },
-                None => Error::Launcher {
-                    problem: format!("the DDP ranks failed (mpirun {status}); every rank was stopped"),
-                    fix: "see the rank's message above".into(),
-                },
-            });
-        }
-        Ok(())
+        Ok(status)
     }
 }
 

@@ -26,7 +26,6 @@
 
 use tch::{Kind, Tensor};
 
-use self::adamw::{AdamWParams, AdamWTrack};
 use crate::error::Result;
 use crate::evidence::Params;
 use crate::spec::DeviceKind;
@@ -84,6 +83,7 @@ mod clip;
 mod control;
 mod sgd;
 
+pub use adamw::{AdamWParams, AdamWTrack};
 pub use clip::Clip;
 
 impl Bounds {

@@ -1,0 +1,21 @@
+"""Zero-edit recording, started by `autoload/sitecustomize.py` from the environment
+`ddp-verify -- python train.py` sets for each leg:
+
+  DDP_VERIFY_TRACE             where this leg's trace goes (rank 0 writes it)
+  DDP_VERIFY_LEG               accumulation, ddp or big-batch
+  DDP_VERIFY_ACC_STEPS         K over all ranks
+  DDP_VERIFY_LOCAL_ACC_STEPS   micro-batches per optimizer step in this process (K, or K/W)
+  DDP_VERIFY_WORLD             the DDP world size the legs compare against
+"""
+import os
+
+
+def start():
+    import ddp_verify_trace
+
+    env = os.environ
+    meta = {"leg": env.get("DDP_VERIFY_LEG", "")}
+    acc = env.get("DDP_VERIFY_ACC_STEPS")
+    session = ddp_verify_trace.record(env["DDP_VERIFY_TRACE"], overwrite=True, acc_steps=int(acc) if acc else None)
+    session._meta.update({k: v for k, v in meta.items() if v})
+    return session

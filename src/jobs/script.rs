@@ -1,0 +1,119 @@
+//! `ddp-verify --acc-steps K --gpus W -- python train.py ARGS`: the user's own script as the
+//! accumulation leg (one process) and the DDP leg (torchrun, W processes), recorded with no
+//! edit by the `ddp_verify_trace` hook Python loads at start-up, then judged as `compare`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::error::{Error, Exit, Result};
+use crate::spec::ScriptOptions;
+
+/// One leg: its name (the trace's `leg` header), processes, micro-batches per process.
+struct Leg {
+    name: &'static str,
+    world: usize,
+    local_acc_steps: usize,
+}
+
+pub fn command(o: &ScriptOptions) -> Result<Exit> {
+    let python = &o.command[0];
+    let autoload = autoload_dir(python)?;
+    std::fs::create_dir_all(&o.out).map_err(|e| Error::io(format!("creating {}", o.out.display()), e))?;
+    let legs = [
+        Leg { name: "accumulation", world: 1, local_acc_steps: o.acc_steps },
+        Leg { name: "ddp", world: o.gpus, local_acc_steps: o.acc_steps / o.gpus },
+    ];
+    for (leg, trace) in legs.iter().zip(&o.compare.paths) {
+        run_leg(o, leg, &autoload, trace)?;
+    }
+    eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
+    super::compare::command(&o.compare)
+}
+
+/// The folder whose sitecustomize.py starts the recording, from the script's own Python:
+/// the recorder must be importable there.
+fn autoload_dir(python: &str) -> Result<PathBuf> {
+    let code = "import os, ddp_verify_trace; print(os.path.join(os.path.dirname(ddp_verify_trace.__file__), 'autoload'))";
+    let out = Command::new(python).args(["-c", code]).output();
+    let fix = "install the recorder into that Python (pip install ./python from the ddp-verify repository)";
+    match out {
+        Ok(o) if o.status.success() => Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())),
+        Ok(_) => Err(Error::bad_flag("--", format!("{python} cannot import ddp_verify_trace"), fix)),
+        Err(e) => Err(Error::bad_flag("--", format!("cannot run {python} ({e})"), "give the Python that trains")),
+    }
+}
+
+/// The command for a leg: its placeholders filled in, and under torchrun for DDP.
+fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
+    let fill = |a: &String| {
+        a.replace("{acc_steps}", &o.acc_steps.to_string())
+            .replace("{local_acc_steps}", &leg.local_acc_steps.to_string())
+            .replace("{gpus}", &o.gpus.to_string())
+            .replace("{world}", &leg.world.to_string())
+            .replace("{leg}", leg.name)
+    };
+    let args: Vec<String> = o.command[1..].iter().map(fill).collect();
+    let mut cmd = vec![o.command[0].clone()];
+    if leg.world > 1 {
+        let launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"];
+        cmd.extend(launcher.iter().map(|s| s.to_string()).chain([leg.world.to_string()]));
+    }
+    cmd.extend(args);
+    cmd
+}
+
+fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Result<()> {
+    let argv = leg_command(o, leg);
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    let path = std::env::var_os("PYTHONPATH").map_or(autoload.as_os_str().to_owned(), |p| {
+        let mut joined = autoload.as_os_str().to_owned();
+        joined.push(":");
+        joined.push(p);
+        joined
+    });
+    cmd.env("PYTHONPATH", path)
+        .env("DDP_VERIFY_TRACE", trace)
+        .env("DDP_VERIFY_LEG", leg.name)
+        .env("DDP_VERIFY_ACC_STEPS", o.acc_steps.to_string())
+        .env("DDP_VERIFY_LOCAL_ACC_STEPS", leg.local_acc_steps.to_string())
+        .env("DDP_VERIFY_WORLD", o.gpus.to_string());
+    if std::env::var_os("OMP_NUM_THREADS").is_none() {
+        cmd.env("OMP_NUM_THREADS", "1");
+    }
+    let _ = std::fs::remove_file(trace);
+    let log = o.out.join(format!("{}.log", leg.name));
+    let what = format!("the {} leg ({})", leg.name, argv.join(" "));
+    let timeout = Duration::try_from_secs_f64(o.timeout).unwrap_or(Duration::MAX);
+    let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what)?;
+    let written = trace.is_file();
+    match (status.success(), written) {
+        (true, true) => Ok(()),
+        (true, false) => Err(Error::bad_flag(
+            "--",
+            format!("{what} finished but recorded no optimizer step (log: {})", log.display()),
+            "check that the script trains (calls optimizer.step()) with these arguments",
+        )),
+        // The trace is written at interpreter exit only when no exception ended the script,
+        // renamed into place whole: a failure after it (gloo's known abort at exit,
+        // "terminate called without an active exception") leaves a complete run.
+        (false, true) => {
+            eprintln!(
+                "ddp-verify: warning: {what} failed after writing its trace ({status}: {}); judged from the complete trace",
+                last_line(&log)
+            );
+            Ok(())
+        }
+        (false, _) => Err(Error::Launcher {
+            problem: format!("{what} failed ({status}): {}", last_line(&log)),
+            fix: format!("see its log, {}", log.display()),
+        }),
+    }
+}
+
+/// The log's last non-empty line: usually the exception.
+fn last_line(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output").trim().to_string()
+}

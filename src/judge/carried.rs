@@ -1,0 +1,114 @@
+//! Users' traces under AdamW: what the optimizer makes of each step's allowance, carried to
+//! the final weights as our own runs carry theirs (`train::AdamWTrack`).
+//!
+//! Adam divides by √v, so where a true gradient is zero (a softmax's key bias: a constant
+//! added to every score changes nothing) the recorded values are rounding noise of opposite
+//! signs in the two runs, and each step moves the weight by up to lr whatever the noise's
+//! size. The fixed tolerance on final weights cannot know that; the carried bound does. Each
+//! step's gradient allowance is the fixed tolerance's (at the magnitudes the gradients are
+//! measured at), the moments are rebuilt in float64 from the accumulation trace's gradients,
+//! and |weight| is bounded by the recorded peaks.
+
+use tch::{Kind, Tensor};
+
+use crate::evidence::{Params, Trace};
+use crate::spec::{Dtype, Tolerance};
+use crate::train::{AdamWParams, AdamWTrack};
+
+/// AdamW's settings as both headers give them, or why the bound cannot be carried.
+fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
+    let get = |k: &str| -> Result<String, String> {
+        let (x, y) = (a.meta.get(k), b.meta.get(k));
+        match (x, y) {
+            (Some(x), Some(y)) if x == y => Ok(x.clone()),
+            (Some(x), Some(y)) => Err(format!("the traces' {k} differ ({x} vs {y})")),
+            _ => Err(format!("a trace does not record {k}")),
+        }
+    };
+    let optimizer = get("optimizer")?;
+    if optimizer != "AdamW" {
+        return Err(format!("the optimizer is {optimizer}"));
+    }
+    if get("amsgrad").is_ok_and(|v| v == "True") {
+        return Err("AdamW runs with amsgrad".into());
+    }
+    let num = |k: &str| get(k)?.trim().parse::<f64>().map_err(|_| format!("{k} is not a number"));
+    let betas: Vec<f64> = get("betas")?.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    let [b1, b2] = betas[..] else { return Err("betas are not two numbers".into()) };
+    if a.lrs.len() != a.steps.len() || b.lrs.len() != b.steps.len() {
+        return Err("a trace does not record each step's learning rate".into());
+    }
+    Ok(AdamWParams {
+        betas: (b1, b2),
+        eps: num("eps")?,
+        weight_decay: num("weight_decay")?,
+        u: dtype.unit_roundoff(),
+        lockstep: false,
+    })
+}
+
+/// What the fixed tolerance allows each element of `g`, measured at `at`: the larger of
+/// atol, rtol·at and max_ulps ulps of at (an ulp of x is at most ε·|x|).
+fn tolerance_allowance(tol: &Tolerance, at: &Tensor, eps: f64) -> Tensor {
+    let rel = tol.rtol.max(f64::from(tol.max_ulps) * eps);
+    (at * rel).clamp_min(tol.atol)
+}
+
+/// Per final weight and element, what AdamW makes of the steps' fixed-tolerance allowances,
+/// or why nothing can be carried (another optimizer, missing settings or learning rates).
+pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Result<Params, String> {
+    let p = settings(a, b, dtype)?;
+    let eps = dtype.epsilon();
+    let names: Vec<String> = a.finals.iter().map(|(n, _)| n.clone()).collect();
+    let mut track = AdamWTrack::new(names.len());
+    let mut moments: Vec<Option<(Tensor, Tensor, u32)>> = names.iter().map(|_| None).collect();
+    let peak = |n: &str| {
+        let f = |t: &Trace| t.peaks.iter().find(|(m, _)| m == n).map(|(_, t)| t.to_kind(Kind::Double));
+        match (f(a), f(b)) {
+            (Some(x), Some(y)) => Some(x.maximum(&y)),
+            (x, y) => x.or(y),
+        }
+    };
+    for (s, grads) in a.steps.iter().enumerate() {
+        let other = b.steps.get(s);
+        for (i, n) in names.iter().enumerate() {
+            let Some((_, g)) = grads.iter().find(|(m, _)| m == n) else { continue };
+            let g = g.to_kind(Kind::Double);
+            // Measured where the gradient comparison measures: the tensor's peak in either
+            // run, and the recorded micro-batch magnitudes where larger.
+            let mut at = g.abs().max();
+            if let Some((_, h)) = other.and_then(|o| o.iter().find(|(m, _)| m == n)) {
+                at = at.maximum(&h.to_kind(Kind::Double).abs().max());
+            }
+            let mut at = g.abs().maximum(&at);
+            for t in [a, b] {
+                if let Some((_, m)) = t.scales.get(s).and_then(|sc| sc.iter().find(|(m, _)| m == n)) {
+                    at = at.maximum(&m.to_kind(Kind::Double).abs());
+                }
+            }
+            let allow = tolerance_allowance(tol, &at, eps);
+            track.before_step(i, &allow, &g.abs());
+            let (b1, b2) = p.betas;
+            let (m, v, t) = match moments[i].take() {
+                Some((m, v, t)) => (m * b1 + &g * (1.0 - b1), v * b2 + g.square() * (1.0 - b2), t + 1),
+                None => (&g * (1.0 - b1), g.square() * (1.0 - b2), 1),
+            };
+            let w = peak(n).unwrap_or_else(|| a.finals[i].1.to_kind(Kind::Double).abs());
+            track.after_step(i, &p, t, a.lrs[s], &m, &v, &w);
+            moments[i] = Some((m, v, t));
+        }
+    }
+    let weights: Vec<Tensor> = a.finals.iter().map(|(_, w)| w.to_kind(Kind::Double)).collect();
+    let carried = track.finals(&names, &weights, 1.0, 0.0);
+    // Never stricter than the fixed tolerance at the weights' peaks: the carried bound adds
+    // what AdamW amplifies, it does not replace what rounding alone explains.
+    Ok(names
+        .iter()
+        .zip(&weights)
+        .filter_map(|(n, w)| {
+            let (_, c) = carried.iter().find(|(m, _)| m == n)?;
+            let at = peak(n).unwrap_or_else(|| w.abs()).maximum(&w.abs());
+            Some((n.clone(), c.maximum(&tolerance_allowance(tol, &at, eps))))
+        })
+        .collect())
+}

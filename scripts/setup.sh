@@ -5,6 +5,7 @@
 #  - a project-local virtualenv .venv with PyTorch 2.13.0 from PyPI: libtorch for tch 0.26,
 #    and the fixtures' reference scripts
 #  - the ddp_verify_trace recorder (python/, editable) and pytest for its tests
+#  - the frameworks the examples run under (Transformers, Accelerate, Lightning; ~20 s)
 #  - .libtorch -> the wheel's torch directory, which .cargo/config.toml points LIBTORCH at
 #  - libnccl.so beside the wheel's libnccl.so.2, the name cudarc opens for GPU runs
 set -euo pipefail
@@ -35,6 +36,18 @@ assert os.path.realpath(ddp_verify_trace.__file__) == os.path.realpath("python/d
 assert "pytest==" + pytest.__version__ in open("python/requirements-test.txt").read().split()' 2>/dev/null; then
   echo "setup: installing the ddp_verify_trace recorder (editable) and pytest into .venv"
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt -e ./python
+fi
+
+# Exactly the pinned framework versions, or they are installed again.
+if ! .venv/bin/python -W ignore -c '
+import importlib.metadata as m
+for line in open("python/requirements-frameworks.txt"):
+    line = line.split("#")[0].strip()
+    if line:
+        name, version = line.split("==")
+        assert m.version(name) == version, name' 2>/dev/null; then
+  echo "setup: installing the examples' frameworks into .venv (pip, about 20 s)"
+  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-frameworks.txt
 fi
 
 torch_dir=$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')

@@ -17,8 +17,8 @@ use crate::evidence::{golden, SAVED_FILES};
 use crate::plan;
 use crate::spec::{
     Amp, AmpConfig, Bug, CompareOptions, Config, DeviceRequest, Dtype, ExploreOptions, Format, KernelMode, ModelKind,
-    OptimConfig, Optimizer, PartialWindow, ReportTarget, Schedule, Suite, SuiteCase, Tolerance, ToleranceOverrides,
-    ScriptOptions, TrainConfig,
+    OptimConfig, Optimizer, PartialWindow, ReportTarget, Schedule, ScriptOptions, Suite, SuiteCase, Tolerance,
+    ToleranceOverrides, TrainConfig,
 };
 use crate::train::fits;
 

@@ -25,6 +25,7 @@
 //! | suite | named cases for a CI gate |
 //! | tiny_lm | the language model, token-level loss and the big batch |
 //! | torch_optim | the optimizer step op for op against torch.optim and clip_grad_norm_ |
+//! | user_loops | users' own scripts unmodified (-- python train.py): nanoGPT, Trainer, Lightning, Accelerate |
 
 #[path = "it/util.rs"]
 mod util;
@@ -85,3 +86,5 @@ mod suite;
 mod tiny_lm;
 #[path = "it/torch_optim.rs"]
 mod torch_optim;
+#[path = "it/user_loops.rs"]
+mod user_loops;

@@ -1,7 +1,9 @@
-"""Counts torch.nn.utils.clip_grad_norm_ calls and keeps the last one's norms: a recorded
-gradient is what the optimizer applies, after clipping, so a cause must know whether a clip
-ran and how hard. Patched once, where every framework calls it (Trainer through Accelerate,
-Lightning's precision plugins, plain loops)."""
+"""What the recorder learns by watching torch itself, patched once where every framework calls
+it (Trainer through Accelerate, Lightning's precision plugins, plain loops):
+- clip_grad_norm_ calls and the last one's norms: a recorded gradient is what the optimizer
+  applies, after clipping, so a cause must know whether a clip ran and how hard;
+- DistributedSampler.set_epoch calls (and AccumulationBatchSampler's): where epochs start, so
+  a mismatch that starts in a later epoch can be named as a sampler's epoch."""
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
@@ -12,6 +14,12 @@ class Clips:
         self.calls = 0
         # [total norm before clipping, max_norm]
         self.last = [0.0, 0.0]
+        # The epochs set so far, in order (each set_epoch call's argument).
+        self.epochs = []
+
+
+def epoch_started(epoch):
+    install().epochs.append(epoch)
 
 
 _STATE = None
@@ -34,4 +42,14 @@ def install():
     clip_grad_norm_.__doc__ = original.__doc__
     torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
     torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+
+    from torch.utils.data import DistributedSampler
+
+    set_epoch = DistributedSampler.set_epoch
+
+    def distributed_set_epoch(self, epoch):
+        set_epoch(self, epoch)
+        _STATE.epochs.append(epoch)
+
+    DistributedSampler.set_epoch = distributed_set_epoch
     return _STATE

@@ -59,28 +59,41 @@ class Session:
     def start(self):
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+        from . import _clip
+
+        _clip.install()  # before training: the first epoch's set_epoch and clips are seen
         self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
         self._watch_new_optimizers()
         return self
 
     def _watch_new_optimizers(self):
-        """Hooks every parameter of each optimizer built from now on, so the first step's
-        micro-batch magnitudes are kept before the model is known."""
+        """Hooks every parameter of each optimizer that exists or is built from now on, so the
+        first step's micro-batch magnitudes are kept before the model is known."""
         original = torch.optim.Optimizer.__init__
         session = self
 
         def __init__(opt, *args, **kwargs):
             original(opt, *args, **kwargs)
-            if session.recorder is None and session._optimizer is None:
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        if p.requires_grad and id(p) not in session._early_counts:
-                            session._early_counts[id(p)] = 0
-                            session._early_hooks.append(p.register_hook(session._early_hook(id(p))))
+            session._watch(opt)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.optim.Optimizer):
+                    self._watch(obj)
 
         __init__.__wrapped__ = original
         torch.optim.Optimizer.__init__ = __init__
         self._restore_init = lambda: setattr(torch.optim.Optimizer, "__init__", original)
+
+    def _watch(self, opt):
+        if self.recorder is not None or self._optimizer is not None:
+            return
+        for group in getattr(opt, "param_groups", []):
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in self._early_counts:
+                    self._early_counts[id(p)] = 0
+                    self._early_hooks.append(p.register_hook(self._early_hook(id(p))))
 
     def _early_hook(self, key):
         def hook(grad):

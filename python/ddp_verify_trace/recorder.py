@@ -172,6 +172,9 @@ class Recorder:
     def step(self, optimizer=None):
         """Records the gradients as they are now: the ones this optimizer step applies."""
         self.check_open("step()")
+        # The first step after a second epoch was set: the steps before it made one epoch.
+        if "steps_per_epoch" not in self._meta and self._steps and len(set(self._clips.epochs)) > 1:
+            self._meta["steps_per_epoch"] = str(self._steps)
         _, world = rank_world()
         self._world = max(self._world, world)
         sums = self._reduced_sums(world) if self._magnitudes else {}

@@ -50,9 +50,12 @@ class AccumulationBatchSampler:
         self.size, self.world, self.batch_size = size, world, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
+        # Frameworks set the epoch on `batch_sampler.sampler` (Lightning does).
+        self.sampler = _Epochs(self)
 
     def set_epoch(self, epoch):
         self.epoch = epoch
+        _epoch_started(epoch)
 
     def _order(self):
         return accumulation_order(
@@ -64,3 +67,25 @@ class AccumulationBatchSampler:
 
     def __len__(self):
         return len(self._order())
+
+
+class _Epochs:
+    """The batch sampler's samples one by one, and its set_epoch."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def set_epoch(self, epoch):
+        self._owner.set_epoch(epoch)
+
+    def __iter__(self):
+        return (i for batch in self._owner for i in batch)
+
+    def __len__(self):
+        return sum(len(b) for b in self._owner)
+
+
+def _epoch_started(epoch):
+    from . import _clip
+
+    _clip.epoch_started(epoch)

@@ -31,9 +31,11 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     let same_kind = kind_of(&a).is_some() && kind_of(&a) == kind_of(&b);
     // Under AdamW the final weights are held to what its steps make of each step's allowance.
     let finals_carried = crate::judge::adamw_finals(&a, &b, &tolerance, dtype).map(|bounds| a.allowed_finals = bounds);
-    let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None)
-        .derived(finals_carried.is_ok())
-        .finish(&a, &b, opts.strict_buffers || same_kind);
+    let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None).derived(finals_carried.is_ok()).finish(
+        &a,
+        &b,
+        opts.strict_buffers || same_kind,
+    );
     let meta_usize = |k: &str| [&a, &b].iter().find_map(|t| t.meta.get(k)?.parse::<usize>().ok());
     // BatchNorm or many layers: deep enough to amplify rounding from step to step.
     let chaos_possible = !a.buffers.is_empty() || a.finals.len() > 4;

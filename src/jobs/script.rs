@@ -34,7 +34,8 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
 /// The folder whose sitecustomize.py starts the recording, from the script's own Python:
 /// the recorder must be importable there.
 fn autoload_dir(python: &str) -> Result<PathBuf> {
-    let code = "import os, ddp_verify_trace; print(os.path.join(os.path.dirname(ddp_verify_trace.__file__), 'autoload'))";
+    let code =
+        "import os, ddp_verify_trace; print(os.path.join(os.path.dirname(ddp_verify_trace.__file__), 'autoload'))";
     let out = Command::new(python).args(["-c", code]).output();
     let fix = "install the recorder into that Python (pip install ./python from the ddp-verify repository)";
     match out {

@@ -396,6 +396,11 @@ fn one_process(a: &Trace, b: &Trace, c: &Comparison) -> Option<Diagnosis> {
     })
 }
 
+/// K as a trace's header gives it.
+fn header_k(t: &Trace) -> Option<usize> {
+    t.meta.get("acc_steps")?.parse().ok()
+}
+
 /// Different numbers of optimizer steps, named by what the recorder counted: a run that
 /// steps every micro-batch, or at another cadence, else different numbers of micro-batches.
 fn step_count(a: &Trace, b: &Trace, c: &Comparison) -> Diagnosis {
@@ -417,6 +422,11 @@ fn step_count(a: &Trace, b: &Trace, c: &Comparison) -> Diagnosis {
                 if one == l { rs } else { ls }
             )
         }
+        (Some(1), Some(1)) if header_k(a).or(header_k(b)).is_some_and(|k| k > 1) => format!(
+            "{l} made {ls} optimizer steps and {r} made {rs}, each after a single backward though K={}: neither run \
+             accumulates; call optimizer.step() and zero_grad() once per K micro-batches (K/W per rank under DDP)",
+            header_k(a).or(header_k(b)).unwrap_or(1)
+        ),
         (Some(x), Some(y)) if x != y => format!(
             "{l} made {ls} optimizer steps of {x} backward passes each and {r} made {rs} of {y}: the runs step at \
              different cadences; the accumulation condition must step once per K micro-batches in total \

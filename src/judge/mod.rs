@@ -10,8 +10,8 @@ mod outcome;
 mod reason;
 mod ulps;
 
-pub use comparer::{compare, Comparer};
 pub use carried::adamw_finals;
+pub use comparer::{compare, Comparer};
 pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};

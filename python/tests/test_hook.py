@@ -1,0 +1,91 @@
+"""record(): the optimizer-step hooks record what TraceRecorder records by hand, find the
+user's module inside wrappers, see a closure's backward, and write nothing for a failed run."""
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+
+import ddp_verify_trace
+from ddp_verify_trace import TraceRecorder
+
+
+class Wrapper(nn.Module):
+    """Stands for DDP's or Accelerate's wrapper: the user's model as `.module`."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def load(path):
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def loop(model, opt, steps=3, acc=2, closure=False, rec=None):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        xs = [torch.randn(4, 3, generator=g) for _ in range(acc)]
+        for x in xs[: acc if not closure else acc - 1]:
+            (model(x).square().mean() / acc).backward()
+        if closure:
+            # Lightning's way: the last micro-batch's backward runs inside optimizer.step().
+            def run():
+                loss = model(xs[-1]).square().mean() / acc
+                loss.backward()
+                return loss
+
+            opt.step(run)
+        else:
+            if rec is not None:
+                rec.step()
+            opt.step()
+        opt.zero_grad()
+
+
+def make():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+
+def test_hooks_record_what_the_hand_recorder_records(tmp_path):
+    model, opt = make()
+    rec = TraceRecorder(model, tmp_path / "hand.safetensors", optimizer=opt)
+    loop(model, opt, rec=rec)
+    rec.close()
+    model, opt = make()
+    with ddp_verify_trace.recording(tmp_path / "hook.safetensors"):
+        loop(Wrapper(model), opt)
+    (hand, hmeta), (hook, kmeta) = load(tmp_path / "hand.safetensors"), load(tmp_path / "hook.safetensors")
+    assert set(hand) == set(hook)
+    for k in hand:
+        assert torch.equal(hand[k], hook[k]), k
+    assert "grads.2.0.weight" in hook and hook["micro.0"].item() == 2
+    assert kmeta["optimizer"] == "AdamW" and kmeta["framework"] == "plain" and kmeta["betas"] == "0.9 0.999"
+
+
+def test_a_closures_backward_is_in_the_recorded_gradient(tmp_path):
+    model, opt = make()
+    with ddp_verify_trace.recording(tmp_path / "closure.safetensors"):
+        loop(model, opt, closure=True)
+    model, opt = make()
+    with ddp_verify_trace.recording(tmp_path / "plain.safetensors"):
+        loop(model, opt)
+    closure, _ = load(tmp_path / "closure.safetensors")
+    plain, _ = load(tmp_path / "plain.safetensors")
+    for k in plain:
+        assert torch.equal(plain[k], closure[k]), k
+
+
+def test_a_run_that_raises_writes_nothing(tmp_path):
+    model, opt = make()
+    try:
+        with ddp_verify_trace.recording(tmp_path / "failed.safetensors"):
+            loop(model, opt, steps=1)
+            raise RuntimeError("data loader broke")
+    except RuntimeError:
+        pass
+    assert not (tmp_path / "failed.safetensors").exists()

@@ -1,0 +1,165 @@
+//! Users' own training code, unmodified: `ddp-verify --acc-steps K --gpus W -- python
+//! train.py` on the examples (a nanoGPT-style loop, Transformers' Trainer, Lightning,
+//! Accelerate), honest and with the bugs people hit; each verdict with its cause.
+
+use std::process::Command;
+
+use crate::util::{ddp_verify, flags, repo, stderr, stdout};
+
+/// Runs an example as both legs and returns (exit code, the JSON report). A leg that fails
+/// (exit 3: torchrun's rendezvous under a loaded machine) is run once more, said in the log.
+fn zero_edit(example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
+    let t = tempfile::tempdir().unwrap();
+    let report = t.path().join("report.json").display().to_string();
+    let script = repo(&format!("examples/{example}/train.py")).display().to_string();
+    let python = repo(".venv/bin/python").display().to_string();
+    let mut args = flags("--acc-steps 4 --gpus 2 --report json --report-file");
+    args.extend([report.as_str(), "--", &python, &script]);
+    args.extend(flags(extra));
+    let mut out = ddp_verify(&args);
+    if out.status.code() == Some(3) {
+        eprintln!("{example} {extra}: a leg failed once, running again:\n{}", stderr(&out));
+        std::fs::remove_file(&report).ok();
+        out = ddp_verify(&args);
+    }
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&out), stderr(&out)));
+    (out.status.code(), serde_json::from_str(&text).unwrap())
+}
+
+fn reason(report: &serde_json::Value) -> &str {
+    report["diagnosis"]["reason"].as_str().unwrap_or("none")
+}
+
+/// An honest AdamW loop of an attention model: the key bias's true gradient is zero, its
+/// recorded values rounding noise that Adam turns into full steps; judged by the allowance
+/// carried through AdamW, not a false alarm.
+#[test]
+fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
+    let (code, honest) = zero_edit("nanogpt", "--grad-accum {acc_steps}");
+    assert_eq!(code, Some(0), "{honest}");
+    let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug sync-after-forward");
+    assert_eq!((code, reason(&bug)), (Some(1), "unsynchronised gradient"), "{bug}");
+    let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug step-every-micro-batch");
+    assert_eq!((code, reason(&bug)), (Some(1), "step count"), "{bug}");
+    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("neither run accumulates"), "{bug}");
+}
+
+#[test]
+fn transformers_trainer_honest_is_equivalent_and_dividing_again_is_named() {
+    let (code, honest) = zero_edit("transformers", "--grad-accum {local_acc_steps}");
+    assert_eq!(code, Some(0), "{honest}");
+    assert_eq!(honest["traces"]["right"]["meta"]["framework"], "transformers", "{honest}");
+    let (code, bug) = zero_edit("transformers", "--grad-accum {local_acc_steps} --bug divide-by-accumulation");
+    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
+    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("Trainer"), "{bug}");
+}
+
+#[test]
+fn lightning_honest_is_equivalent_and_dividing_again_is_named() {
+    let (code, honest) = zero_edit("lightning", "--grad-accum {local_acc_steps} --gpus {gpus}");
+    assert_eq!(code, Some(0), "{honest}");
+    let (code, bug) = zero_edit("lightning", "--grad-accum {local_acc_steps} --gpus {gpus} --bug divide-by-k");
+    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
+    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("Lightning"), "{bug}");
+}
+
+#[test]
+fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
+    let (code, honest) = zero_edit("accelerate", "--grad-accum {local_acc_steps}");
+    assert_eq!(code, Some(0), "{honest}");
+    let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug scheduler-per-process");
+    assert_eq!((code, reason(&bug)), (Some(1), "learning-rate schedule"), "{bug}");
+    let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.3");
+    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
+    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("clipping ran on ddp only"), "{bug}");
+}
+
+/// The Python sampler deals exactly what `ddp-verify split` prints, over shapes with
+/// shuffling, seeds, epochs, padding and drop_last.
+#[test]
+fn the_python_sampler_is_ddp_verify_split() {
+    let mut cases = Vec::new();
+    for (n, w, b) in [(10, 2, 2), (7, 3, 2), (16, 4, 3), (5, 2, 4), (2, 3, 1)] {
+        for (shuffle, drop_last, seed, epoch) in [(false, false, 0, 0), (true, false, 3, 1), (true, true, 0, 2)] {
+            cases.push((n, w, b, shuffle, drop_last, seed, epoch));
+        }
+    }
+    let code = "import json, sys\nfrom ddp_verify_trace import accumulation_order\n\
+                for n, w, b, s, d, seed, e in json.load(sys.stdin):\n    \
+                print(json.dumps(accumulation_order(n, w, b, shuffle=s, seed=seed, epoch=e, drop_last=d)))\n";
+    let mut py = Command::new(repo(".venv/bin/python"))
+        .args(["-c", code])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    py.stdin.take().unwrap().write_all(serde_json::to_string(&cases).unwrap().as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let python: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(python.len(), cases.len());
+    for ((n, w, b, shuffle, drop_last, seed, epoch), py) in cases.iter().zip(python) {
+        let mut args = format!(
+            "split --json --data-size {n} --gpus {w} --batch-size {b} --acc-steps {w} --seed {seed} --epoch {epoch}"
+        );
+        if *shuffle {
+            args.push_str(" --shuffle");
+        }
+        if *drop_last {
+            args.push_str(" --drop-last");
+        }
+        let out = ddp_verify(&flags(&args));
+        assert_eq!(out.status.code(), Some(0), "{args}: {}", stderr(&out));
+        let split: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(split["accumulation_order"], py, "{args}");
+    }
+}
+
+/// Commands the zero-edit mode cannot run are refused in one line before anything runs.
+#[test]
+fn commands_it_cannot_run_are_refused_in_one_line() {
+    let script = repo("examples/nanogpt/train.py").display().to_string();
+    let python = repo(".venv/bin/python").display().to_string();
+    for (line, says) in [
+        ("--acc-steps 4 --gpus 2 -- bash run.sh", "not a Python command"),
+        ("--acc-steps 4 --gpus 1 -- PY SCRIPT", "--gpus"),
+        ("--acc-steps 3 --gpus 2 -- PY SCRIPT", "--acc-steps"),
+        ("--acc-steps 4 --gpus 2 --timeout 0 -- PY SCRIPT", "--timeout"),
+    ] {
+        let args: Vec<String> =
+            flags(line).into_iter().map(|a| a.replace("PY", &python).replace("SCRIPT", &script)).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ddp_verify(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{line}: {err}");
+        assert_eq!(err.lines().count(), 1, "{line}: {err}");
+        assert!(err.contains(says), "{line}: {err}");
+    }
+}
+
+/// A script that fails is a leg failure (exit 3) naming the leg and its last line; it
+/// leaves no trace behind to be judged.
+#[test]
+fn a_failing_script_is_exit_3_naming_the_leg_and_its_error() {
+    let t = tempfile::tempdir().unwrap();
+    let script = t.path().join("boom.py");
+    std::fs::write(&script, "raise SystemExit('no data here')\n").unwrap();
+    let dir = t.path().join("out").display().to_string();
+    let python = repo(".venv/bin/python").display().to_string();
+    let out = ddp_verify(&[
+        "--acc-steps",
+        "2",
+        "--gpus",
+        "2",
+        "--save-trace",
+        &dir,
+        "--",
+        &python,
+        &script.to_string_lossy(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("the accumulation leg") && err.contains("no data here"), "{err}");
+    assert!(!t.path().join("out/accumulation.safetensors").exists());
+}

@@ -20,6 +20,8 @@ By hand, where a loop wants to say when (the recorder of earlier versions):
 File layout: see `recorder.py`. `DistributedSamplerMimic` deals one process the samples W
 ranks of DistributedSampler would see, step by step.
 """
+import os
+
 from .hook import Session
 from .recorder import Recorder, rank_world, unwrap
 from .sampler import AccumulationBatchSampler, accumulation_order
@@ -52,10 +54,17 @@ def _header(acc_steps, steps_per_epoch):
     return meta
 
 
-def record(path, *, model=None, overwrite=False, magnitudes=True, acc_steps=None, steps_per_epoch=None):
+def record(path, *, model=None, overwrite=False, magnitudes=None, acc_steps=None, steps_per_epoch=None):
     """Records this process's training to `path` from now on, with no other change to the
     script. `model`: only where the optimizer's parameters are held by several modules that
-    are not wrappers of one another. `acc_steps`: K over all ranks, for the report."""
+    are not wrappers of one another. `acc_steps`: K over all ranks, for the report.
+    `magnitudes`: what rounding is measured at where micro-batch gradients cancel: "tensor"
+    (the default: each backward's largest |gradient| per tensor, one read pass), "element"
+    (the sum of |micro-batch gradient| per element, a copy per backward: finer, dearer; see
+    bench/recorder.py) or False; DDP_VERIFY_MAGNITUDES overrides the default."""
+    if magnitudes is None:
+        magnitudes = {"0": False, "false": False}.get(os.environ.get("DDP_VERIFY_MAGNITUDES", "tensor"),
+                                                      os.environ.get("DDP_VERIFY_MAGNITUDES", "tensor"))
     global _SESSION
     if _SESSION is not None and _SESSION.recorder is not None and _SESSION.recorder.state == "open":
         raise RuntimeError(f"ddp_verify_trace: already recording to {_SESSION.path}")

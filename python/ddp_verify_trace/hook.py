@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from .recorder import Recorder, _framework, close_at_exit, unwrap
+from .recorder import Recorder, _framework, _largest, close_at_exit, unwrap
 
 
 def _owner(params):
@@ -98,7 +98,14 @@ class Session:
     def _early_hook(self, key):
         def hook(grad):
             self._early_counts[key] = self._early_counts.get(key, 0) + 1
-            g = grad.detach().abs().to(torch.promote_types(grad.dtype, torch.float32))
+            how = self._kw["magnitudes"]
+            if not how:
+                return
+            acc = torch.promote_types(grad.dtype, torch.float32)
+            if how == "tensor":
+                g = _largest(grad, acc)
+            else:
+                g = grad.detach().abs().to(acc)
             total = self._early.get(key)
             self._early[key] = g if total is None else total.add_(g)
 
@@ -111,9 +118,9 @@ class Session:
             self.recorder.track_peaks()
 
     def _post(self, optimizer, args, kwargs):
+        # The weights this step made are seen by the next step's pre-hook, or by close().
         if optimizer is self._optimizer:
             self.recorder.step(optimizer)
-            self.recorder.track_peaks()
 
     def _begin(self, optimizer):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]

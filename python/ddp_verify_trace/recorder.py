@@ -2,7 +2,10 @@
 decides whether two runs are the same training.
 
 Per optimizer step (`grads.<s>.<param>` and beside it):
-  scale.<s>.<param>    sum of |each backward's gradient| (averaged over ranks as DDP averages)
+  scale.<s>.<param>    sum of |each backward's gradient| (averaged over ranks as DDP averages):
+                       per element (magnitudes="element"), or one number per tensor, the sum
+                       of each backward's largest |gradient| (magnitudes="tensor": one read
+                       pass, no copy; an upper bound of every element's)
   lr.<s>               float64, the learning rate of each param group
   micro.<s>            int64, this rank's backward passes since the last step (K/W under DDP)
   clips.<s>            int64, how many times clip_grad_norm_ ran since the last step
@@ -46,11 +49,16 @@ def _host(t):
 
 
 def _bits(g):
-    """An exact checksum of a tensor's bits: equal gradients give equal sums, and a gradient
-    that differs anywhere almost surely does not."""
-    flat = g.detach().contiguous().reshape(-1).view(_BITS[g.dtype]).to(torch.int64)
-    weights = torch.arange(1, flat.numel() + 1, dtype=torch.int64, device=flat.device)
-    return (flat * weights).sum()
+    """A checksum of a tensor's bits, in one pass: equal gradients give equal sums, and a
+    gradient part of which was never all-reduced differs in many elements, whose bit
+    patterns do not cancel."""
+    return g.detach().contiguous().view(_BITS[g.dtype]).sum(dtype=torch.int64)
+
+
+def _largest(grad, dtype):
+    """max |grad| in one read pass (aminmax allocates nothing the size of the tensor)."""
+    lo, hi = torch.aminmax(grad.detach())
+    return torch.maximum(-lo, hi).to(dtype)
 
 
 def _framework():
@@ -107,12 +115,17 @@ class Recorder:
         rank, self._world = rank_world()
         if rank == 0 and not overwrite and os.path.exists(self.path):
             raise FileExistsError(f"{self.path} exists: pass overwrite=True to replace it, or remove it")
-        self._magnitudes = magnitudes
+        if magnitudes is True:
+            magnitudes = "element"
+        if magnitudes not in (False, None, "element", "tensor"):
+            raise ValueError(f"ddp_verify_trace: magnitudes must be 'element', 'tensor' or False, not {magnitudes!r}")
+        self._magnitudes = magnitudes or None
         self._tensors = {}
         self._steps = 0
         self.state = "open"
         # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
         self._peaks = {n: p.detach().abs() for n, p in self._params}
+        self._scratch = {}
         # Magnitudes add up in at least float32, so that many half-precision terms keep their sum.
         self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
         self._sums = {}  # name -> sum of |gradient| of each backward since the last step
@@ -128,7 +141,10 @@ class Recorder:
             self._counts[name] = self._counts.get(name, 0) + 1
             if not self._magnitudes:
                 return
-            g = grad.detach().abs().to(self._acc_dtype)
+            if self._magnitudes == "tensor":
+                g = _largest(grad, self._acc_dtype)
+            else:
+                g = grad.detach().abs().to(self._acc_dtype)
             total = self._sums.get(name)
             self._sums[name] = g if total is None else total.add_(g)
 
@@ -144,14 +160,23 @@ class Recorder:
             raise RuntimeError(f"ddp_verify_trace({self.path!r}): {what} called after the recorder was {self.state}")
 
     def track_peaks(self):
+        # |w| into a scratch buffer kept from step to step: a fresh one per step costs more in
+        # page faults than the arithmetic.
         for n, p in self._params:
-            torch.maximum(self._peaks[n], p.detach().abs(), out=self._peaks[n])
+            scratch = self._scratch.get(n)
+            if scratch is None:
+                scratch = self._scratch[n] = torch.empty_like(self._peaks[n])
+            torch.abs(p.detach(), out=scratch)
+            torch.maximum(self._peaks[n], scratch, out=self._peaks[n])
 
     def _reduced_sums(self, world):
         """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
         Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
         sums = {n: self._sums.pop(n, None) for n, _ in self._params}
-        sums = {n: torch.zeros_like(p, dtype=self._acc_dtype) if sums[n] is None else sums[n] for n, p in self._params}
+        zero = (lambda p: torch.zeros((), dtype=self._acc_dtype, device=p.device)) if self._magnitudes == "tensor" else (
+            lambda p: torch.zeros_like(p, dtype=self._acc_dtype)
+        )
+        sums = {n: zero(p) if sums[n] is None else sums[n] for n, p in self._params}
         if world > 1:
             flat = torch.cat([s.reshape(-1) for s in sums.values()])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -229,7 +254,7 @@ class Recorder:
             "dtype": DTYPES[self._dtype],
             "torch_version": torch.__version__,
             "steps": str(self._steps),
-            "magnitudes": "true" if self._magnitudes else "false",
+            "magnitudes": {"element": "true", "tensor": "per tensor", None: "false"}[self._magnitudes],
             **self._meta,
         }
         if rank_world()[0] == 0:

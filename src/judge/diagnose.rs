@@ -236,9 +236,11 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     if !c.derived && ulps <= rounding_ulps(eps) {
         let (which, fix) = match cx.ours {
             true => ("explicit", "drop --max-ulps/--rtol/--atol to judge by the bound derived from it"),
-            false => {
-                ("fixed", "record micro-batch magnitudes (the recorder's default) or pass a looser --max-ulps/--rtol")
-            }
+            false => (
+                "fixed",
+                "record micro-batch magnitudes per element (record(magnitudes=\"element\"), \
+                     DDP_VERIFY_MAGNITUDES=element) or pass a looser --max-ulps/--rtol",
+            ),
         };
         return Some(Diagnosis {
             reason: Reason::ExplicitTolerance,

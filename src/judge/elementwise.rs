@@ -38,8 +38,16 @@ pub(super) fn compare_group(
                     Scales::Own => None,
                     Scales::TensorPeakAnd(given) => {
                         let peak = x.abs().max().maximum(&y.abs().max()).to_kind(x.kind());
-                        let given = given.iter().find(|(n, t)| n == name && t.size() == x.size());
-                        Some(given.map_or(peak.shallow_clone(), |(_, m)| m.abs().to_kind(x.kind()).maximum(&peak)))
+                        // Per element, or one number for the tensor (the recorder's
+                        // magnitudes="tensor").
+                        let given = given.iter().find(|(n, t)| n == name && (t.size() == x.size() || t.numel() == 1));
+                        Some(given.map_or(peak.shallow_clone(), |(_, m)| {
+                            let m = m.abs().to_kind(x.kind());
+                            match m.size() == x.size() {
+                                true => m.maximum(&peak),
+                                false => m.reshape([]).maximum(&peak),
+                            }
+                        }))
                     }
                     Scales::Given(given) => {
                         given.iter().find(|(n, t)| n == name && t.size() == x.size()).map(|(_, t)| t.shallow_clone())

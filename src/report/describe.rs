@@ -236,7 +236,9 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     });
     lines.push(format!(
         "measured at: gradients, {}; final weights, {}",
-        if pair.magnitudes {
+        if pair.magnitudes && pair.meta.iter().any(|m| m.get("magnitudes").is_some_and(|v| v == "per tensor")) {
+            "the sum of each micro-batch gradient's largest magnitude per tensor, as recorded (or the tensor's largest value)"
+        } else if pair.magnitudes {
             "the sum of the micro-batch gradients' magnitudes both traces recorded (or the tensor's largest value)"
         } else {
             "each tensor's largest value (the traces carry no micro-batch magnitudes)"

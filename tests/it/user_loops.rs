@@ -163,3 +163,30 @@ fn a_failing_script_is_exit_3_naming_the_leg_and_its_error() {
     assert!(err.contains("the accumulation leg") && err.contains("no data here"), "{err}");
     assert!(!t.path().join("out/accumulation.safetensors").exists());
 }
+
+/// A "DDP" leg that ran as one process (`accelerate launch --cpu` without --multi_gpu): its
+/// trace says world size 1, and that is the cause named, not the step counts it leads to.
+#[test]
+fn a_ddp_leg_run_as_one_process_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let autoload = repo("python/ddp_verify_trace/autoload");
+    let leg = |name: &str, k: &str| {
+        let trace = t.path().join(format!("{name}.safetensors"));
+        let out = Command::new(repo(".venv/bin/python"))
+            .arg(repo("examples/nanogpt/train.py"))
+            .args(["--grad-accum", k, "--world", "2"])
+            .env("PYTHONPATH", &autoload)
+            .env("DDP_VERIFY_TRACE", &trace)
+            .env("DDP_VERIFY_LEG", name)
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        trace.display().to_string()
+    };
+    // The "DDP" process accumulates K/W = 2 as each of its ranks would have.
+    let (acc, ddp) = (leg("accumulation", "4"), leg("ddp", "2"));
+    let out = ddp_verify(&["compare", &acc, &ddp, "--report", "json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!((out.status.code(), reason(&report)), (Some(1), "one process"), "{report}");
+}

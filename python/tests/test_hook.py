@@ -89,3 +89,11 @@ def test_a_run_that_raises_writes_nothing(tmp_path):
     except RuntimeError:
         pass
     assert not (tmp_path / "failed.safetensors").exists()
+
+
+def test_framework_callbacks_are_the_frameworks_own_kind(tmp_path):
+    import lightning.pytorch as pl
+    import transformers
+
+    assert isinstance(ddp_verify_trace.TrainerCallback(tmp_path / "t.safetensors"), transformers.TrainerCallback)
+    assert isinstance(ddp_verify_trace.LightningCallback(tmp_path / "l.safetensors"), pl.Callback)

@@ -177,10 +177,26 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
     if std::fs::canonicalize(&paths[0]).ok() == std::fs::canonicalize(&paths[1]).ok() {
         return Err(Error::bad_file(&paths[1], "is the same file as A", "compare two different runs' traces"));
     }
+    if let Some(big) = &args.big_batch {
+        if !big.is_file() {
+            return Err(Error::bad_file(
+                big,
+                format!("trace {}", crate::error::what_is(big)),
+                "pass --big-batch FILE.safetensors",
+            ));
+        }
+    }
     let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
-    Ok(CompareOptions { paths, tolerance, reports, plot: args.plot.clone(), strict_buffers: args.strict_buffers })
+    Ok(CompareOptions {
+        paths,
+        big: args.big_batch.clone(),
+        tolerance,
+        reports,
+        plot: args.plot.clone(),
+        strict_buffers: args.strict_buffers,
+    })
 }
 
 /// `-- python train.py ARGS`: the user's script as both legs. K a multiple of W ≥ 2, a
@@ -211,7 +227,8 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
     }
     let out = match &args.save_trace {
         Some(dir) => {
-            let taken: Vec<_> = SAVED_FILES.iter().map(|f| dir.join(f)).filter(|p| p.exists()).collect();
+            let files = SAVED_FILES.iter().copied().chain([crate::jobs::script::BIG_BATCH_FILE]);
+            let taken: Vec<_> = files.map(|f| dir.join(f)).filter(|p| p.exists()).collect();
             if let (Some(p), false) = (taken.first(), args.force) {
                 return Err(Error::bad_file(p, "exists", "pass --force to replace it, or choose another --save-trace"));
             }
@@ -231,9 +248,17 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
         command: args.script.clone(),
         acc_steps: k,
         gpus: w,
+        batch_size: args.shape.batch_size,
         out,
         timeout: args.timeout,
-        compare: CompareOptions { paths, tolerance, reports, plot: args.plot.clone(), strict_buffers: false },
+        compare: CompareOptions {
+            paths,
+            big: None,
+            tolerance,
+            reports,
+            plot: args.plot.clone(),
+            strict_buffers: false,
+        },
     })
 }
 

@@ -1,11 +1,17 @@
 """A Transformers Trainer run of a tiny GPT-2 built from a config (no download), on sequences
 of varying lengths, unmodified for ddp-verify: K/W per process comes in as an argument.
 
-  ddp-verify --acc-steps 4 --gpus 2 -- python examples/transformers/train.py --grad-accum {local_acc_steps}
+  ddp-verify --acc-steps 4 --gpus 2 --batch-size 2 -- python examples/transformers/train.py --grad-accum {local_acc_steps} --batch {batch}
+
+With `--batch {batch}` the script also runs as one big batch of each step's K·B samples (one
+process, no accumulation), the third trace.
 
 Trainer deals whole batches to the processes round robin (Accelerate's BatchSamplerShard), so
 one process accumulating K batches sees exactly the samples of W processes accumulating K/W.
 
+`--bug mean-per-micro-batch` overrides compute_loss with the model's own mean over each
+micro-batch's tokens, dropping num_items_in_batch (Transformers PR 34191's class): accumulation
+and DDP agree, as both average per micro-batch, and only the big batch shows it.
 `--bug divide-by-accumulation` overrides compute_loss to divide the loss by
 gradient_accumulation_steps itself, as hand-written loops do: Trainer already normalises
 over the accumulation window (num_items_in_batch), so the loss is divided by K in one process
@@ -45,6 +51,13 @@ def collate(rows):
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+class MeanPerMicroBatch(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = model(**inputs)
+        loss = out.loss / self.args.gradient_accumulation_steps
+        return (loss, out) if return_outputs else loss
+
+
 class DividesByAccumulation(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, out = super().compute_loss(model, inputs, True, num_items_in_batch)
@@ -55,21 +68,22 @@ class DividesByAccumulation(Trainer):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step in this process")
+    p.add_argument("--batch", type=int, default=2, help="micro-batch size")
     p.add_argument("--out", default="out/transformers-example")
-    p.add_argument("--bug", default=None, choices=["divide-by-accumulation"])
+    p.add_argument("--bug", default=None, choices=["divide-by-accumulation", "mean-per-micro-batch"])
     args = p.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0)
     model = GPT2LMHeadModel(config)
     targs = TrainingArguments(
-        output_dir=args.out, per_device_train_batch_size=2, gradient_accumulation_steps=args.grad_accum,
+        output_dir=args.out, per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.grad_accum,
         num_train_epochs=1, learning_rate=1e-3, lr_scheduler_type="constant", optim="adamw_torch",
         weight_decay=0.01, max_grad_norm=1.0, seed=0, data_seed=0, report_to=[], save_strategy="no",
         logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
     )
-    cls = DividesByAccumulation if args.bug == "divide-by-accumulation" else Trainer
+    cls = {"divide-by-accumulation": DividesByAccumulation, "mean-per-micro-batch": MeanPerMicroBatch}.get(args.bug, Trainer)
     cls(model=model, args=targs, train_dataset=Lengths(), data_collator=collate).train()
     if dist.is_initialized():
         dist.destroy_process_group()

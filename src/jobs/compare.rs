@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{Params, Trace};
-use crate::judge::{diagnose, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS};
+use crate::judge::{diagnose, BigBatch, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS};
 pub use crate::spec::CompareOptions;
 use crate::spec::Dtype;
 
@@ -50,6 +50,10 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         ..Context::of_traces(dtype.epsilon(), chaos_possible)
     };
     let diagnosis = diagnose(&a, &b, &runs, &cx);
+    let big_batch = match &opts.big {
+        Some(path) => Some(judge_big_batch(&a, path, pa, &labels[0], &tolerance, dtype, &cx, runs.verdict)?),
+        None => None,
+    };
     let pair = TracePair {
         paths: opts.paths.clone(),
         meta: [a.meta.clone(), b.meta.clone()],
@@ -58,18 +62,47 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         magnitudes: !a.scales.is_empty() && !b.scales.is_empty(),
         peaks: !a.peaks.is_empty() && !b.peaks.is_empty(),
         finals_carried,
+        big: opts.big.clone(),
     };
     Ok(Outcome {
         subject: Subject::Traces(pair),
         accumulation: a,
         ddp: b,
         runs,
-        big_batch: None,
+        big_batch,
         golden: Vec::new(),
         golden_torch: None,
         diagnosis,
         no_verdict: None,
     })
+}
+
+/// Accumulation against a big-batch trace: one process, one batch of each step's samples.
+/// A mismatch there while DDP agrees is a normalisation both runs share (a per-micro-batch
+/// mean over samples or tokens of varying count).
+#[allow(clippy::too_many_arguments)]
+fn judge_big_batch(
+    a: &Trace,
+    path: &Path,
+    pa: &Path,
+    label: &str,
+    tolerance: &crate::spec::Tolerance,
+    dtype: Dtype,
+    cx: &Context,
+    runs: crate::judge::Verdict,
+) -> Result<BigBatch> {
+    let mut big = Trace::load(path)?;
+    strip_ddp_prefix(&mut big, a);
+    line_up(a, &big, pa, path)?;
+    let mut acc = Trace { allowed_finals: Params::new(), ..a.without_steps() };
+    acc.steps = a.steps.iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
+    acc.scales = a.scales.iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
+    let carried = crate::judge::adamw_finals(&acc, &big, tolerance, dtype).map(|b| acc.allowed_finals = b);
+    let comparison =
+        Comparer::new(label, "big batch", tolerance, None).derived(carried.is_ok()).finish(&acc, &big, false);
+    let diagnosis =
+        crate::judge::diagnose_big_batch(&acc, &big, &comparison, cx, runs != crate::judge::Verdict::Diverged);
+    Ok(BigBatch { trace: big, comparison, diagnosis })
 }
 
 /// What each side is called in reports: its file name without `.safetensors`, or the

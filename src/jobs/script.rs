@@ -1,6 +1,7 @@
 //! `ddp-verify --acc-steps K --gpus W -- python train.py ARGS`: the user's own script as the
 //! accumulation leg (one process) and the DDP leg (torchrun, W processes), recorded with no
-//! edit by the `ddp_verify_trace` hook Python loads at start-up, then judged as `compare`.
+//! edit by the `ddp_verify_trace` hook Python loads at start-up, then judged as `compare`;
+//! where the arguments take `{batch}`, also as one big batch of each step's samples.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,26 +10,43 @@ use std::time::Duration;
 use crate::error::{Error, Exit, Result};
 use crate::spec::ScriptOptions;
 
-/// One leg: its name (the trace's `leg` header), processes, micro-batches per process.
+/// One leg: its name (the trace's `leg` header), processes, micro-batches per process, and
+/// the batch size each micro-batch has.
 struct Leg {
     name: &'static str,
     world: usize,
     local_acc_steps: usize,
+    batch: usize,
 }
+
+/// The big-batch trace, beside the two `--save-trace` names.
+pub const BIG_BATCH_FILE: &str = "big-batch.safetensors";
 
 pub fn command(o: &ScriptOptions) -> Result<Exit> {
     let python = &o.command[0];
     let autoload = autoload_dir(python)?;
     std::fs::create_dir_all(&o.out).map_err(|e| Error::io(format!("creating {}", o.out.display()), e))?;
-    let legs = [
-        Leg { name: "accumulation", world: 1, local_acc_steps: o.acc_steps },
-        Leg { name: "ddp", world: o.gpus, local_acc_steps: o.acc_steps / o.gpus },
+    let b = o.batch_size;
+    let mut legs = vec![
+        (Leg { name: "accumulation", world: 1, local_acc_steps: o.acc_steps, batch: b }, o.compare.paths[0].clone()),
+        (
+            Leg { name: "ddp", world: o.gpus, local_acc_steps: o.acc_steps / o.gpus, batch: b },
+            o.compare.paths[1].clone(),
+        ),
     ];
-    for (leg, trace) in legs.iter().zip(&o.compare.paths) {
+    // A script that takes its batch size from {batch} can also run as one big batch of each
+    // step's K·B samples: the third trace, where a per-micro-batch mean shows.
+    let mut compare = o.compare.clone();
+    if o.command.iter().any(|a| a.contains("{batch}")) {
+        let big = o.out.join(BIG_BATCH_FILE);
+        legs.push((Leg { name: "big-batch", world: 1, local_acc_steps: 1, batch: b * o.acc_steps }, big.clone()));
+        compare.big = Some(big);
+    }
+    for (leg, trace) in &legs {
         run_leg(o, leg, &autoload, trace)?;
     }
     eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
-    super::compare::command(&o.compare)
+    super::compare::command(&compare)
 }
 
 /// The folder whose sitecustomize.py starts the recording, from the script's own Python:
@@ -51,6 +69,7 @@ fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
         a.replace("{acc_steps}", &o.acc_steps.to_string())
             .replace("{local_acc_steps}", &leg.local_acc_steps.to_string())
             .replace("{gpus}", &o.gpus.to_string())
+            .replace("{batch}", &leg.batch.to_string())
             .replace("{world}", &leg.world.to_string())
             .replace("{leg}", leg.name)
     };
@@ -79,7 +98,8 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
         .env("DDP_VERIFY_LEG", leg.name)
         .env("DDP_VERIFY_ACC_STEPS", o.acc_steps.to_string())
         .env("DDP_VERIFY_LOCAL_ACC_STEPS", leg.local_acc_steps.to_string())
-        .env("DDP_VERIFY_WORLD", o.gpus.to_string());
+        .env("DDP_VERIFY_WORLD", o.gpus.to_string())
+        .env("DDP_VERIFY_BATCH", leg.batch.to_string());
     if std::env::var_os("OMP_NUM_THREADS").is_none() {
         cmd.env("OMP_NUM_THREADS", "1");
     }

@@ -517,13 +517,14 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
                  scaling (each micro-batch's loss must be divided by K, by K/W on each rank)"
             ),
         ),
-        None if cx.token_loss => diagnosis(
+        None if cx.token_loss || !cx.ours => diagnosis(
             Reason::PerMicroBatchMean,
             format!(
                 "step {s} differs from the big batch by more than rounding and not by one factor, though DDP and \
-                 accumulation agree: each micro-batch's loss is averaged over its own tokens and then divided by K, \
-                 so tokens of short micro-batches weigh more; sum the per-token losses and divide by the step's \
-                 token count (over all micro-batches and ranks)"
+                 accumulation agree: each micro-batch's loss is averaged over its own tokens (or samples) and then \
+                 divided by K, so tokens of short micro-batches weigh more; sum the per-token losses and divide by \
+                 the step's token count (over all micro-batches and ranks){}",
+                if cx.ours { "" } else { " (Transformers PR 34191: pass num_items_in_batch on to the loss)" }
             ),
         ),
         None => cause(a, b, c, cx),

@@ -28,6 +28,8 @@ pub struct TracePair {
     /// How the final weights were held: Ok where the step allowance was carried through
     /// AdamW (`judge::adamw_finals`), else why it could not be.
     pub finals_carried: Result<(), String>,
+    /// The big-batch trace, when one was given.
+    pub big: Option<PathBuf>,
 }
 
 pub struct Outcome {

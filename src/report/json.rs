@@ -66,6 +66,8 @@ pub fn json(o: &Outcome) -> Value {
             }),
             None => json!({ "run": super::describe::big_batch_words(&cfg.train) }),
         };
+    } else if let Some(b) = &o.big_batch {
+        v["big_batch"] = json!({ "run": "a recorded trace", "comparison": b.comparison, "diagnosis": b.diagnosis });
     }
     v["golden"] = json!(o.golden);
     // Every value of a ResNet's weights would make the report as large as the model: the

@@ -79,8 +79,9 @@ impl Exporter for Markdown {
             }
             let _ = writeln!(s, "\n</details>");
         }
-        if let Some(cfg) = o.config() {
-            let _ = writeln!(s, "\n**Big batch** ({})", super::describe::big_batch_words(&cfg.train));
+        let words = o.config().map_or("a recorded trace", |cfg| super::describe::big_batch_words(&cfg.train));
+        if o.config().is_some() || o.big_batch.is_some() {
+            let _ = writeln!(s, "\n**Big batch** ({words})");
             if let Some(b) = &o.big_batch {
                 let _ = writeln!(s, "- {} vs {}: {}", b.comparison.left, b.comparison.right, summary(&b.comparison));
             }

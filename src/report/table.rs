@@ -102,6 +102,8 @@ impl Exporter for Table {
         }
         if let Some(cfg) = o.config() {
             let _ = writeln!(s, "\nbig batch: {}", super::describe::big_batch_words(&cfg.train));
+        } else if let crate::judge::Subject::Traces(crate::judge::TracePair { big: Some(p), .. }) = &o.subject {
+            let _ = writeln!(s, "\nbig batch: the trace {}", p.display());
         }
         if let Some(b) = &o.big_batch {
             let c = &b.comparison;

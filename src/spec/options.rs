@@ -6,9 +6,12 @@ use std::path::PathBuf;
 use super::{Bug, Config, KernelMode, ModelKind, ReportTarget, ToleranceOverrides};
 
 /// `compare A B`.
+#[derive(Clone)]
 pub struct CompareOptions {
     /// The accumulation trace, then the DDP one (any two runs that should agree).
     pub paths: [PathBuf; 2],
+    /// A big-batch trace, judged against the accumulation one.
+    pub big: Option<PathBuf>,
     pub tolerance: ToleranceOverrides,
     pub reports: Vec<ReportTarget>,
     pub plot: Option<PathBuf>,
@@ -65,6 +68,8 @@ pub struct ScriptOptions {
     pub command: Vec<String>,
     pub acc_steps: usize,
     pub gpus: usize,
+    /// B, what `{batch}` is in the accumulation and DDP legs (K·B in the big batch's).
+    pub batch_size: usize,
     /// Where the legs' traces and logs go (--save-trace, or a fresh temporary directory).
     pub out: std::path::PathBuf,
     /// Each leg must finish within this many seconds.

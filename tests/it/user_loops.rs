@@ -44,11 +44,19 @@ fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
     assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("neither run accumulates"), "{bug}");
 }
 
+/// With `--batch {batch}` the script also runs as one big batch: Transformers PR 34191's
+/// per-micro-batch mean, which accumulation and DDP share, shows there, with its cause.
 #[test]
 fn transformers_trainer_honest_is_equivalent_and_dividing_again_is_named() {
-    let (code, honest) = zero_edit("transformers", "--grad-accum {local_acc_steps}");
+    let (code, honest) = zero_edit("transformers", "--grad-accum {local_acc_steps} --batch {batch}");
     assert_eq!(code, Some(0), "{honest}");
     assert_eq!(honest["traces"]["right"]["meta"]["framework"], "transformers", "{honest}");
+    assert_eq!(honest["big_batch"]["comparison"]["verdict"], "within-tolerance", "{honest}");
+    let (code, bug) =
+        zero_edit("transformers", "--grad-accum {local_acc_steps} --batch {batch} --bug mean-per-micro-batch");
+    assert_eq!(code, Some(1), "{bug}");
+    assert_eq!(bug["runs"]["verdict"], "within-tolerance", "{bug}");
+    assert_eq!(bug["big_batch"]["diagnosis"]["reason"], "per-micro-batch mean", "{bug}");
     let (code, bug) = zero_edit("transformers", "--grad-accum {local_acc_steps} --bug divide-by-accumulation");
     assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
     assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("Trainer"), "{bug}");

@@ -310,6 +310,10 @@ pub struct CompareArgs {
     /// The DDP trace; leave out when A is a directory.
     #[arg(value_name = "B")]
     pub b: Option<PathBuf>,
+    /// A third trace, one big batch of each step's samples in one process: accumulation is
+    /// also judged against it (a per-micro-batch mean shows only there).
+    #[arg(long, value_name = "FILE")]
+    pub big_batch: Option<PathBuf>,
     #[command(flatten)]
     pub tolerance: ToleranceArgs,
     #[command(flatten)]

@@ -3,7 +3,9 @@ it (Trainer through Accelerate, Lightning's precision plugins, plain loops):
 - clip_grad_norm_ calls and the last one's norms: a recorded gradient is what the optimizer
   applies, after clipping, so a cause must know whether a clip ran and how hard;
 - DistributedSampler.set_epoch calls (and AccumulationBatchSampler's): where epochs start, so
-  a mismatch that starts in a later epoch can be named as a sampler's epoch."""
+  a mismatch that starts in a later epoch can be named as a sampler's epoch;
+- GradScaler.step: the loss scale each step ran at, and the steps it skipped (inf/NaN found),
+  which never reach optimizer.step() and so are recorded from here."""
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
@@ -16,6 +18,10 @@ class Clips:
         self.last = [0.0, 0.0]
         # The epochs set so far, in order (each set_epoch call's argument).
         self.epochs = []
+        # The loss scale of the GradScaler.step under way (None outside one), and what to
+        # call when it skips the optimizer's step: (optimizer, scale) -> None.
+        self.scale = None
+        self.on_skip = None
 
 
 def epoch_started(epoch):
@@ -52,4 +58,27 @@ def install():
         _STATE.epochs.append(epoch)
 
     DistributedSampler.set_epoch = distributed_set_epoch
+
+    from torch.amp import GradScaler
+
+    scaler_step = GradScaler.step
+
+    def step(self, optimizer, *args, **kwargs):
+        if not self.is_enabled():
+            return scaler_step(self, optimizer, *args, **kwargs)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STATE.scale = float(self.get_scale())
+        stepped = []
+        handle = register_optimizer_step_post_hook(lambda o, a, k: stepped.append(o))
+        try:
+            out = scaler_step(self, optimizer, *args, **kwargs)
+            if not any(o is optimizer for o in stepped) and _STATE.on_skip is not None:
+                _STATE.on_skip(optimizer, _STATE.scale)
+        finally:
+            handle.remove()
+            _STATE.scale = None
+        return out
+
+    GradScaler.step = step
     return _STATE

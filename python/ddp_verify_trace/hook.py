@@ -61,7 +61,8 @@ class Session:
 
         from . import _clip
 
-        _clip.install()  # before training: the first epoch's set_epoch and clips are seen
+        # Before training: the first epoch's set_epoch, clips and skipped steps are seen.
+        _clip.install().on_skip = self._skipped
         self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
         self._watch_new_optimizers()
         return self
@@ -84,7 +85,13 @@ class Session:
 
         __init__.__wrapped__ = original
         torch.optim.Optimizer.__init__ = __init__
-        self._restore_init = lambda: setattr(torch.optim.Optimizer, "__init__", original)
+
+        def restore():
+            # Only our own patch is undone, and only once.
+            if torch.optim.Optimizer.__init__ is __init__:
+                torch.optim.Optimizer.__init__ = original
+
+        self._restore_init = restore
 
     def _watch(self, opt):
         if self.recorder is not None or self._optimizer is not None:
@@ -117,6 +124,15 @@ class Session:
         if optimizer is self._optimizer:
             self.recorder.track_peaks()
 
+    def _skipped(self, optimizer, scale):
+        # A GradScaler found inf/NaN and skipped the step: recorded as a step all the same,
+        # as ddp-verify's own runs record it, so both runs' skips line up.
+        if self._optimizer is None:
+            self._begin(optimizer)
+        if optimizer is self._optimizer and self.recorder.state == "open":
+            self.recorder.track_peaks()
+            self.recorder.step(optimizer, skipped=True)
+
     def _post(self, optimizer, args, kwargs):
         # The weights this step made are seen by the next step's pre-hook, or by close().
         if optimizer is self._optimizer:
@@ -143,20 +159,24 @@ class Session:
         self._restore_init()
         close_at_exit(self.recorder)
 
-    def close(self):
-        """Writes the trace (rank 0) and removes the hooks; nothing is written without a step."""
+    def _unhook(self):
         for h in self._handles + self._early_hooks:
             h.remove()
         self._handles, self._early_hooks = [], []
-        if self.recorder is None:
-            self._restore_init()
-        elif self.recorder.state == "open":
+        self._restore_init()
+        from . import _clip
+
+        if _clip.install().on_skip == self._skipped:
+            _clip.install().on_skip = None
+
+    def close(self):
+        """Writes the trace (rank 0) and removes the hooks; nothing is written without a step."""
+        self._unhook()
+        if self.recorder is not None and self.recorder.state == "open":
             self.recorder.close()
 
     def abandon(self, why):
-        for h in self._handles + self._early_hooks:
-            h.remove()
-        self._handles, self._early_hooks = [], []
+        self._unhook()
         if self.recorder is not None and self.recorder.state == "open":
             self.recorder.finish(why)
 

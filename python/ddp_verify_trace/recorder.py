@@ -194,9 +194,14 @@ class Recorder:
         dist.all_gather(out, mine)
         return torch.stack([o.cpu() for o in out])  # [W, P]
 
-    def step(self, optimizer=None):
-        """Records the gradients as they are now: the ones this optimizer step applies."""
+    def step(self, optimizer=None, skipped=False):
+        """Records the gradients as they are now: the ones this optimizer step applies (or,
+        `skipped`, the ones a GradScaler found inf/NaN in and did not apply)."""
         self.check_open("step()")
+        scale = self._clips.scale
+        if scale is not None:
+            self._tensors[f"loss_scale.{self._steps}"] = torch.tensor([scale], dtype=torch.float32)
+            self._tensors[f"found_inf.{self._steps}"] = torch.tensor([float(skipped)], dtype=torch.float32)
         # The first step after a second epoch was set: the steps before it made one epoch.
         if "steps_per_epoch" not in self._meta and self._steps and len(set(self._clips.epochs)) > 1:
             self._meta["steps_per_epoch"] = str(self._steps)

@@ -97,3 +97,21 @@ def test_framework_callbacks_are_the_frameworks_own_kind(tmp_path):
 
     assert isinstance(ddp_verify_trace.TrainerCallback(tmp_path / "t.safetensors"), transformers.TrainerCallback)
     assert isinstance(ddp_verify_trace.LightningCallback(tmp_path / "l.safetensors"), pl.Callback)
+
+
+def test_a_grad_scalers_skipped_step_is_recorded_with_its_scale(tmp_path):
+    model, opt = make()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, growth_interval=1)
+    g = torch.Generator().manual_seed(1)
+    with ddp_verify_trace.recording(tmp_path / "amp.safetensors"):
+        for _ in range(3):
+            scaler.scale(model(torch.randn(4, 3, generator=g)).square().mean() * 1e4).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    t, _ = load(tmp_path / "amp.safetensors")
+    scales = [t[f"loss_scale.{s}"].item() for s in range(3)]
+    found = [t[f"found_inf.{s}"].item() for s in range(3)]
+    # 2^127 times a gradient overflows float32: skipped, halved until it fits.
+    assert found[0] == 1.0 and scales[0] == 2.0**127 and scales[1] == 2.0**126, (scales, found)
+    assert f"grads.2.0.weight" in t

@@ -161,7 +161,9 @@ class Recorder:
 
     def track_peaks(self):
         # |w| into a scratch buffer kept from step to step: a fresh one per step costs more in
-        # page faults than the arithmetic.
+        # page faults than the arithmetic. Rank 0's alone are written (DDP's weights agree).
+        if rank_world()[0] != 0:
+            return
         for n, p in self._params:
             scratch = self._scratch.get(n)
             if scratch is None:
@@ -222,6 +224,12 @@ class Recorder:
         if calls:
             self._tensors[f"clip.{s}"] = torch.tensor(self._clips.last, dtype=torch.float64)
         bits = self._rank_bits(world) if world > 1 else None
+        # Only rank 0 writes: the others take part in the collectives above and keep nothing,
+        # so they do not slow every DDP step with copies of their gradients.
+        if rank_world()[0] != 0:
+            self._tensors = {}
+            self._steps += 1
+            return
         for i, (n, p) in enumerate(self._params):
             if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
                 continue

@@ -193,7 +193,11 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
                  times by then; tick once per optimizer step in both (scheduler.step() after optimizer.step()), \
                  not once per micro-batch (K times faster) nor once per process (a scheduler prepared by \
                  Accelerate steps W times per step under DDP)",
-                c.left, l.left, l.step, c.right, l.right
+                c.left,
+                super::LrMismatch::shown(l.left),
+                l.step,
+                c.right,
+                super::LrMismatch::shown(l.right)
             ),
         });
     }

@@ -112,3 +112,11 @@ pub struct LrMismatch {
     pub left: f64,
     pub right: f64,
 }
+
+impl LrMismatch {
+    /// A learning rate for people: 12 significant digits, so 0.1·0.7 reads 0.07, not
+    /// 0.06999999999999999 (the values themselves are compared exactly).
+    pub fn shown(v: f64) -> f64 {
+        format!("{v:.11e}").parse().unwrap_or(v)
+    }
+}

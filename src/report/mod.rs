@@ -187,7 +187,11 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     if let Some(l) = first.lr {
         return format!(
             "NOT EQUIVALENT: {} applied learning rate {} at step {} where {} applied {}",
-            first.left, l.left, l.step, first.right, l.right
+            first.left,
+            crate::judge::LrMismatch::shown(l.left),
+            l.step,
+            first.right,
+            crate::judge::LrMismatch::shown(l.right)
         );
     }
     if let Some(m) = first.scaler {

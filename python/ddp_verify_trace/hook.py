@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from .recorder import Recorder, _framework, _largest, close_at_exit, unwrap
+from .recorder import Recorder, _framework, add_backward, close_at_exit, unwrap
 
 
 def _owner(params):
@@ -103,20 +103,8 @@ class Session:
                     self._early_hooks.append(p.register_hook(self._early_hook(id(p))))
 
     def _early_hook(self, key):
-        def hook(grad):
-            self._early_counts[key] = self._early_counts.get(key, 0) + 1
-            how = self._kw["magnitudes"]
-            if not how:
-                return
-            acc = torch.promote_types(grad.dtype, torch.float32)
-            if how == "tensor":
-                g = _largest(grad, acc)
-            else:
-                g = grad.detach().abs().to(acc)
-            total = self._early.get(key)
-            self._early[key] = g if total is None else total.add_(g)
-
-        return hook
+        how = {True: "element"}.get(self._kw["magnitudes"], self._kw["magnitudes"])
+        return lambda grad: add_backward(self._early, self._early_counts, key, grad, how)
 
     def _pre(self, optimizer, args, kwargs):
         if self._optimizer is None:

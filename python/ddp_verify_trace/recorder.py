@@ -55,6 +55,19 @@ def _bits(g):
     return g.detach().contiguous().view(_BITS[g.dtype]).sum(dtype=torch.int64)
 
 
+def add_backward(sums, counts, key, grad, how):
+    """One backward's gradient of one parameter: counted, and its magnitude added to `sums`
+    per element (`how` "element") or as its largest |value| ("tensor"), in at least float32,
+    so that many half-precision terms keep their sum."""
+    counts[key] = counts.get(key, 0) + 1
+    if not how:
+        return
+    dtype = torch.promote_types(grad.dtype, torch.float32)
+    g = _largest(grad, dtype) if how == "tensor" else grad.detach().abs().to(dtype)
+    total = sums.get(key)
+    sums[key] = g if total is None else total.add_(g)
+
+
 def _largest(grad, dtype):
     """max |grad| in one read pass (aminmax allocates nothing the size of the tensor)."""
     lo, hi = torch.aminmax(grad.detach())
@@ -137,18 +150,7 @@ class Recorder:
     def _summer(self, name):
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
         # (under DDP: this rank's, before the all-reduce; under no_sync too).
-        def hook(grad):
-            self._counts[name] = self._counts.get(name, 0) + 1
-            if not self._magnitudes:
-                return
-            if self._magnitudes == "tensor":
-                g = _largest(grad, self._acc_dtype)
-            else:
-                g = grad.detach().abs().to(self._acc_dtype)
-            total = self._sums.get(name)
-            self._sums[name] = g if total is None else total.add_(g)
-
-        return hook
+        return lambda grad: add_backward(self._sums, self._counts, name, grad, self._magnitudes)
 
     def take_sums(self, sums, counts):
         """Magnitudes gathered before this recorder existed (the zero-edit hook's)."""

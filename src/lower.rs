@@ -227,6 +227,8 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
     }
     let out = match &args.save_trace {
         Some(dir) => {
+            // Writable (or creatable) before any leg runs: bad output is exit 2, not a failed run.
+            crate::outputs::check_dir("--save-trace", dir, true)?;
             let files = SAVED_FILES.iter().copied().chain([crate::jobs::script::BIG_BATCH_FILE]);
             let taken: Vec<_> = files.map(|f| dir.join(f)).filter(|p| p.exists()).collect();
             if let (Some(p), false) = (taken.first(), args.force) {
@@ -240,6 +242,9 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             .map_err(|e| Error::io("creating a directory for the legs' traces", e))?
             .keep(),
     };
+    if args.shape.batch_size.checked_mul(k).is_none() {
+        return Err(Error::bad_flag("--batch-size", "times --acc-steps is too large a batch", "give a smaller one"));
+    }
     let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;

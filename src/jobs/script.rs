@@ -39,7 +39,10 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
     let mut compare = o.compare.clone();
     if o.command.iter().any(|a| a.contains("{batch}")) {
         let big = o.out.join(BIG_BATCH_FILE);
-        legs.push((Leg { name: "big-batch", world: 1, local_acc_steps: 1, batch: b * o.acc_steps }, big.clone()));
+        legs.push((
+            Leg { name: "big-batch", world: 1, local_acc_steps: 1, batch: b.saturating_mul(o.acc_steps) },
+            big.clone(),
+        ));
         compare.big = Some(big);
     }
     for (leg, trace) in &legs {

@@ -134,6 +134,8 @@ fn commands_it_cannot_run_are_refused_in_one_line() {
         ("--acc-steps 4 --gpus 1 -- PY SCRIPT", "--gpus"),
         ("--acc-steps 3 --gpus 2 -- PY SCRIPT", "--acc-steps"),
         ("--acc-steps 4 --gpus 2 --timeout 0 -- PY SCRIPT", "--timeout"),
+        ("--acc-steps 4 --gpus 2 --save-trace /proc/ddp-verify -- PY SCRIPT", "--save-trace"),
+        ("--acc-steps 4 --gpus 2 --batch-size 18446744073709551615 -- PY SCRIPT", "--batch-size"),
     ] {
         let args: Vec<String> =
             flags(line).into_iter().map(|a| a.replace("PY", &python).replace("SCRIPT", &script)).collect();

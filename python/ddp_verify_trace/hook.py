@@ -110,7 +110,7 @@ class Session:
         if self._optimizer is None:
             self._begin(optimizer)
         if optimizer is self._optimizer:
-            self.recorder.track_peaks()
+            self.recorder.settle()
 
     def _skipped(self, optimizer, scale):
         # A GradScaler found inf/NaN and skipped the step: recorded as a step all the same,
@@ -118,6 +118,7 @@ class Session:
         if self._optimizer is None:
             self._begin(optimizer)
         if optimizer is self._optimizer and self.recorder.state == "open":
+            self.recorder.settle()
             self.recorder.track_peaks()
             self.recorder.step(optimizer, skipped=True)
 
@@ -125,6 +126,7 @@ class Session:
         # The weights this step made are seen by the next step's pre-hook, or by close().
         if optimizer is self._optimizer:
             self.recorder.step(optimizer)
+            self.recorder.track_peaks(later=True)
 
     def _begin(self, optimizer):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]

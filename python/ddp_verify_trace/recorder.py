@@ -22,9 +22,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
-
 from . import _clip
+from ._stream import Stream
 
 FORMAT = "ddp-verify-trace/1"
 # The float dtypes ddp-verify reads, by the names its --dtype uses.
@@ -48,6 +47,13 @@ def _host(t):
     return t.detach().to("cpu", copy=True).contiguous()
 
 
+def _owns_memory(g):
+    """A CPU tensor alone in its memory: no bucket view that DDP writes into again."""
+    return g.device.type == "cpu" and g._base is None and g.is_contiguous() and (
+        g.untyped_storage().nbytes() == g.numel() * g.element_size()
+    )
+
+
 def _bits(g):
     """A checksum of a tensor's bits, in one pass: equal gradients give equal sums, and a
     gradient part of which was never all-reduced differs in many elements, whose bit
@@ -62,16 +68,26 @@ def add_backward(sums, counts, key, grad, how):
     counts[key] = counts.get(key, 0) + 1
     if not how:
         return
-    dtype = torch.promote_types(grad.dtype, torch.float32)
-    g = _largest(grad, dtype) if how == "tensor" else grad.detach().abs().to(dtype)
+    if how == "tensor":
+        # One read pass that allocates nothing the size of the tensor; the rest of the
+        # arithmetic waits for the step, where it is done for every backward at once.
+        sums.setdefault(key, []).append(torch.aminmax(grad.detach()))
+        return
+    g = grad.detach().abs().to(torch.promote_types(grad.dtype, torch.float32))
     total = sums.get(key)
     sums[key] = g if total is None else total.add_(g)
 
 
-def _largest(grad, dtype):
-    """max |grad| in one read pass (aminmax allocates nothing the size of the tensor)."""
-    lo, hi = torch.aminmax(grad.detach())
-    return torch.maximum(-lo, hi).to(dtype)
+def _largest_sums(lists, dtype, device):
+    """Per parameter, the sum over its backwards of max |gradient|, from their aminmax pairs,
+    in a handful of operations for all of them."""
+    index = torch.tensor([i for i, pairs in enumerate(lists) for _ in pairs], dtype=torch.int64, device=device)
+    out = torch.zeros(len(lists), dtype=dtype, device=device)
+    if len(index):
+        lo = torch.stack([lo for pairs in lists for lo, _ in pairs])
+        hi = torch.stack([hi for pairs in lists for _, hi in pairs])
+        out.index_add_(0, index, torch.maximum(lo.neg_(), hi).to(dtype))
+    return out
 
 
 def _framework():
@@ -128,6 +144,8 @@ class Recorder:
         rank, self._world = rank_world()
         if rank == 0 and not overwrite and os.path.exists(self.path):
             raise FileExistsError(f"{self.path} exists: pass overwrite=True to replace it, or remove it")
+        # Opened by rank 0 at its first step, when the process group says which rank is 0.
+        self._stream = None
         if magnitudes is True:
             magnitudes = "element"
         if magnitudes not in (False, None, "element", "tensor"):
@@ -143,14 +161,27 @@ class Recorder:
         self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
         self._sums = {}  # name -> sum of |gradient| of each backward since the last step
         self._counts = {}  # name -> backward passes that reached it since the last step
-        self._hooks = [p.register_hook(self._summer(n)) for n, p in self._params]
+        # Per parameter, whether the loop set its gradient to None after the last step (so the
+        # step's gradient can be lent to the writer instead of copied: nothing changes it).
+        self._nulled = {}
+        self._seen = set()
+        self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params]
         self._clips = _clip.install()
         self._clip_seen = self._clips.calls
 
-    def _summer(self, name):
+    def _summer(self, name, param):
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
         # (under DDP: this rank's, before the all-reduce; under no_sync too).
-        return lambda grad: add_backward(self._sums, self._counts, name, grad, self._magnitudes)
+        def hook(grad):
+            if name not in self._seen and self._steps:
+                self._seen.add(name)
+                self._nulled[name] = param.grad is None
+            # A gradient about to be added to in place may be one the writer still reads.
+            if param.grad is not None and self._stream is not None and self._stream.busy():
+                self._stream.settle()
+            add_backward(self._sums, self._counts, name, grad, self._magnitudes)
+
+        return hook
 
     def take_sums(self, sums, counts):
         """Magnitudes gathered before this recorder existed (the zero-edit hook's)."""
@@ -161,11 +192,24 @@ class Recorder:
         if self.state != "open":
             raise RuntimeError(f"ddp_verify_trace({self.path!r}): {what} called after the recorder was {self.state}")
 
-    def track_peaks(self):
-        # |w| into a scratch buffer kept from step to step: a fresh one per step costs more in
+    def track_peaks(self, later=False):
+        """|w| into the peaks. `later`: on the writer thread, from weights that nothing changes
+        until the caller's `settle()` (the hooks settle before the next optimizer step)."""
+        # Into a scratch buffer kept from step to step: a fresh one per step costs more in
         # page faults than the arithmetic. Rank 0's alone are written (DDP's weights agree).
         if rank_world()[0] != 0:
             return
+        if later and self._stream is not None:
+            self._stream.later(self._peaks_now)
+        else:
+            self._peaks_now()
+
+    def settle(self):
+        """Waits for the writer's work on the weights (before an optimizer step moves them)."""
+        if self._stream is not None:
+            self._stream.settle()
+
+    def _peaks_now(self):
         for n, p in self._params:
             scratch = self._scratch.get(n)
             if scratch is None:
@@ -177,10 +221,14 @@ class Recorder:
         """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
         Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
         sums = {n: self._sums.pop(n, None) for n, _ in self._params}
-        zero = (lambda p: torch.zeros((), dtype=self._acc_dtype, device=p.device)) if self._magnitudes == "tensor" else (
-            lambda p: torch.zeros_like(p, dtype=self._acc_dtype)
-        )
-        sums = {n: zero(p) if sums[n] is None else sums[n] for n, p in self._params}
+        if self._magnitudes == "tensor":
+            device = self._params[0][1].device
+            flat = _largest_sums([sums[n] or [] for n, _ in self._params], self._acc_dtype, device)
+            if world > 1:
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                flat.div_(world)
+            return flat
+        sums = {n: torch.zeros_like(p, dtype=self._acc_dtype) if sums[n] is None else sums[n] for n, p in self._params}
         if world > 1:
             flat = torch.cat([s.reshape(-1) for s in sums.values()])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -232,15 +280,35 @@ class Recorder:
             self._tensors = {}
             self._steps += 1
             return
+        big, lent = [], []
+        if self._magnitudes == "tensor":  # one small tensor for all parameters, split at close
+            sums = dict(zip((n for n, _ in self._params), sums.to("cpu", self._dtype).unbind()))
         for i, (n, p) in enumerate(self._params):
             if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
                 continue
-            self._tensors[f"grads.{s}.{n}"] = _host(p.grad)
-            if self._magnitudes:
-                self._tensors[f"scale.{s}.{n}"] = _host(sums[n].to(p.grad.dtype))
+            grad = (f"grads.{s}.{n}", p.grad)
+            (lent if self._nulled.get(n) and _owns_memory(p.grad) else big).append(grad)
+            if self._magnitudes == "element":
+                big.append((f"scale.{s}.{n}", sums[n].to(p.grad.dtype)))
+            elif self._magnitudes:
+                self._tensors[f"scale.{s}.{n}"] = sums[n]
             if bits is not None:
                 self._tensors[f"rank_bits.{s}.{n}"] = bits[:, i].contiguous()
+        self._open().put(big, lent)
+        self._keep()
         self._steps += 1
+        self._seen = set()
+
+    def _open(self):
+        if self._stream is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._stream = Stream(self.path)
+        return self._stream
+
+    def _keep(self):
+        for name, t in self._tensors.items():
+            self._open().keep(name, t)
+        self._tensors = {}
 
     def _settings(self, optimizer):
         if "optimizer" in self._meta:
@@ -256,6 +324,7 @@ class Recorder:
         """Records the final weights and buffers and writes the file (rank 0 only)."""
         self.check_open("close()")
         self.finish("closed")
+        self.settle()
         self.track_peaks()
         for n, p in self._params:
             self._tensors[f"peak.{n}"] = _host(self._peaks[n])
@@ -273,15 +342,16 @@ class Recorder:
             **self._meta,
         }
         if rank_world()[0] == 0:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            # Written aside, then renamed: a crash never leaves a half-written trace at `path`.
-            part = self.path + ".part"
-            save_file(self._tensors, part, metadata=meta)
-            os.replace(part, self.path)
+            self._keep()
+            self._stream.close(meta)
+            self._stream = None
         self._tensors = {}
 
     def finish(self, state):
         self.state = state
+        if state != "closed" and self._stream is not None:
+            self._stream.abandon()
+            self._stream = None
         for h in self._hooks:
             h.remove()
         self._hooks = []

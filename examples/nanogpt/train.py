@@ -9,6 +9,8 @@ as nanoGPT does) and records nothing itself.
 `--bug sync-after-forward` is build-nanogpt PR 30's: `require_backward_grad_sync` set after
 the forward, which DDP reads in the forward, so the last micro-step is never all-reduced.
 `--bug step-every-micro-batch` steps the optimizer after each micro-batch.
+`--bug forward-raw-model` calls nanoGPT's `raw_model` (DDP's `.module`) in the loop, so DDP
+never sees a forward and nothing all-reduces the gradients.
 """
 import argparse
 import gc
@@ -72,7 +74,7 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--bug", default=None, choices=["sync-after-forward", "step-every-micro-batch"])
+    p.add_argument("--bug", default=None, choices=["sync-after-forward", "step-every-micro-batch", "forward-raw-model"])
     args = p.parse_args()
 
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -90,7 +92,9 @@ def main():
         sampler = DistributedSampler(dataset, shuffle=True, seed=0)
         loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
         model = nn.parallel.DistributedDataParallel(model)
-    else:
+    raw_model = model.module if ddp else model
+    forward = raw_model if args.bug == "forward-raw-model" else model
+    if not ddp:
         sampler = AccumulationBatchSampler(len(dataset), world=args.world, batch_size=args.batch, shuffle=True, seed=0)
         loader = DataLoader(dataset, batch_sampler=sampler)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -102,7 +106,7 @@ def main():
                 x, y = next(batches)
                 if ddp and args.bug != "sync-after-forward":
                     model.require_backward_grad_sync = micro_step == local - 1
-                loss = model(x, y) / local
+                loss = forward(x, y) / local
                 if ddp and args.bug == "sync-after-forward":
                     model.require_backward_grad_sync = micro_step == local - 1
                 loss.backward()
@@ -117,7 +121,7 @@ def main():
             opt.zero_grad(set_to_none=True)
     if ddp:
         # gloo aborts at exit now and then unless the reducer is gone before the group.
-        del model, opt
+        del model, raw_model, forward, opt
         gc.collect()
         dist.destroy_process_group()
 

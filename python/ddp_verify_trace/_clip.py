@@ -5,7 +5,10 @@ it (Trainer through Accelerate, Lightning's precision plugins, plain loops):
 - DistributedSampler.set_epoch calls (and AccumulationBatchSampler's): where epochs start, so
   a mismatch that starts in a later epoch can be named as a sampler's epoch;
 - GradScaler.step: the loss scale each step ran at, and the steps it skipped (inf/NaN found),
-  which never reach optimizer.step() and so are recorded from here."""
+  which never reach optimizer.step() and so are recorded from here;
+- DistributedDataParallel's end of forward: whether each micro-batch's backward would be
+  all-reduced (DDP decides there, from require_backward_grad_sync), so a rank's unsynced
+  gradient can be traced to the micro-batch that ran without the all-reduce."""
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
@@ -22,6 +25,8 @@ class Clips:
         # call when it skips the optimizer's step: (optimizer, scale) -> None.
         self.scale = None
         self.on_skip = None
+        # Per DDP forward with grad enabled, in order: would its backward be all-reduced?
+        self.ddp_syncs = []
 
 
 def epoch_started(epoch):
@@ -81,4 +86,15 @@ def install():
         return out
 
     GradScaler.step = step
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    post_forward = DistributedDataParallel._post_forward
+
+    def _post_forward(self, output):
+        if torch.is_grad_enabled():
+            _STATE.ddp_syncs.append(bool(self.require_backward_grad_sync))
+        return post_forward(self, output)
+
+    DistributedDataParallel._post_forward = _post_forward
     return _STATE

@@ -61,8 +61,11 @@ class Session:
 
         from . import _clip
 
-        # Before training: the first epoch's set_epoch, clips and skipped steps are seen.
-        _clip.install().on_skip = self._skipped
+        # Before training: the first epoch's set_epoch, clips, DDP forwards and skipped steps
+        # are seen, and the first step's clips and forwards are counted from here.
+        state = _clip.install()
+        state.on_skip = self._skipped
+        self._marks = (state.calls, len(state.ddp_syncs))
         self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
         self._watch_new_optimizers()
         return self
@@ -138,6 +141,7 @@ class Session:
         self._optimizer = optimizer
         meta = {"framework": _framework(), "recorded_by": "optimizer step hooks", **self._meta}
         self.recorder = Recorder(model, self.path, meta=meta, params=named, **self._kw)
+        self.recorder.count_from(*self._marks)
         names = {id(p): n for n, p in named}
         self.recorder.take_sums(
             {names[k]: v for k, v in self._early.items() if k in names},

@@ -13,6 +13,8 @@ Per optimizer step (`grads.<s>.<param>` and beside it):
   rank_bits.<s>.<param> int64 [W], each rank's bit checksum of the gradient (DDP only): DDP
                        all-reduces into identical gradients on every rank, so any difference
                        names a rank whose gradient was not (fully) synchronised
+  ddp_sync.<s>         int64, per DistributedDataParallel forward since the last step (grad
+                       enabled): 1 where its backward was to be all-reduced, 0 where not
 and once: `peak.<param>`, `final.<param>`, `buffer.<name>`, and a string header with the world
 size, the optimizer's kind and settings, and the framework that called the step.
 """
@@ -168,6 +170,7 @@ class Recorder:
         self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params]
         self._clips = _clip.install()
         self._clip_seen = self._clips.calls
+        self._syncs_seen = len(self._clips.ddp_syncs)
 
     def _summer(self, name, param):
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
@@ -182,6 +185,11 @@ class Recorder:
             add_backward(self._sums, self._counts, name, grad, self._magnitudes)
 
         return hook
+
+    def count_from(self, clips, ddp_forwards):
+        """Clips and DDP forwards counted from these marks (the hooks', set before the first
+        step's micro-batches, which ran before this recorder existed)."""
+        self._clip_seen, self._syncs_seen = clips, ddp_forwards
 
     def take_sums(self, sums, counts):
         """Magnitudes gathered before this recorder existed (the zero-edit hook's)."""
@@ -273,6 +281,11 @@ class Recorder:
         self._tensors[f"clips.{s}"] = torch.tensor([calls], dtype=torch.int64)
         if calls:
             self._tensors[f"clip.{s}"] = torch.tensor(self._clips.last, dtype=torch.float64)
+        syncs = self._clips.ddp_syncs[self._syncs_seen :]
+        self._syncs_seen = len(self._clips.ddp_syncs)
+        if syncs:
+            self._tensors[f"ddp_sync.{s}"] = torch.tensor(syncs, dtype=torch.int64)
+            self._meta["ddp_forward"] = "seen"
         bits = self._rank_bits(world) if world > 1 else None
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
         # so they do not slow every DDP step with copies of their gradients.
@@ -341,6 +354,8 @@ class Recorder:
             "magnitudes": {"element": "true", "tensor": "per tensor", None: "false"}[self._magnitudes],
             **self._meta,
         }
+        if self._world > 1:
+            meta.setdefault("ddp_forward", "none")
         if rank_world()[0] == 0:
             self._keep()
             self._stream.close(meta)

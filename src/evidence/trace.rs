@@ -65,6 +65,10 @@ pub struct Trace {
     pub rank_drift: Option<RankDrift>,
     /// The recorder's: backward passes this rank made per step (`micro.<step>`, K/W in DDP).
     pub micro: Vec<i64>,
+    /// The recorder's, under DDP: per step, whether each DistributedDataParallel forward's
+    /// backward was to be all-reduced (`ddp_sync.<step>`; DDP decides at the end of the
+    /// forward from require_backward_grad_sync). Empty where no DDP forward was seen.
+    pub ddp_sync: Vec<Vec<bool>>,
     /// The recorder's: per step, the last clip's (total norm before clipping, max_norm),
     /// where clip_grad_norm_ ran (`clip.<step>`).
     pub clip_norms: Vec<Option<(f64, f64)>>,
@@ -180,6 +184,7 @@ impl Trace {
         let mut lrs: BTreeMap<usize, f64> = BTreeMap::new();
         let mut clips: BTreeMap<usize, i64> = BTreeMap::new();
         let mut micro: BTreeMap<usize, i64> = BTreeMap::new();
+        let mut ddp_sync: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
         let mut clip_norms: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
         let mut rank_drift: Option<RankDrift> = None;
         let mut scaler: [BTreeMap<usize, f64>; 4] = Default::default();
@@ -214,6 +219,14 @@ impl Trace {
                 }
             }
             if name.starts_with("clips.") || name.starts_with("micro.") {
+                continue;
+            }
+            if let Some(step) = name.strip_prefix("ddp_sync.") {
+                let step = step.parse::<usize>().ok().filter(|_| t.kind() == Kind::Int64 && t.dim() == 1);
+                let step = step.ok_or_else(|| {
+                    Error::bad_file(path, format!("tensor {name} is not a step's int64 flag per DDP forward"), fix)
+                })?;
+                ddp_sync.insert(step, Vec::<i64>::try_from(&t).unwrap_or_default().iter().map(|&f| f != 0).collect());
                 continue;
             }
             if let Some(step) = name.strip_prefix("clip.") {
@@ -313,6 +326,11 @@ impl Trace {
         let (lrs, clips) = (lrs.into_values().collect(), clips.into_values().collect());
         let micro = micro.into_values().collect();
         let clip_norms = (0..steps.len()).map(|s| clip_norms.get(&s).copied()).collect();
+        let ddp_sync = if ddp_sync.is_empty() {
+            Vec::new()
+        } else {
+            (0..steps.len()).map(|s| ddp_sync.remove(&s).unwrap_or_default()).collect()
+        };
         if let Some(p) = range_parts.as_mut() {
             p.steps.sort_unstable();
         }
@@ -324,6 +342,7 @@ impl Trace {
             lrs,
             clips,
             micro,
+            ddp_sync,
             clip_norms,
             rank_drift,
             scaler,
@@ -400,6 +419,7 @@ impl Trace {
             clips: self.clips.clone(),
             rank_drift: self.rank_drift.clone(),
             micro: self.micro.clone(),
+            ddp_sync: self.ddp_sync.clone(),
             clip_norms: self.clip_norms.clone(),
             dropout_keys: self.dropout_keys.clone(),
             scaler: self.scaler.clone(),

@@ -161,18 +161,7 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
         return Some(step_count(a, b, c));
     }
     if let Some(d) = c.rank_drift.as_ref().filter(|d| d.tensor.starts_with("grad ")) {
-        return Some(Diagnosis {
-            reason: Reason::UnsyncedGradient,
-            detail: format!(
-                "at step {} DDP rank {}'s gradient of {} differs from rank 0's: DDP all-reduces a synchronised backward into \
-                 the same gradient on every rank, so part of this one was never all-reduced; a micro-batch that \
-                 should sync ran without it (require_backward_grad_sync set after the forward, no_sync around the \
-                 last micro-batch) and each rank steps with its own mix of synced and local gradients",
-                d.step,
-                d.rank,
-                &d.tensor["grad ".len()..]
-            ),
-        });
+        return Some(unsynced(a, b, d));
     }
     if let Some(d) = &c.rank_drift {
         return Some(Diagnosis {
@@ -405,6 +394,60 @@ fn one_process(a: &Trace, b: &Trace, c: &Comparison) -> Option<Diagnosis> {
 /// K as a trace's header gives it.
 fn header_k(t: &Trace) -> Option<usize> {
     t.meta.get("acc_steps")?.parse().ok()
+}
+
+/// A DDP rank's gradient that differs from rank 0's, traced to the micro-batches whose
+/// backward ran without DDP's all-reduce where the recorder saw DDP's forwards: an
+/// all-reduce covers everything accumulated before it, so the micro-batches after the last
+/// synchronised one stay local to each rank.
+fn unsynced(a: &Trace, b: &Trace, d: &crate::evidence::RankDrift) -> Diagnosis {
+    let (param, step, rank) = (&d.tensor["grad ".len()..], d.step, d.rank);
+    let head = format!("at step {step} DDP rank {rank}'s gradient of {param} differs from rank 0's");
+    let t = if a.rank_drift.is_some() { a } else { b };
+    let flags = t.ddp_sync.get(step).filter(|f| !f.is_empty());
+    let detail = match flags {
+        Some(f) => {
+            let local = f.iter().rev().take_while(|&&synced| !synced).count();
+            let m = f.len();
+            if local == m {
+                format!(
+                    "{head}: none of this rank's {m} micro-batches was all-reduced (require_backward_grad_sync was \
+                     False, or no_sync() was on, when each forward ended, which is when DDP decides), so each rank \
+                     stepped with its own gradient; let the last micro-batch's forward run with it True"
+                )
+            } else if local > 0 {
+                let which = if local == 1 {
+                    format!("micro-batch {m}")
+                } else {
+                    format!("micro-batches {}-{m}", m - local + 1)
+                };
+                format!(
+                    "{head}: {which} of this rank's {m} ran the backward without DDP's all-reduce \
+                     (require_backward_grad_sync was False when its forward ended, which is when DDP decides: \
+                     set it before calling the model, or run all but the last micro-batch under model.no_sync()), \
+                     so each rank stepped with the synchronised sum of the earlier micro-batches plus its own local \
+                     gradient of the rest"
+                )
+            } else {
+                format!(
+                    "{head} although DDP all-reduced this step's last micro-batch (and with it every earlier one): \
+                     something changed the gradient on one rank after the all-reduce (a gradient hook, a clip or a \
+                     scaling that runs on some ranks only)"
+                )
+            }
+        }
+        None if t.meta.get("ddp_forward").is_some_and(|f| f == "none") => format!(
+            "{head}: no DistributedDataParallel forward ran (the model is not wrapped in DDP, or is called \
+             through its .module), so nothing all-reduced the gradients; wrap the model and call the wrapper"
+        ),
+        None => format!(
+            "{head}: DDP all-reduces a synchronised backward into the same gradient on every rank, so part of \
+             this one was never all-reduced; a micro-batch that should sync ran without it \
+             (require_backward_grad_sync set after the forward, no_sync around the last micro-batch) and each rank \
+             steps with its own mix of synced and local gradients"
+        ),
+    };
+    Diagnosis { reason: Reason::UnsyncedGradient, detail }
 }
 
 /// Different numbers of optimizer steps, named by what the recorder counted: a run that

@@ -39,6 +39,12 @@ fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
     assert_eq!(code, Some(0), "{honest}");
     let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug sync-after-forward");
     assert_eq!((code, reason(&bug)), (Some(1), "unsynchronised gradient"), "{bug}");
+    // K=4 over 2 ranks: each rank's second micro-batch ran its forward with the flag False.
+    let detail = bug["diagnosis"]["detail"].as_str().unwrap();
+    assert!(detail.contains("micro-batch 2 of this rank's 2 ran the backward without DDP's all-reduce"), "{bug}");
+    let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug forward-raw-model");
+    assert_eq!((code, reason(&bug)), (Some(1), "unsynchronised gradient"), "{bug}");
+    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("no DistributedDataParallel forward ran"), "{bug}");
     let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug step-every-micro-batch");
     assert_eq!((code, reason(&bug)), (Some(1), "step count"), "{bug}");
     assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("neither run accumulates"), "{bug}");

@@ -200,8 +200,8 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
 }
 
 /// `-- python train.py ARGS`: the user's script as both legs. K a multiple of W ≥ 2, a
-/// Python command (the DDP leg runs it under torchrun), and an output directory whose traces
-/// are not overwritten without --force.
+/// Python command or a launcher (torchrun, accelerate launch) on one node, and an output
+/// directory whose traces are not overwritten without --force.
 pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
     let (k, w) = (args.shape.acc_steps, args.shape.gpus);
     if w < 2 {
@@ -214,14 +214,13 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             "give a multiple of --gpus",
         ));
     }
-    let program = std::path::Path::new(&args.script[0]).file_name().map(|f| f.to_string_lossy().into_owned());
-    if !program.is_some_and(|p| p.starts_with("python")) || args.script.len() < 2 {
-        return Err(Error::bad_flag(
+    let launcher = crate::jobs::launcher::parse(&args.script).map_err(|problem| {
+        Error::bad_flag(
             "--",
-            format!("`{}` is not a Python command; the DDP leg runs the script under torchrun", args.script.join(" ")),
-            "give it as -- python train.py ARGS (or -- python -m module ARGS)",
-        ));
-    }
+            problem,
+            "give -- python train.py ARGS, -- torchrun [OPTIONS] train.py ARGS or -- accelerate launch [OPTIONS] train.py ARGS",
+        )
+    })?;
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         return Err(Error::bad_flag("--timeout", "must be a positive number of seconds", "e.g. --timeout 600"));
     }
@@ -250,7 +249,7 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
     let paths = [out.join(SAVED_FILES[0]), out.join(SAVED_FILES[1])];
     Ok(ScriptOptions {
-        command: args.script.clone(),
+        launcher,
         acc_steps: k,
         gpus: w,
         batch_size: args.shape.batch_size,

@@ -4,6 +4,7 @@
 
 pub mod compare;
 pub mod explore;
+pub mod launcher;
 mod pool;
 mod preflight;
 pub mod script;

@@ -23,7 +23,7 @@ struct Leg {
 pub const BIG_BATCH_FILE: &str = "big-batch.safetensors";
 
 pub fn command(o: &ScriptOptions) -> Result<Exit> {
-    let python = &o.command[0];
+    let python = &o.launcher.python;
     let autoload = autoload_dir(python)?;
     std::fs::create_dir_all(&o.out).map_err(|e| Error::io(format!("creating {}", o.out.display()), e))?;
     let b = o.batch_size;
@@ -37,7 +37,7 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
     // A script that takes its batch size from {batch} can also run as one big batch of each
     // step's K·B samples: the third trace, where a per-micro-batch mean shows.
     let mut compare = o.compare.clone();
-    if o.command.iter().any(|a| a.contains("{batch}")) {
+    if o.launcher.script.iter().any(|a| a.contains("{batch}")) {
         let big = o.out.join(BIG_BATCH_FILE);
         legs.push((
             Leg { name: "big-batch", world: 1, local_acc_steps: 1, batch: b.saturating_mul(o.acc_steps) },
@@ -66,7 +66,8 @@ fn autoload_dir(python: &str) -> Result<PathBuf> {
     }
 }
 
-/// The command for a leg: its placeholders filled in, and under torchrun for DDP.
+/// The command for a leg: its placeholders filled in, its launcher starting `leg.world`
+/// processes (plain Python's DDP leg under torchrun).
 fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
     let fill = |a: &String| {
         a.replace("{acc_steps}", &o.acc_steps.to_string())
@@ -76,14 +77,7 @@ fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
             .replace("{world}", &leg.world.to_string())
             .replace("{leg}", leg.name)
     };
-    let args: Vec<String> = o.command[1..].iter().map(fill).collect();
-    let mut cmd = vec![o.command[0].clone()];
-    if leg.world > 1 {
-        let launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"];
-        cmd.extend(launcher.iter().map(|s| s.to_string()).chain([leg.world.to_string()]));
-    }
-    cmd.extend(args);
-    cmd
+    super::launcher::argv(&o.launcher, leg.world).iter().map(fill).collect()
 }
 
 fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Result<()> {

@@ -64,8 +64,8 @@ impl Suite {
 
 /// `ddp-verify --acc-steps K --gpus W -- python train.py ARGS`: a user's script as both legs.
 pub struct ScriptOptions {
-    /// The command after `--`, placeholders not yet filled in.
-    pub command: Vec<String>,
+    /// The command after `--`, read into its launcher, options and script.
+    pub launcher: super::Launcher,
     pub acc_steps: usize,
     pub gpus: usize,
     /// B, what `{batch}` is in the accumulation and DDP legs (K·B in the big batch's).

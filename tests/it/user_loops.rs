@@ -9,12 +9,18 @@ use crate::util::{ddp_verify, flags, repo, stderr, stdout};
 /// Runs an example as both legs and returns (exit code, the JSON report). A leg that fails
 /// (exit 3: torchrun's rendezvous under a loaded machine) is run once more, said in the log.
 fn zero_edit(example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
+    zero_edit_with(&[&repo(".venv/bin/python").display().to_string()], example, extra)
+}
+
+/// `zero_edit` with the script started by `launcher` (python, torchrun, accelerate launch).
+fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
     let t = tempfile::tempdir().unwrap();
     let report = t.path().join("report.json").display().to_string();
     let script = repo(&format!("examples/{example}/train.py")).display().to_string();
-    let python = repo(".venv/bin/python").display().to_string();
     let mut args = flags("--acc-steps 4 --gpus 2 --report json --report-file");
-    args.extend([report.as_str(), "--", &python, &script]);
+    args.extend([report.as_str(), "--"]);
+    args.extend(launcher);
+    args.push(&script);
     args.extend(flags(extra));
     let mut out = ddp_verify(&args);
     if out.status.code() == Some(3) {
@@ -86,6 +92,28 @@ fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
     let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.3");
     assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
     assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("clipping ran on ddp only"), "{bug}");
+}
+
+/// The launchers users start their scripts with: their own options kept, the number of
+/// processes set per leg (1, then W), whatever count the command gave.
+#[test]
+fn torchrun_and_accelerate_launch_commands_run_as_the_legs() {
+    let bin = |name: &str| repo(&format!(".venv/bin/{name}")).display().to_string();
+    let worlds = |r: &serde_json::Value| {
+        let world = |side: &str| r["traces"][side]["meta"]["world_size"].as_str().unwrap_or("?").to_string();
+        (world("left"), world("right"))
+    };
+    let torchrun = bin("torchrun");
+    let (code, r) = zero_edit_with(
+        &[&torchrun, "--nproc_per_node", "8", "--max-restarts", "0"],
+        "nanogpt",
+        "--grad-accum {acc_steps}",
+    );
+    assert_eq!((code, worlds(&r)), (Some(0), ("1".into(), "2".into())), "{r}");
+    let accelerate = bin("accelerate");
+    let launch = [accelerate.as_str(), "launch", "--cpu", "--num_processes", "3", "--mixed_precision", "no"];
+    let (code, r) = zero_edit_with(&launch, "accelerate", "--grad-accum {local_acc_steps}");
+    assert_eq!((code, worlds(&r)), (Some(0), ("1".into(), "2".into())), "{r}");
 }
 
 /// The Python sampler deals exactly what `ddp-verify split` prints, over shapes with

@@ -69,7 +69,7 @@ def median_step(make, steps, record=None):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     torch.set_num_threads(1)

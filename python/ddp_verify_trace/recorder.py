@@ -387,5 +387,7 @@ def close_at_exit(recorder):
     def close():
         if recorder.state == "open" and recorder._steps and not crashed:
             recorder.close()
+        elif recorder.state == "open":
+            recorder.finish("abandoned at exit")  # the streamed part goes too
 
     atexit.register(close)

@@ -89,7 +89,25 @@ def test_a_run_that_raises_writes_nothing(tmp_path):
             raise RuntimeError("data loader broke")
     except RuntimeError:
         pass
-    assert not (tmp_path / "failed.safetensors").exists()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_script_that_raises_leaves_no_file(tmp_path):
+    # The zero-edit path: record() at start-up, the trace streamed from the first step, and an
+    # exception that ends the script: neither the trace nor its streamed part stays.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, ddp_verify_trace\n"
+        f"ddp_verify_trace.record({str(tmp_path / 't.safetensors')!r})\n"
+        "m = torch.nn.Linear(3, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n    m(torch.ones(2, 3)).sum().backward(); o.step(); o.zero_grad()\n"
+        "raise RuntimeError('data loader broke')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1 and "data loader broke" in out.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_framework_callbacks_are_the_frameworks_own_kind(tmp_path):

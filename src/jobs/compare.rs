@@ -5,7 +5,9 @@ use std::path::Path;
 
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{Params, Trace};
-use crate::judge::{diagnose, BigBatch, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS};
+use crate::judge::{
+    caution, diagnose, BigBatch, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS,
+};
 pub use crate::spec::CompareOptions;
 use crate::spec::Dtype;
 
@@ -50,6 +52,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         ..Context::of_traces(dtype.epsilon(), chaos_possible)
     };
     let diagnosis = diagnose(&a, &b, &runs, &cx);
+    let caution = diagnosis.is_none().then(|| caution(&a, &b, &runs, &cx)).flatten();
     let big_batch = match &opts.big {
         Some(path) => Some(judge_big_batch(&a, path, pa, &labels[0], &tolerance, dtype, &cx, runs.verdict)?),
         None => None,
@@ -74,6 +77,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         golden_torch: None,
         diagnosis,
         no_verdict: None,
+        caution,
     })
 }
 

@@ -525,6 +525,42 @@ fn clipped_factor(
     })
 }
 
+/// Runs that agree only because both clipped every step: the total norms before clipping
+/// differ by one factor throughout (a loss divided twice, say). The applied gradients are
+/// the same, so the verdict stands; once the norm falls under max_norm the runs part.
+pub fn caution(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
+    if c.verdict == Verdict::Diverged {
+        return None;
+    }
+    let n = a.clip_norms.len().min(b.clip_norms.len());
+    let pairs: Option<Vec<_>> = (0..n)
+        .map(|s| {
+            let ((ta, ma), (tb, mb)) = (a.clip_norms[s]?, b.clip_norms[s]?);
+            (ta > ma && tb > mb && ta > 0.0).then_some((ta, tb, ma))
+        })
+        .collect();
+    let pairs = pairs.filter(|p| !p.is_empty())?;
+    let (ta, tb, max) = pairs[0];
+    let r = tb / ta;
+    let steady = pairs.iter().all(|&(x, y, _)| ((y / x) / r - 1.0).abs() <= 1e-3);
+    if !steady || (r - 1.0).abs() <= 1e-2 {
+        return None;
+    }
+    let whole = |v: f64| v >= 1.5 && (v - v.round()).abs() <= 1e-3 * v;
+    let fix = if whole(r) || whole(1.0 / r) { loss_scaling_fix(cx) } else { "a uniform factor".to_string() };
+    Some(Diagnosis {
+        reason: Reason::HiddenFactor,
+        detail: format!(
+            "clipping hid a {r:.4}x factor: {}'s total gradient norm before clipping was {r:.4}x {}'s at every one \
+             of the {} steps (step 0: {tb:.4} vs {ta:.4}, max_norm {max}); both were clipped to the same gradients, \
+             so the runs agree only while clipping is active and part once the norm falls under max_norm; {fix}",
+            c.right,
+            c.left,
+            pairs.len()
+        ),
+    })
+}
+
 /// Accumulation vs the big batch. `runs_agree`: accumulation and DDP were found
 /// equivalent, so a mismatch here is a mistake both make alike (a normalisation), not a
 /// sampler's.

@@ -12,7 +12,7 @@ mod ulps;
 
 pub use carried::adamw_finals;
 pub use comparer::{compare, Comparer};
-pub use diagnose::{big_batch as diagnose_big_batch, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
+pub use diagnose::{big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
 pub use reason::Reason;

@@ -49,6 +49,9 @@ pub struct Outcome {
     /// The kernels gave other bits for the same micro-batch (`train::repeat_check`): no
     /// verdict, nothing was trained or compared.
     pub no_verdict: Option<Unrepeatable>,
+    /// An equivalence that holds only for now (a factor clipping hides at every step): said
+    /// beside the verdict, which it does not change.
+    pub caution: Option<Diagnosis>,
 }
 
 /// The third run: one process, one micro-batch of all a step's samples, normalised over
@@ -236,6 +239,17 @@ impl Judging {
         };
         let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
         let subject = Subject::Run(Box::new(self.config));
-        Outcome { subject, accumulation, ddp, runs, big_batch, golden, golden_torch, diagnosis, no_verdict: None }
+        Outcome {
+            subject,
+            accumulation,
+            ddp,
+            runs,
+            big_batch,
+            golden,
+            golden_torch,
+            diagnosis,
+            no_verdict: None,
+            caution: None,
+        }
     }
 }

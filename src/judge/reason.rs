@@ -28,10 +28,11 @@ pub enum Reason {
     OneProcess,
     OptimizerStep,
     Buffers,
+    HiddenFactor,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 23] = [
+    pub const ALL: [Reason; 24] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -55,6 +56,7 @@ impl Reason {
         Reason::OneProcess,
         Reason::OptimizerStep,
         Reason::Buffers,
+        Reason::HiddenFactor,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -83,6 +85,7 @@ impl Reason {
             Reason::OneProcess => "one process",
             Reason::OptimizerStep => "optimizer step",
             Reason::Buffers => "buffers",
+            Reason::HiddenFactor => "factor hidden by clipping",
         }
     }
 }

@@ -39,6 +39,9 @@ impl Exporter for Markdown {
         if let Some(d) = o.big_batch.as_ref().and_then(|b| b.diagnosis.as_ref()).filter(|_| o.diagnosis.is_none()) {
             let _ = writeln!(s, "**Likely cause (vs the big batch):** {}\n", d.detail);
         }
+        if let Some(d) = &o.caution {
+            let _ = writeln!(s, "**Caution:** {}\n", d.detail);
+        }
         let _ =
             writeln!(s, "| step | max \\|Δ\\| | max rel | max ulp | used | verdict |\n|---:|---:|---:|---:|---:|:---|");
         for (i, g) in o.runs.steps.iter().enumerate() {

@@ -134,6 +134,9 @@ impl Exporter for Table {
         if let Some(d) = o.big_batch.as_ref().and_then(|b| b.diagnosis.as_ref()).filter(|_| o.diagnosis.is_none()) {
             let _ = writeln!(s, "likely cause (vs the big batch): {}", d.detail);
         }
+        if let Some(d) = &o.caution {
+            let _ = writeln!(s, "caution: {}", d.detail);
+        }
         let cfg = o.config();
         if let Some((true, Some(dir))) = cfg.map(|c| (c.bless, &c.golden)) {
             let done =

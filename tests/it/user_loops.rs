@@ -92,6 +92,11 @@ fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
     let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.3");
     assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
     assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("clipping ran on ddp only"), "{bug}");
+    // Clipped on both sides at every step: the applied gradients agree (EQUIVALENT), and the
+    // 2x factor between the norms before clipping is said beside the verdict.
+    let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.01");
+    assert_eq!((code, bug["caution"]["reason"].as_str()), (Some(0), Some("factor hidden by clipping")), "{bug}");
+    assert!(bug["caution"]["detail"].as_str().unwrap().contains("was 2.0000x"), "{bug}");
 }
 
 /// The launchers users start their scripts with: their own options kept, the number of

@@ -127,6 +127,8 @@ class Session:
 
     def _post(self, optimizer, args, kwargs):
         # The weights this step made are seen by the next step's pre-hook, or by close().
+        if optimizer is not self._optimizer and self.recorder is not None:
+            self.recorder.saw_other_optimizer(optimizer)
         if optimizer is self._optimizer:
             self.recorder.step(optimizer)
             self.recorder.track_peaks(later=True)

@@ -171,6 +171,7 @@ class Recorder:
         self._clips = _clip.install()
         self._clip_seen = self._clips.calls
         self._syncs_seen = len(self._clips.ddp_syncs)
+        self._others = set()
 
     def _summer(self, name, param):
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
@@ -185,6 +186,10 @@ class Recorder:
             add_backward(self._sums, self._counts, name, grad, self._magnitudes)
 
         return hook
+
+    def saw_other_optimizer(self, optimizer):
+        """Another optimizer stepped: its parameters are not in this trace, and the report says so."""
+        self._others.add(f"{type(optimizer).__name__} at 0x{id(optimizer):x}")
 
     def count_from(self, clips, ddp_forwards):
         """Clips and DDP forwards counted from these marks (the hooks', set before the first
@@ -356,6 +361,8 @@ class Recorder:
         }
         if self._world > 1:
             meta.setdefault("ddp_forward", "none")
+        if self._others:
+            meta["unrecorded_optimizers"] = ", ".join(sorted(o.split(" at ")[0] for o in self._others))
         if rank_world()[0] == 0:
             self._keep()
             self._stream.close(meta)

@@ -134,3 +134,24 @@ def test_a_grad_scalers_skipped_step_is_recorded_with_its_scale(tmp_path):
     # 2^127 times a gradient overflows float32: skipped, halved until it fits.
     assert found[0] == 1.0 and scales[0] == 2.0**127 and scales[1] == 2.0**126, (scales, found)
     assert f"grads.2.0.weight" in t
+
+
+def test_a_second_optimizer_is_named_in_the_header(tmp_path):
+    # modded-nanogpt's way: one optimizer for the matrices, another for the rest. The first to
+    # step is recorded; the other's parameters are not, and the header says which stepped.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.Adam(model[2].parameters(), lr=0.1)
+    with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
+        for _ in range(2):
+            model(torch.ones(2, 3)).sum().backward()
+            first.step()
+            second.step()
+            first.zero_grad()
+            second.zero_grad()
+    tensors, meta = load(tmp_path / "t.safetensors")
+    assert meta["unrecorded_optimizers"] == "Adam" and meta["optimizer"] == "SGD"
+    # The innermost module holding the first optimizer's parameters: the first Linear.
+    assert sorted(k for k in tensors if k.startswith("final.")) == ["final.bias", "final.weight"]
+    assert torch.equal(tensors["grads.1.weight"], torch.ones(4, 3) * tensors["grads.1.weight"][:, :1])

@@ -249,6 +249,12 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
             "their own values (the traces carry no peak magnitudes)"
         }
     ));
+    if let Some(others) = pair.meta.iter().find_map(|m| m.get("unrecorded_optimizers")) {
+        lines.push(format!(
+            "not judged: the parameters of another optimizer that stepped ({others}); the recorder follows the \
+             first optimizer to step"
+        ));
+    }
     lines
 }
 

@@ -12,6 +12,8 @@ one process accumulating K batches sees exactly the samples of W processes accum
 `--bug mean-per-micro-batch` overrides compute_loss with the model's own mean over each
 micro-batch's tokens, dropping num_items_in_batch (Transformers PR 34191's class): accumulation
 and DDP agree, as both average per micro-batch, and only the big batch shows it.
+`--dropout 0.1` (GPT-2's default) trains with dropout on: the runs draw their own masks and
+cannot agree, and the report says so before anything finer.
 `--bug divide-by-accumulation` overrides compute_loss to divide the loss by
 gradient_accumulation_steps itself, as hand-written loops do: Trainer already normalises
 over the accumulation window (num_items_in_batch), so the loss is divided by K in one process
@@ -71,10 +73,11 @@ def main():
     p.add_argument("--batch", type=int, default=2, help="micro-batch size")
     p.add_argument("--out", default="out/transformers-example")
     p.add_argument("--bug", default=None, choices=["divide-by-accumulation", "mean-per-micro-batch"])
+    p.add_argument("--dropout", type=float, default=0.0, help="GPT-2's own default is 0.1")
     args = p.parse_args()
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=args.dropout,
+                        embd_pdrop=args.dropout, attn_pdrop=args.dropout)
     model = GPT2LMHeadModel(config)
     targs = TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.grad_accum,

@@ -16,7 +16,8 @@ Per optimizer step (`grads.<s>.<param>` and beside it):
   ddp_sync.<s>         int64, per DistributedDataParallel forward since the last step (grad
                        enabled): 1 where its backward was to be all-reduced, 0 where not
 and once: `peak.<param>`, `final.<param>`, `buffer.<name>`, and a string header with the world
-size, the optimizer's kind and settings, and the framework that called the step.
+size, the optimizer's kind and settings, the framework that called the step, and the dropout
+layers that train (runs with dropout draw their own masks).
 """
 import atexit
 import os
@@ -92,6 +93,13 @@ def _largest_sums(lists, dtype, device):
     return out
 
 
+def _active_dropout(module):
+    """The dropout that trains (layers with p > 0 in training mode), in words, or None: runs
+    with it draw their own masks, which compare must say before anything finer."""
+    ps = [m.p for m in module.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+    return f"{len(ps)} dropout layers, p up to {max(ps):g}" if ps else None
+
+
 def _framework():
     """Which framework called optimizer.step(), from the calling frames: it decides where
     clipping and loss division happen, so causes can name the right fix."""
@@ -143,6 +151,9 @@ class Recorder:
         if self._dtype not in DTYPES:
             raise ValueError(f"ddp_verify_trace: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
         self._meta = dict(meta or {})
+        dropout = _active_dropout(self._module)
+        if dropout:
+            self._meta["dropout"] = dropout
         rank, self._world = rank_world()
         if rank == 0 and not overwrite and os.path.exists(self.path):
             raise FileExistsError(f"{self.path} exists: pass overwrite=True to replace it, or remove it")

@@ -255,6 +255,9 @@ fn cause(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis
     if let Some(d) = step_record(a, b, c, cx, s) {
         return Some(d);
     }
+    if let Some(d) = user_dropout(a, b, c, s).filter(|_| !cx.ours) {
+        return Some(d);
+    }
     let (x, y) = (flat(xs), flat(ys));
     // Stale first: it only starts after step 0, and for a model whose gradient does not
     // depend on the weights it can also look like a constant ratio.
@@ -573,6 +576,9 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
     if let Some(d) = step_record(a, b, c, cx, s) {
         return Some(d);
     }
+    if let Some(d) = user_dropout(a, b, c, s).filter(|_| !cx.ours) {
+        return Some(d);
+    }
     let (x, y) = (flat(xs), flat(ys));
     let ratio = fitted_ratio(&y, &x, cx.eps);
     let diagnosis = |reason: Reason, detail: String| Some(Diagnosis { reason, detail });
@@ -639,6 +645,23 @@ fn step_record(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, s: usize) -> 
             "{l} and {r} drew step {s}'s dropout masks from different keys: masks must follow the samples \
              (seed, epoch, sample index, layer), not each rank's own counter or stream, or ranks repeat one \
              another's masks"
+        ),
+    })
+}
+
+/// A user's model that trains with dropout on (the recorder's `dropout` header): each run
+/// draws its own masks, DDP's ranks from their own generators, so no two runs apply the same
+/// gradients and nothing finer can be said of the difference.
+fn user_dropout(a: &Trace, b: &Trace, c: &Comparison, s: usize) -> Option<Diagnosis> {
+    let (label, layers) =
+        [(&c.left, a), (&c.right, b)].into_iter().find_map(|(l, t)| Some((l, t.meta.get("dropout")?)))?;
+    Some(Diagnosis {
+        reason: Reason::DropoutMasks,
+        detail: format!(
+            "step {s} differs by more than rounding, and {label}'s model trains with dropout on ({layers}): each run \
+             draws its own masks (DDP's ranks from their own random streams, the one process from one stream), so \
+             the runs apply different gradients whatever else is right; check with dropout off (p=0 for the check) \
+             to see the rest"
         ),
     })
 }

@@ -69,6 +69,9 @@ fn transformers_trainer_honest_is_equivalent_and_dividing_again_is_named() {
     assert_eq!(code, Some(1), "{bug}");
     assert_eq!(bug["runs"]["verdict"], "within-tolerance", "{bug}");
     assert_eq!(bug["big_batch"]["diagnosis"]["reason"], "per-micro-batch mean", "{bug}");
+    // GPT-2's default dropout: the runs draw their own masks, named before anything finer.
+    let (code, dropout) = zero_edit("transformers", "--grad-accum {local_acc_steps} --dropout 0.1");
+    assert_eq!((code, reason(&dropout)), (Some(1), "dropout masks"), "{dropout}");
     let (code, bug) = zero_edit("transformers", "--grad-accum {local_acc_steps} --bug divide-by-accumulation");
     assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
     assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("Trainer"), "{bug}");

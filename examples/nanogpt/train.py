@@ -9,6 +9,7 @@ as nanoGPT does) and records nothing itself.
 `--bug sync-after-forward` is build-nanogpt PR 30's: `require_backward_grad_sync` set after
 the forward, which DDP reads in the forward, so the last micro-step is never all-reduced.
 `--bug step-every-micro-batch` steps the optimizer after each micro-batch.
+`--optimizer adam|rmsprop` (AdamW by default): honest loops under other adaptive optimizers.
 `--bug forward-raw-model` calls nanoGPT's `raw_model` (DDP's `.module`) in the loop, so DDP
 never sees a forward and nothing all-reduces the gradients.
 """
@@ -73,6 +74,7 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "rmsprop"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--bug", default=None, choices=["sync-after-forward", "step-every-micro-batch", "forward-raw-model"])
     args = p.parse_args()
@@ -97,7 +99,11 @@ def main():
     if not ddp:
         sampler = AccumulationBatchSampler(len(dataset), world=args.world, batch_size=args.batch, shuffle=True, seed=0)
         loader = DataLoader(dataset, batch_sampler=sampler)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt = {
+        "adamw": lambda: torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
+        "adam": lambda: torch.optim.Adam(model.parameters(), lr=args.lr),
+        "rmsprop": lambda: torch.optim.RMSprop(model.parameters(), lr=args.lr / 3),
+    }[args.optimizer]()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         batches = iter(loader)

@@ -33,11 +33,11 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     let same_kind = kind_of(&a).is_some() && kind_of(&a) == kind_of(&b);
     // Under AdamW the final weights are held to what its steps make of each step's allowance.
     let finals_carried = crate::judge::adamw_finals(&a, &b, &tolerance, dtype).map(|bounds| a.allowed_finals = bounds);
-    let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None).derived(finals_carried.is_ok()).finish(
-        &a,
-        &b,
-        opts.strict_buffers || same_kind,
-    );
+    let finals_judged = finals_carried.is_ok() || crate::judge::finals_judged(&a, &b);
+    let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None)
+        .derived(finals_carried.is_ok())
+        .finals_judged(finals_judged)
+        .finish(&a, &b, opts.strict_buffers || same_kind);
     let meta_usize = |k: &str| [&a, &b].iter().find_map(|t| t.meta.get(k)?.parse::<usize>().ok());
     // BatchNorm or many layers: deep enough to amplify rounding from step to step.
     let chaos_possible = !a.buffers.is_empty() || a.finals.len() > 4;
@@ -102,8 +102,10 @@ fn judge_big_batch(
     acc.steps = a.steps.iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
     acc.scales = a.scales.iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
     let carried = crate::judge::adamw_finals(&acc, &big, tolerance, dtype).map(|b| acc.allowed_finals = b);
-    let comparison =
-        Comparer::new(label, "big batch", tolerance, None).derived(carried.is_ok()).finish(&acc, &big, false);
+    let comparison = Comparer::new(label, "big batch", tolerance, None)
+        .derived(carried.is_ok())
+        .finals_judged(carried.is_ok() || crate::judge::finals_judged(&acc, &big))
+        .finish(&acc, &big, false);
     let diagnosis =
         crate::judge::diagnose_big_batch(&acc, &big, &comparison, cx, runs != crate::judge::Verdict::Diverged);
     Ok(BigBatch { trace: big, comparison, diagnosis })

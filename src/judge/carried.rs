@@ -1,5 +1,6 @@
-//! Users' traces under AdamW: what the optimizer makes of each step's allowance, carried to
-//! the final weights as our own runs carry theirs (`train::AdamWTrack`).
+//! Users' traces under AdamW (and Adam without weight decay, the same steps): what the
+//! optimizer makes of each step's allowance, carried to the final weights as our own runs
+//! carry theirs (`train::AdamWTrack`).
 //!
 //! Adam divides by √v, so where a true gradient is zero (a softmax's key bias: a constant
 //! added to every score changes nothing) the recorded values are rounding noise of opposite
@@ -26,13 +27,17 @@ fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
         }
     };
     let optimizer = get("optimizer")?;
-    if optimizer != "AdamW" {
-        return Err(format!("the optimizer is {optimizer}"));
+    let num = |k: &str| get(k)?.trim().parse::<f64>().map_err(|_| format!("{k} is not a number"));
+    // Adam without weight decay is AdamW without it, step for step; with it, Adam adds the
+    // decay to the gradient (L2), a recurrence this bound does not carry.
+    let adam_as_adamw = optimizer == "Adam" && num("weight_decay").is_ok_and(|wd| wd == 0.0);
+    if optimizer != "AdamW" && !adam_as_adamw {
+        let with = if optimizer == "Adam" { " with weight decay" } else { "" };
+        return Err(format!("the optimizer is {optimizer}{with}"));
     }
     if get("amsgrad").is_ok_and(|v| v == "True") {
-        return Err("AdamW runs with amsgrad".into());
+        return Err(format!("{optimizer} runs with amsgrad"));
     }
-    let num = |k: &str| get(k)?.trim().parse::<f64>().map_err(|_| format!("{k} is not a number"));
     let betas: Vec<f64> = get("betas")?.split_whitespace().filter_map(|v| v.parse().ok()).collect();
     let [b1, b2] = betas[..] else { return Err("betas are not two numbers".into()) };
     if a.lrs.len() != a.steps.len() || b.lrs.len() != b.steps.len() {
@@ -56,6 +61,9 @@ fn tolerance_allowance(tol: &Tolerance, at: &Tensor, eps: f64) -> Tensor {
 
 /// Per final weight and element, what AdamW makes of the steps' fixed-tolerance allowances,
 /// or why nothing can be carried (another optimizer, missing settings or learning rates).
+///
+/// Where nothing is carried, [`finals_judged`] says whether the fixed tolerance may judge
+/// the final weights at all.
 pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Result<Params, String> {
     let p = settings(a, b, dtype)?;
     let eps = dtype.epsilon();
@@ -111,4 +119,14 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
             Some((n.clone(), c.maximum(&tolerance_allowance(tol, &at, eps))))
         })
         .collect())
+}
+
+/// Whether final weights without a carried bound can be held to the fixed tolerance: under
+/// SGD (linear in the gradients, so rounding is not amplified) or where the traces do not
+/// say which optimizer ran. Any other optimizer (RMSprop, Adagrad, Adam with weight decay,
+/// NAdam, Lion, one of the user's) may divide by a running magnitude, which turns a zero
+/// gradient's rounding noise into full steps: its final weights are not judged, the
+/// gradients are.
+pub fn finals_judged(a: &Trace, b: &Trace) -> bool {
+    [a, b].iter().all(|t| t.meta.get("optimizer").is_none_or(|o| o == "SGD"))
 }

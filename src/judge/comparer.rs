@@ -20,6 +20,8 @@ pub struct Comparer {
     right_steps: usize,
     /// Some step was held to derived bounds.
     bounded: bool,
+    /// Compare the final weights (not where no bound holds them: `judge::finals_judged`).
+    finals: bool,
 }
 
 impl Comparer {
@@ -34,6 +36,7 @@ impl Comparer {
             left_steps: 0,
             right_steps: 0,
             bounded: false,
+            finals: true,
         }
     }
 
@@ -41,6 +44,12 @@ impl Comparer {
     /// of the fixed tolerance: the default, unless --max-ulps/--rtol/--atol were given.
     pub fn derived(mut self, on: bool) -> Self {
         self.derived = on;
+        self
+    }
+
+    /// Final weights are judged unless `on` is false (reported as not judged).
+    pub fn finals_judged(mut self, on: bool) -> Self {
+        self.finals = on;
         self
     }
 
@@ -98,9 +107,10 @@ impl Comparer {
         let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
         // A parted step applied in one run only: even in lockstep, which restarts weights and
         // scaler but not momentum or AdamW's moments, the final weights differ by it.
-        let finals = match range_parted.is_some() {
-            true => GroupDiff::not_judged(NotJudged::RangeParted),
-            false => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref()),
+        let finals = match (range_parted.is_some(), self.finals) {
+            (true, _) => GroupDiff::not_judged(NotJudged::RangeParted),
+            (false, false) => GroupDiff::not_judged(NotJudged::Optimizer),
+            (false, true) => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref()),
         };
         let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty())
             .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None));

@@ -10,7 +10,7 @@ mod outcome;
 mod reason;
 mod ulps;
 
-pub use carried::adamw_finals;
+pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
 pub use diagnose::{big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
@@ -78,6 +78,9 @@ pub enum NotJudged {
     BothSkipped,
     /// float16's range parted the runs here or before (`RangeParted`).
     RangeParted,
+    /// Users' traces: an optimizer no bound is carried through, which may amplify rounding
+    /// (`judge::finals_judged`); the gradients are judged.
+    Optimizer,
 }
 
 impl NotJudged {
@@ -85,6 +88,7 @@ impl NotJudged {
         match self {
             NotJudged::BothSkipped => "skipped by both loss scalers (inf/NaN)",
             NotJudged::RangeParted => "not judged: float16's range parted the runs",
+            NotJudged::Optimizer => "not judged: no bound is carried through the optimizer (the gradients are)",
         }
     }
 }

@@ -162,8 +162,12 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     if o.verdict() != Verdict::Diverged {
         let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
         let parted = all.iter().find_map(|c| c.range_parted.as_ref());
-        let what =
-            if parted.is_some() { "every judged gradient and weight" } else { "every gradient and final weight" };
+        let unjudged = all.iter().any(|c| c.finals.not_judged == Some(crate::judge::NotJudged::Optimizer));
+        let what = match (parted.is_some(), unjudged) {
+            (true, _) => "every judged gradient and weight",
+            (false, true) => "every gradient (final weights not judged)",
+            (false, false) => "every gradient and final weight",
+        };
         return format!(
             "EQUIVALENT: {what} within {bound} (worst: {} ulp, {} of the allowed difference){}",
             ulps(worst),

@@ -104,7 +104,15 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
     let log = o.out.join(format!("{}.log", leg.name));
     let what = format!("the {} leg ({})", leg.name, argv.join(" "));
     let timeout = Duration::try_from_secs_f64(o.timeout).unwrap_or(Duration::MAX);
-    let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what)?;
+    let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what);
+    // The leg is gone, whatever its end: a trace it was still streaming (stopped at the
+    // deadline or by Ctrl-C, which run no cleanup of the recorder's) goes with it.
+    for suffix in [".part", ".part2"] {
+        let mut part = trace.as_os_str().to_owned();
+        part.push(suffix);
+        let _ = std::fs::remove_file(part);
+    }
+    let status = status?;
     let written = trace.is_file();
     match (status.success(), written) {
         (true, true) => Ok(()),

@@ -227,6 +227,27 @@ fn a_failing_script_is_exit_3_naming_the_leg_and_its_error() {
     assert!(!t.path().join("out/accumulation.safetensors").exists());
 }
 
+/// A leg that hangs after recording steps is stopped at --timeout (exit 3), and the trace it
+/// was streaming goes with it: no `.part` is left in the output directory.
+#[test]
+fn a_hung_leg_is_stopped_and_leaves_no_partial_trace() {
+    let t = tempfile::tempdir().unwrap();
+    let script = t.path().join("hang.py");
+    let code = "import time, torch\nm = torch.nn.Linear(3, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n\
+                for _ in range(3):\n    m(torch.ones(2, 3)).sum().backward(); o.step(); o.zero_grad()\n\
+                time.sleep(600)\n";
+    std::fs::write(&script, code).unwrap();
+    let dir = t.path().join("out");
+    let python = repo(".venv/bin/python").display().to_string();
+    let args = ["--acc-steps", "2", "--gpus", "2", "--timeout", "6", "--save-trace", &dir.display().to_string()];
+    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    args.extend(["--".into(), python, script.display().to_string()]);
+    let out = ddp_verify(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["accumulation.log"], "{}", stderr(&out));
+}
+
 /// A "DDP" leg that ran as one process (`accelerate launch --cpu` without --multi_gpu): its
 /// trace says world size 1, and that is the cause named, not the step counts it leads to.
 #[test]

@@ -613,7 +613,14 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
                  accumulation agree: each micro-batch's loss is averaged over its own tokens (or samples) and then \
                  divided by K, so tokens of short micro-batches weigh more; sum the per-token losses and divide by \
                  the step's token count (over all micro-batches and ranks){}",
-                if cx.ours { "" } else { " (Transformers PR 34191: pass num_items_in_batch on to the loss)" }
+                if cx.ours {
+                    ""
+                } else {
+                    " (Transformers PR 34191: pass num_items_in_batch on to the loss); or the loss couples the \
+                     samples of a batch (a contrastive loss's in-batch negatives, BatchNorm's statistics), which one \
+                     big batch computes over all of them: then DDP matches accumulation, not a larger batch, unless \
+                     the ranks gather their samples"
+                }
             ),
         ),
         None => cause(a, b, c, cx),

@@ -182,7 +182,7 @@ class Recorder:
         self._clips = _clip.install()
         self._clip_seen = self._clips.calls
         self._syncs_seen = len(self._clips.ddp_syncs)
-        self._others = set()
+        self._others = {}  # id -> class name of each other optimizer that stepped
 
     def _summer(self, name, param):
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
@@ -200,7 +200,7 @@ class Recorder:
 
     def saw_other_optimizer(self, optimizer):
         """Another optimizer stepped: its parameters are not in this trace, and the report says so."""
-        self._others.add(f"{type(optimizer).__name__} at 0x{id(optimizer):x}")
+        self._others[id(optimizer)] = type(optimizer).__name__
 
     def count_from(self, clips, ddp_forwards):
         """Clips and DDP forwards counted from these marks (the hooks', set before the first
@@ -373,7 +373,7 @@ class Recorder:
         if self._world > 1:
             meta.setdefault("ddp_forward", "none")
         if self._others:
-            meta["unrecorded_optimizers"] = ", ".join(sorted(o.split(" at ")[0] for o in self._others))
+            meta["unrecorded_optimizers"] = ", ".join(sorted(self._others.values()))
         if rank_world()[0] == 0:
             self._keep()
             self._stream.close(meta)

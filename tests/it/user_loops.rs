@@ -36,6 +36,16 @@ fn reason(report: &serde_json::Value) -> &str {
     report["diagnosis"]["reason"].as_str().unwrap_or("none")
 }
 
+/// Runs an example with a planted bug and holds it NOT EQUIVALENT (exit 1) with `want` as
+/// the cause, whose detail says `says` where given.
+fn caught(example: &str, extra: &str, want: &str, says: Option<&str>) {
+    let (code, bug) = zero_edit(example, extra);
+    assert_eq!((code, reason(&bug)), (Some(1), want), "{bug}");
+    if let Some(phrase) = says {
+        assert!(bug["diagnosis"]["detail"].as_str().unwrap_or_default().contains(phrase), "{bug}");
+    }
+}
+
 /// An honest AdamW loop of an attention model: the key bias's true gradient is zero, its
 /// recorded values rounding noise that Adam turns into full steps; judged by the allowance
 /// carried through AdamW, not a false alarm.
@@ -43,17 +53,21 @@ fn reason(report: &serde_json::Value) -> &str {
 fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
     let (code, honest) = zero_edit("nanogpt", "--grad-accum {acc_steps}");
     assert_eq!(code, Some(0), "{honest}");
-    let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug sync-after-forward");
-    assert_eq!((code, reason(&bug)), (Some(1), "unsynchronised gradient"), "{bug}");
     // K=4 over 2 ranks: each rank's second micro-batch ran its forward with the flag False.
-    let detail = bug["diagnosis"]["detail"].as_str().unwrap();
-    assert!(detail.contains("micro-batch 2 of this rank's 2 ran the backward without DDP's all-reduce"), "{bug}");
-    let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug forward-raw-model");
-    assert_eq!((code, reason(&bug)), (Some(1), "unsynchronised gradient"), "{bug}");
-    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("no DistributedDataParallel forward ran"), "{bug}");
-    let (code, bug) = zero_edit("nanogpt", "--grad-accum {acc_steps} --bug step-every-micro-batch");
-    assert_eq!((code, reason(&bug)), (Some(1), "step count"), "{bug}");
-    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("neither run accumulates"), "{bug}");
+    let sync = "micro-batch 2 of this rank's 2 ran the backward without DDP's all-reduce";
+    caught("nanogpt", "--grad-accum {acc_steps} --bug sync-after-forward", "unsynchronised gradient", Some(sync));
+    caught(
+        "nanogpt",
+        "--grad-accum {acc_steps} --bug forward-raw-model",
+        "unsynchronised gradient",
+        Some("no DistributedDataParallel forward ran"),
+    );
+    caught(
+        "nanogpt",
+        "--grad-accum {acc_steps} --bug step-every-micro-batch",
+        "step count",
+        Some("neither run accumulates"),
+    );
 }
 
 /// Other adaptive optimizers on the same honest loop: Adam without weight decay carries
@@ -81,31 +95,38 @@ fn transformers_trainer_honest_is_equivalent_and_dividing_again_is_named() {
     assert_eq!(bug["runs"]["verdict"], "within-tolerance", "{bug}");
     assert_eq!(bug["big_batch"]["diagnosis"]["reason"], "per-micro-batch mean", "{bug}");
     // GPT-2's default dropout: the runs draw their own masks, named before anything finer.
-    let (code, dropout) = zero_edit("transformers", "--grad-accum {local_acc_steps} --dropout 0.1");
-    assert_eq!((code, reason(&dropout)), (Some(1), "dropout masks"), "{dropout}");
-    let (code, bug) = zero_edit("transformers", "--grad-accum {local_acc_steps} --bug divide-by-accumulation");
-    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
-    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("Trainer"), "{bug}");
+    caught("transformers", "--grad-accum {local_acc_steps} --dropout 0.1", "dropout masks", None);
+    caught(
+        "transformers",
+        "--grad-accum {local_acc_steps} --bug divide-by-accumulation",
+        "loss scaling",
+        Some("Trainer"),
+    );
 }
 
 #[test]
 fn lightning_honest_is_equivalent_and_dividing_again_is_named() {
     let (code, honest) = zero_edit("lightning", "--grad-accum {local_acc_steps} --gpus {gpus}");
     assert_eq!(code, Some(0), "{honest}");
-    let (code, bug) = zero_edit("lightning", "--grad-accum {local_acc_steps} --gpus {gpus} --bug divide-by-k");
-    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
-    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("Lightning"), "{bug}");
+    caught(
+        "lightning",
+        "--grad-accum {local_acc_steps} --gpus {gpus} --bug divide-by-k",
+        "loss scaling",
+        Some("Lightning"),
+    );
 }
 
 #[test]
 fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
     let (code, honest) = zero_edit("accelerate", "--grad-accum {local_acc_steps}");
     assert_eq!(code, Some(0), "{honest}");
-    let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug scheduler-per-process");
-    assert_eq!((code, reason(&bug)), (Some(1), "learning-rate schedule"), "{bug}");
-    let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.3");
-    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
-    assert!(bug["diagnosis"]["detail"].as_str().unwrap().contains("clipping ran on ddp only"), "{bug}");
+    caught("accelerate", "--grad-accum {local_acc_steps} --bug scheduler-per-process", "learning-rate schedule", None);
+    caught(
+        "accelerate",
+        "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.3",
+        "loss scaling",
+        Some("clipping ran on ddp only"),
+    );
     // Clipped on both sides at every step: the applied gradients agree (EQUIVALENT), and the
     // 2x factor between the norms before clipping is said beside the verdict.
     let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.01");

@@ -17,14 +17,26 @@ By hand, where a loop wants to say when (the recorder of earlier versions):
         optimizer.step()
     rec.close()             # final weights and buffers; writes the file (rank 0 only)
 
-File layout: see `recorder.py`. `DistributedSamplerMimic` deals one process the samples W
-ranks of DistributedSampler would see, step by step.
+A recording patches a few torch functions to watch training (`_watch`) and puts every one
+back when it closes, is abandoned or the script exits. Wrong arguments are refused at the
+call. File layout: see `recorder.py`. `AccumulationBatchSampler` deals one process the
+samples W ranks of DistributedSampler would see, step by step.
 """
+from __future__ import annotations
+
 import os
+import weakref
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from .hook import Session
-from .recorder import Recorder, rank_world, unwrap
+from .recorder import Magnitudes, PathLike, Recorder, rank_world, unwrap
 from .sampler import AccumulationBatchSampler, accumulation_order
+
+if TYPE_CHECKING:
+    from .frameworks import DDPVerifyCallback, DDPVerifyLightningCallback, LightningCallback, TrainerCallback
 
 __all__ = [
     "TraceRecorder",
@@ -32,21 +44,26 @@ __all__ = [
     "recording",
     "AccumulationBatchSampler",
     "accumulation_order",
+    "DDPVerifyCallback",
+    "DDPVerifyLightningCallback",
+    # Deprecated aliases of the two above.
     "TrainerCallback",
     "LightningCallback",
 ]
 __version__ = "0.2.0"
 
-_SESSION = None
+_CALLBACKS = ("DDPVerifyCallback", "DDPVerifyLightningCallback", "TrainerCallback", "LightningCallback")
+# The last record()'s session, while something else holds it (its hooks do while it records).
+_SESSION: weakref.ref[Session] | None = None
 
 
-def _check_int(key, value):
+def _check_int(key: str, value: Any) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"ddp_verify_trace: {key} must be a positive int, not {value!r}")
     return value
 
 
-def _header(acc_steps, steps_per_epoch):
+def _header(acc_steps: int | None, steps_per_epoch: int | None) -> dict[str, str]:
     meta = {}
     for key, value in (("acc_steps", acc_steps), ("steps_per_epoch", steps_per_epoch)):
         if _check_int(key, value) is not None:
@@ -54,25 +71,52 @@ def _header(acc_steps, steps_per_epoch):
     return meta
 
 
-def record(path, *, model=None, overwrite=False, magnitudes=None, acc_steps=None, steps_per_epoch=None):
+def _env_magnitudes() -> Magnitudes:
+    """DDP_VERIFY_MAGNITUDES, the default of record()'s magnitudes: "tensor" where unset."""
+    raw = os.environ.get("DDP_VERIFY_MAGNITUDES", "")
+    value = raw.strip().lower()
+    if value in ("", "tensor", "element"):
+        return value or "tensor"
+    if value in ("0", "false"):
+        return False
+    raise ValueError(f"ddp_verify_trace: DDP_VERIFY_MAGNITUDES={raw!r}: set it to tensor, element or false, or unset it")
+
+
+def record(
+    path: PathLike,
+    *,
+    model: torch.nn.Module | None = None,
+    overwrite: bool = False,
+    magnitudes: Magnitudes = None,
+    acc_steps: int | None = None,
+    steps_per_epoch: int | None = None,
+) -> Session:
     """Records this process's training to `path` from now on, with no other change to the
     script. `model`: only where the optimizer's parameters are held by several modules that
     are not wrappers of one another. `acc_steps`: K over all ranks, for the report.
     `magnitudes`: what rounding is measured at where micro-batch gradients cancel: "tensor"
     (the default: each backward's largest |gradient| per tensor, one read pass), "element"
     (the sum of |micro-batch gradient| per element, a copy per backward: finer, dearer; see
-    bench/recorder.py) or False; DDP_VERIFY_MAGNITUDES overrides the default."""
-    if magnitudes is None:
-        magnitudes = {"0": False, "false": False}.get(os.environ.get("DDP_VERIFY_MAGNITUDES", "tensor"),
-                                                      os.environ.get("DDP_VERIFY_MAGNITUDES", "tensor"))
+    bench/recorder.py) or False; DDP_VERIFY_MAGNITUDES overrides the default.
+
+    Raises at the call where an argument is wrong (ValueError) or `path` exists without
+    overwrite=True (FileExistsError); RuntimeError while an earlier record() records."""
     global _SESSION
-    if _SESSION is not None and _SESSION.recorder is not None and _SESSION.recorder.state == "open":
-        raise RuntimeError(f"ddp_verify_trace: already recording to {_SESSION.path}")
-    _SESSION = Session(path, overwrite=overwrite, magnitudes=magnitudes, meta=_header(acc_steps, steps_per_epoch), model=model)
-    return _SESSION.start()
+    last = _SESSION() if _SESSION is not None else None
+    if last is not None and last.recorder is not None and last.recorder.state == "open":
+        raise RuntimeError(
+            f"ddp_verify_trace: already recording to {last.path}: close that recording first "
+            "(.close() on what record() returned)"
+        )
+    if magnitudes is None:
+        magnitudes = _env_magnitudes()
+    meta = _header(acc_steps, steps_per_epoch)
+    session = Session(path, overwrite=overwrite, magnitudes=magnitudes, meta=meta, model=model)
+    _SESSION = weakref.ref(session.start())
+    return session
 
 
-def recording(path, **kwargs):
+def recording(path: PathLike, **kwargs: Any) -> Session:
     """`with recording(path): train()`: records the steps inside, writes the file at the end
     (nothing if the block raises)."""
     return record(path, **kwargs)
@@ -88,43 +132,53 @@ class TraceRecorder:
     magnitudes: also record `scale.<step>.<param>`, the sum of |micro-batch gradient| behind
       each step's gradient, which rounding differences are relative to where terms cancel.
     acc_steps, steps_per_epoch: stored in the header when given, for the report.
+    Wrong arguments raise here; torch is patched from here until close() (or the with block's end).
     """
 
     def __init__(
-        self, model, path, *, optimizer=None, overwrite=False, magnitudes=True, acc_steps=None, steps_per_epoch=None
-    ):
+        self,
+        model: torch.nn.Module,
+        path: PathLike,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        overwrite: bool = False,
+        magnitudes: Magnitudes = True,
+        acc_steps: int | None = None,
+        steps_per_epoch: int | None = None,
+    ) -> None:
         self._optimizer = optimizer
         self._rec = Recorder(model, path, overwrite=overwrite, magnitudes=magnitudes, meta=_header(acc_steps, steps_per_epoch))
         self.path = self._rec.path
 
-    def step(self):
+    def step(self) -> None:
         """Call right before optimizer.step(), on every rank: records the gradients it applies."""
         self._rec.check_open("step()")
         self._rec.track_peaks()
         self._rec.step(self._optimizer)
 
-    def close(self):
+    def close(self) -> None:
         """Records the final weights and buffers and writes the file (rank 0 only); on every rank."""
         self._rec.close()
 
-    def __enter__(self):
+    def __enter__(self) -> TraceRecorder:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
-        # A run that raised is no run to compare: nothing is written.
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # A run that raised is no run to compare: nothing is written (and the exception goes on).
         if self._rec.state == "open":
             if exc_type is None:
                 self.close()
             else:
                 self._rec.finish("abandoned by an exception in its with block")
-        return False
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # Framework callbacks subclass the framework's own class: built on first use, so the
     # package imports without them.
-    if name in ("TrainerCallback", "LightningCallback"):
+    if name in _CALLBACKS:
         from . import frameworks
 
         return getattr(frameworks, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

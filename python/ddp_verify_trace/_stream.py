@@ -14,11 +14,14 @@ streamed bytes are copied once into a new file. Small tensors are placed in orde
 increasing item size, ending at an 8-aligned offset, so every tensor's offset in the file
 is a multiple of its item size.
 """
+from __future__ import annotations
+
 import json
 import os
 import queue
 import struct
 import threading
+from typing import IO, Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -34,24 +37,25 @@ class Stream:
     (through `path.part`, renamed: a crash never leaves a half-written trace at `path`).
     `later` runs other work on the writer thread, in order; `settle` waits for all of it."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         self._part = path + ".part"
         self._file = open(self._part, "w+b")
         self._file.seek(RESERVED)
         self._written = 0  # bytes streamed so far
-        self._entries = {}  # name -> (dtype, shape, start, end) within the streamed bytes
-        self._small = {}
-        self._free = queue.Queue()
+        # name -> (dtype, shape, start, end) within the streamed bytes
+        self._entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+        self._small: dict[str, torch.Tensor] = {}
+        self._free: queue.Queue[torch.Tensor] = queue.Queue()
         for _ in range(2):
             self._free.put(torch.empty(0, dtype=torch.uint8))
         # At most two steps wait for the disk: a slow disk slows training, memory stays bounded.
-        self._jobs = queue.Queue(maxsize=2)
-        self._error = None
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=2)
+        self._error: Exception | None = None
         self._thread = threading.Thread(target=self._work, name="ddp-verify-trace writer", daemon=True)
         self._thread.start()
 
-    def _work(self):
+    def _work(self) -> None:
         while True:
             job = self._jobs.get()
             try:
@@ -63,22 +67,22 @@ class Stream:
             finally:
                 self._jobs.task_done()
 
-    def _check(self):
+    def _check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"ddp_verify_trace: writing {self._part} failed: {self._error}") from self._error
 
-    def later(self, job):
+    def later(self, job: Callable[[], None]) -> None:
         self._check()
         self._jobs.put(job)
 
-    def busy(self):
+    def busy(self) -> bool:
         return self._jobs.unfinished_tasks > 0
 
-    def settle(self):
+    def settle(self) -> None:
         self._jobs.join()
         self._check()
 
-    def put(self, copied, lent=()):
+    def put(self, copied: Sequence[tuple[str, torch.Tensor]], lent: Iterable[tuple[str, torch.Tensor]] = ()) -> None:
         """One step's big tensors. `copied` are copied now (training goes on changing them);
         `lent` are written as they are, and training must not change them until `settle`
         (the recorder lends gradients that the loop sets to None after the step). Every
@@ -104,7 +108,7 @@ class Stream:
             kept.append((name, t.detach(), t._version))
         self._written += at
 
-        def write():
+        def write() -> None:
             try:
                 if self._error is not None:  # the file is lost already; the buffer comes back
                     return
@@ -121,19 +125,19 @@ class Stream:
 
         self._jobs.put(write)
 
-    def _entry(self, name, t, at, size):
+    def _entry(self, name: str, t: torch.Tensor, at: int, size: int) -> None:
         start = self._written + at
         self._entries[name] = (t.dtype, tuple(t.shape), start, start + size)
 
-    def keep(self, name, tensor):
+    def keep(self, name: str, tensor: torch.Tensor) -> None:
         """A small tensor, which the caller owns and never changes (it is not copied)."""
         self._small[name] = tensor.detach().cpu().contiguous()
 
-    def _drain(self):
+    def _drain(self) -> None:
         self._jobs.put(None)
         self._thread.join()
 
-    def close(self, metadata):
+    def close(self, metadata: dict[str, str]) -> None:
         self._drain()
         self._check()
         small = sorted(self._small.items(), key=lambda kv: (kv[1].element_size(), kv[0]))
@@ -157,7 +161,7 @@ class Stream:
         os.replace(self._part, self.path)
 
     @staticmethod
-    def _write_front(f, text, buffer_at, small):
+    def _write_front(f: IO[bytes], text: bytes, buffer_at: int, small: list[tuple[str, torch.Tensor]]) -> None:
         """The header, padded to end at `buffer_at`, then the small tensors."""
         f.seek(0)
         f.write(struct.pack("<Q", buffer_at - 8))
@@ -165,7 +169,7 @@ class Stream:
         for _, t in small:
             f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
 
-    def _rewrite(self, text, small_bytes, small):
+    def _rewrite(self, text: bytes, small_bytes: int, small: list[tuple[str, torch.Tensor]]) -> None:
         """The header outgrew the room before the streamed bytes: one copy into a new file."""
         fresh = self._part + "2"
         # The streamed bytes must start 8-aligned: pad the header so that they do.
@@ -182,7 +186,7 @@ class Stream:
         self._file.close()
         os.replace(fresh, self._part)
 
-    def abandon(self):
+    def abandon(self) -> None:
         """No trace: the writer stops and the partial file goes."""
         self._drain()
         self._file.close()
@@ -192,5 +196,5 @@ class Stream:
             pass
 
 
-def _entry(dtype, shape, start, end):
+def _entry(dtype: torch.dtype, shape: Sequence[int], start: int, end: int) -> dict[str, Any]:
     return {"dtype": _NAMES[dtype], "shape": list(shape), "data_offsets": [start, end]}

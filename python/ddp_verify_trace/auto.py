@@ -6,11 +6,20 @@
   DDP_VERIFY_ACC_STEPS         K over all ranks
   DDP_VERIFY_LOCAL_ACC_STEPS   micro-batches per optimizer step in this process (K, or K/W)
   DDP_VERIFY_WORLD             the DDP world size the legs compare against
+  DDP_VERIFY_MAGNITUDES        optional: tensor (default), element or false
+
+A setting `record()` refuses raises here, at start-up, never inside the script's training:
+Python reports it ("Error in sitecustomize", then the error's one line) and runs the script
+unrecorded, and ddp-verify then says the leg recorded no step and where its log is.
 """
+from __future__ import annotations
+
 import os
 
+from .hook import Session
 
-def start():
+
+def start() -> Session:
     import ddp_verify_trace
 
     env = os.environ

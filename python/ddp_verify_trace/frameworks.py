@@ -2,11 +2,19 @@
 step hooks as `record()` when training begins and writes the trace when it ends: the hook
 fires once per real optimizer step, after accumulation, the all-reduce and clipping, the
 same place in every framework (Trainer's on_pre_optimizer_step fires after clipping,
-Lightning's on_before_optimizer_step before it, so neither is used)."""
+Lightning's on_before_optimizer_step before it, so neither is used).
+
+Their arguments are `record()`'s, checked when the callback is made. `TrainerCallback` and
+`LightningCallback` are deprecated aliases: the first is also the name of Transformers' own
+base class."""
+from __future__ import annotations
+
+from typing import Any
+
 from .hook import Session
 
 
-def _session(path, kwargs):
+def _session(path: Any, kwargs: dict[str, Any]) -> Session:
     from . import _header
 
     meta = _header(kwargs.pop("acc_steps", None), kwargs.pop("steps_per_epoch", None))
@@ -16,45 +24,50 @@ def _session(path, kwargs):
 try:
     import transformers
 
-    class TrainerCallback(transformers.TrainerCallback):
-        """`Trainer(..., callbacks=[TrainerCallback("out/ddp.safetensors")])`."""
+    class DDPVerifyCallback(transformers.TrainerCallback):
+        """`Trainer(..., callbacks=[DDPVerifyCallback("out/ddp.safetensors")])`."""
 
-        def __init__(self, path, **kwargs):
+        def __init__(self, path: Any, **kwargs: Any) -> None:
             self._session = _session(path, kwargs)
 
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             self._session.start()
 
-        def on_train_end(self, args, state, control, **kwargs):
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._session.close()
 
 except ImportError:  # pragma: no cover - without transformers
 
-    class TrainerCallback:
-        def __init__(self, *args, **kwargs):
-            raise ImportError("ddp_verify_trace.TrainerCallback needs transformers (pip install transformers)")
+    class DDPVerifyCallback:  # type: ignore[no-redef]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ImportError("ddp_verify_trace.DDPVerifyCallback needs transformers (pip install transformers)")
 
 
 try:
     try:
         from lightning.pytorch.callbacks import Callback as _LightningBase
     except ImportError:
-        from pytorch_lightning.callbacks import Callback as _LightningBase
+        from pytorch_lightning.callbacks import Callback as _LightningBase  # type: ignore[no-redef,assignment]
 
-    class LightningCallback(_LightningBase):
-        """`L.Trainer(..., callbacks=[LightningCallback("out/ddp.safetensors")])`."""
+    class DDPVerifyLightningCallback(_LightningBase):
+        """`L.Trainer(..., callbacks=[DDPVerifyLightningCallback("out/ddp.safetensors")])`."""
 
-        def __init__(self, path, **kwargs):
+        def __init__(self, path: Any, **kwargs: Any) -> None:
             self._session = _session(path, kwargs)
 
-        def on_train_start(self, trainer, pl_module):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self._session.start()
 
-        def on_train_end(self, trainer, pl_module):
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self._session.close()
 
 except ImportError:  # pragma: no cover - without lightning
 
-    class LightningCallback:
-        def __init__(self, *args, **kwargs):
-            raise ImportError("ddp_verify_trace.LightningCallback needs lightning (pip install lightning)")
+    class DDPVerifyLightningCallback:  # type: ignore[no-redef]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ImportError("ddp_verify_trace.DDPVerifyLightningCallback needs lightning (pip install lightning)")
+
+
+# Deprecated aliases, the names of earlier versions.
+TrainerCallback = DDPVerifyCallback
+LightningCallback = DDPVerifyLightningCallback

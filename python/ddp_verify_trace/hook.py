@@ -5,17 +5,27 @@ optimizer.step() (a plain loop, Trainer, Lightning, Accelerate, Colossal-AI).
 The gradient is taken in the step's post-hook: frameworks that pass a closure (Lightning)
 run the last micro-batch's backward and the clipping inside optimizer.step(), after the
 pre-hook; the optimizers leave `.grad` as they applied it. The weights' peaks are taken in
-the pre-hook, before the step moves them."""
+the pre-hook, before the step moves them.
+
+A session changes nothing in torch or Python that it does not undo: the patches of `_watch`,
+the step hooks, the tensor hooks, an exit handler, and from its first step a sys.excepthook
+are all taken out when it closes, is abandoned, or the interpreter exits with it open."""
+from __future__ import annotations
+
+import atexit
 import gc
-import os
+import sys
 import warnings
+from types import TracebackType
+from typing import Any, Callable
 
 import torch
 
-from .recorder import Recorder, _framework, add_backward, close_at_exit, unwrap
+from . import _watch
+from .recorder import Magnitudes, PathLike, Recorder, _framework, add_backward, check_magnitudes, check_path, unwrap
 
 
-def _owner(params):
+def _owner(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
     """The innermost module that holds every parameter the optimizer steps: the user's model
     inside any wrapper (DDP, Lightning's module, Accelerate's), so both runs name alike."""
     want = {id(p) for p in params}
@@ -41,62 +51,60 @@ def _owner(params):
 
 
 class Session:
-    """One recording: hooks installed by `start`, the trace written by `close` (or at exit)."""
+    """One recording: hooks installed by `start`, the trace written by `close` (or at exit).
+    Its arguments are checked here, at the call: a wrong one stops the script before it
+    trains, not inside its first optimizer step."""
 
-    def __init__(self, path, *, overwrite=False, magnitudes=True, meta=None, model=None):
-        self.path = os.fspath(path)
-        self._kw = dict(overwrite=overwrite, magnitudes=magnitudes)
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        overwrite: bool = False,
+        magnitudes: Magnitudes = True,
+        meta: dict[str, str] | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> None:
+        self.path = check_path(path, overwrite)
+        self._kw: dict[str, Any] = dict(overwrite=overwrite, magnitudes=check_magnitudes(magnitudes))
         self._meta = dict(meta or {})
         self._model = model
-        self._optimizer = None
-        self.recorder = None
-        self._handles = []
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.recorder: Recorder | None = None
+        self._state = "new"  # then "started", then "ended"
+        self._watch: _watch.Watch | None = None
+        self._handles: list[Any] = []
         # Before the model is known: magnitudes of each backward, by parameter identity.
-        self._early = {}
-        self._early_counts = {}
-        self._early_hooks = []
+        self._early: dict[int, Any] = {}
+        self._early_counts: dict[int, int] = {}
+        self._early_hooks: list[Any] = []
+        # (our sys.excepthook, the one it replaced), from the first step; set when it ran.
+        self._excepthook: tuple[Callable[..., None], Callable[..., None]] | None = None
+        self._crashed = False
 
-    def start(self):
+    def start(self) -> Session:
+        """Hooks every optimizer step from now on; the first one says which model is recorded."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        from . import _clip
-
+        if self._state != "new":
+            raise RuntimeError(f"ddp_verify_trace: the recording to {self.path} was started before: start a new one")
+        self._state = "started"
         # Before training: the first epoch's set_epoch, clips, DDP forwards and skipped steps
         # are seen, and the first step's clips and forwards are counted from here.
-        state = _clip.install()
-        state.on_skip = self._skipped
-        self._marks = (state.calls, len(state.ddp_syncs))
+        self._watch = _watch.open_watch()
+        self._watch.on_skip = self._skipped
+        self._watch.on_optimizer = self._hook_early
         self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
-        self._watch_new_optimizers()
-        return self
-
-    def _watch_new_optimizers(self):
-        """Hooks every parameter of each optimizer that exists or is built from now on, so the
-        first step's micro-batch magnitudes are kept before the model is known."""
-        original = torch.optim.Optimizer.__init__
-        session = self
-
-        def __init__(opt, *args, **kwargs):
-            original(opt, *args, **kwargs)
-            session._watch(opt)
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for obj in gc.get_objects():
                 if isinstance(obj, torch.optim.Optimizer):
-                    self._watch(obj)
+                    self._hook_early(obj)
+        atexit.register(self._at_exit)
+        return self
 
-        __init__.__wrapped__ = original
-        torch.optim.Optimizer.__init__ = __init__
-
-        def restore():
-            # Only our own patch is undone, and only once.
-            if torch.optim.Optimizer.__init__ is __init__:
-                torch.optim.Optimizer.__init__ = original
-
-        self._restore_init = restore
-
-    def _watch(self, opt):
+    def _hook_early(self, opt: torch.optim.Optimizer) -> None:
+        """Hooks every parameter of an optimizer that exists or is built before the first
+        step, so that step's micro-batch magnitudes are kept before the model is known."""
         if self.recorder is not None or self._optimizer is not None:
             return
         for group in getattr(opt, "param_groups", []):
@@ -105,45 +113,46 @@ class Session:
                     self._early_counts[id(p)] = 0
                     self._early_hooks.append(p.register_hook(self._early_hook(id(p))))
 
-    def _early_hook(self, key):
-        how = {True: "element"}.get(self._kw["magnitudes"], self._kw["magnitudes"])
+    def _early_hook(self, key: int) -> Callable[[torch.Tensor], None]:
+        how = self._kw["magnitudes"]
         return lambda grad: add_backward(self._early, self._early_counts, key, grad, how)
 
-    def _pre(self, optimizer, args, kwargs):
+    def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._optimizer is None:
             self._begin(optimizer)
-        if optimizer is self._optimizer:
+        if optimizer is self._optimizer and self.recorder is not None:
             self.recorder.settle()
 
-    def _skipped(self, optimizer, scale):
+    def _skipped(self, optimizer: torch.optim.Optimizer, scale: float) -> None:
         # A GradScaler found inf/NaN and skipped the step: recorded as a step all the same,
         # as ddp-verify's own runs record it, so both runs' skips line up.
         if self._optimizer is None:
             self._begin(optimizer)
-        if optimizer is self._optimizer and self.recorder.state == "open":
+        if optimizer is self._optimizer and self.recorder is not None and self.recorder.state == "open":
             self.recorder.settle()
             self.recorder.track_peaks()
             self.recorder.step(optimizer, skipped=True)
 
-    def _post(self, optimizer, args, kwargs):
+    def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # The weights this step made are seen by the next step's pre-hook, or by close().
-        if optimizer is not self._optimizer and self.recorder is not None:
+        if self.recorder is None:
+            return
+        if optimizer is not self._optimizer:
             self.recorder.saw_other_optimizer(optimizer)
-        if optimizer is self._optimizer:
+        else:
             self.recorder.step(optimizer)
             self.recorder.track_peaks(later=True)
 
-    def _begin(self, optimizer):
+    def _begin(self, optimizer: torch.optim.Optimizer) -> None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         model = unwrap(self._model) if self._model is not None else _owner(params)
         if model is None:
             raise RuntimeError("ddp_verify_trace: no nn.Module holds the optimizer's parameters; pass model=")
         ids = {id(p) for p in params}
         named = [(n, p) for n, p in model.named_parameters() if id(p) in ids]
-        self._optimizer = optimizer
         meta = {"framework": _framework(), "recorded_by": "optimizer step hooks", **self._meta}
-        self.recorder = Recorder(model, self.path, meta=meta, params=named, **self._kw)
-        self.recorder.count_from(*self._marks)
+        self.recorder = Recorder(model, self.path, meta=meta, params=named, watch=self._watch, **self._kw)
+        self._optimizer = optimizer
         names = {id(p): n for n, p in named}
         self.recorder.take_sums(
             {names[k]: v for k, v in self._early.items() if k in names},
@@ -152,37 +161,69 @@ class Session:
         for h in self._early_hooks:
             h.remove()
         self._early_hooks, self._early, self._early_counts = [], {}, {}
-        self._restore_init()
-        close_at_exit(self.recorder)
+        if self._watch is not None:
+            self._watch.on_optimizer = None
+        self._catch_crash()
 
-    def _unhook(self):
+    def _catch_crash(self) -> None:
+        """An exception that ends the script leaves no trace at exit. Set at the first step,
+        over whatever hook the script's imports set (some replace it without chaining)."""
+        previous = sys.excepthook
+
+        def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+            self._crashed = True
+            previous(kind, value, tb)
+
+        sys.excepthook = excepthook
+        self._excepthook = (excepthook, previous)
+
+    def _at_exit(self) -> None:
+        # A trace on disk is a run that finished: written where the run stepped, nothing
+        # closed it and no exception ended the script; the streamed part goes otherwise.
+        rec = self.recorder
+        if rec is not None and rec.state == "open" and rec.steps and not self._crashed:
+            self._end(None, at_exit=True)
+        else:
+            self._end("abandoned at exit", at_exit=True)
+
+    def _end(self, why: str | None, at_exit: bool = False) -> None:
+        """Undoes everything `start` and the first step did, then writes the trace (`why`
+        None) or abandons it."""
         for h in self._handles + self._early_hooks:
             h.remove()
         self._handles, self._early_hooks = [], []
-        self._restore_init()
-        from . import _clip
+        if self._watch is not None:
+            self._watch.close()
+        if self._excepthook is not None:
+            ours, previous = self._excepthook
+            if sys.excepthook is ours:  # not where another hook was set over it since
+                sys.excepthook = previous
+            self._excepthook = None
+        if not at_exit:  # atexit runs the handler now; removing it there is not needed
+            atexit.unregister(self._at_exit)
+        self._state = "ended"
+        if self.recorder is not None and self.recorder.state == "open":
+            if why is None:
+                self.recorder.close()
+            else:
+                self.recorder.finish(why)
 
-        if _clip.install().on_skip == self._skipped:
-            _clip.install().on_skip = None
-
-    def close(self):
+    def close(self) -> None:
         """Writes the trace (rank 0) and removes the hooks; nothing is written without a step."""
-        self._unhook()
-        if self.recorder is not None and self.recorder.state == "open":
-            self.recorder.close()
+        self._end(None)
 
-    def abandon(self, why):
-        self._unhook()
-        if self.recorder is not None and self.recorder.state == "open":
-            self.recorder.finish(why)
+    def abandon(self, why: str) -> None:
+        """Writes nothing (a streamed part is removed) and removes the hooks."""
+        self._end(why)
 
-    def __enter__(self):
+    def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
-        # A run that raised is no run to compare: nothing is written.
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # A run that raised is no run to compare: nothing is written (and the exception goes on).
         if exc_type is None:
             self.close()
         else:
             self.abandon("abandoned by an exception in its with block")
-        return False

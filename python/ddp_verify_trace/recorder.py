@@ -19,13 +19,17 @@ and once: `peak.<param>`, `final.<param>`, `buffer.<name>`, and a string header 
 size, the optimizer's kind and settings, the framework that called the step, and the dropout
 layers that train (runs with dropout draw their own masks).
 """
-import atexit
+from __future__ import annotations
+
 import os
 import sys
+from types import FrameType
+from typing import Any, Union
 
 import torch
 import torch.distributed as dist
-from . import _clip
+
+from . import _watch
 from ._stream import Stream
 
 FORMAT = "ddp-verify-trace/1"
@@ -37,7 +41,7 @@ _BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16:
 _SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize")
 
 
-def rank_world():
+def rank_world() -> tuple[int, int]:
     """(rank, world size). Before init_process_group (or after its destroy) torchrun's RANK
     still says which process is rank 0, so only one of them ever touches the file."""
     if dist.is_available() and dist.is_initialized():
@@ -45,26 +49,26 @@ def rank_world():
     return int(os.environ.get("RANK", "0")), 1
 
 
-def _host(t):
+def _host(t: torch.Tensor) -> torch.Tensor:
     """A detached contiguous CPU copy: never a view of a tensor training goes on changing."""
     return t.detach().to("cpu", copy=True).contiguous()
 
 
-def _owns_memory(g):
+def _owns_memory(g: torch.Tensor) -> bool:
     """A CPU tensor alone in its memory: no bucket view that DDP writes into again."""
     return g.device.type == "cpu" and g._base is None and g.is_contiguous() and (
         g.untyped_storage().nbytes() == g.numel() * g.element_size()
     )
 
 
-def _bits(g):
+def _bits(g: torch.Tensor) -> torch.Tensor:
     """A checksum of a tensor's bits, in one pass: equal gradients give equal sums, and a
     gradient part of which was never all-reduced differs in many elements, whose bit
     patterns do not cancel."""
     return g.detach().contiguous().view(_BITS[g.dtype]).sum(dtype=torch.int64)
 
 
-def add_backward(sums, counts, key, grad, how):
+def add_backward(sums: dict[Any, Any], counts: dict[Any, int], key: Any, grad: torch.Tensor, how: str | None) -> None:
     """One backward's gradient of one parameter: counted, and its magnitude added to `sums`
     per element (`how` "element") or as its largest |value| ("tensor"), in at least float32,
     so that many half-precision terms keep their sum."""
@@ -81,7 +85,9 @@ def add_backward(sums, counts, key, grad, how):
     sums[key] = g if total is None else total.add_(g)
 
 
-def _largest_sums(lists, dtype, device):
+def _largest_sums(
+    lists: list[list[tuple[torch.Tensor, torch.Tensor]]], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """Per parameter, the sum over its backwards of max |gradient|, from their aminmax pairs,
     in a handful of operations for all of them."""
     index = torch.tensor([i for i, pairs in enumerate(lists) for _ in pairs], dtype=torch.int64, device=device)
@@ -93,18 +99,18 @@ def _largest_sums(lists, dtype, device):
     return out
 
 
-def _active_dropout(module):
+def _active_dropout(module: torch.nn.Module) -> str | None:
     """The dropout that trains (layers with p > 0 in training mode), in words, or None: runs
     with it draw their own masks, which compare must say before anything finer."""
     ps = [m.p for m in module.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
     return f"{len(ps)} dropout layers, p up to {max(ps):g}" if ps else None
 
 
-def _framework():
+def _framework() -> str:
     """Which framework called optimizer.step(), from the calling frames: it decides where
     clipping and loss division happen, so causes can name the right fix."""
-    frame = sys._getframe(2)
-    seen = set()
+    frame: FrameType | None = sys._getframe(2)
+    seen: set[str] = set()
     while frame is not None:
         mod = frame.f_globals.get("__name__", "")
         for name in ("lightning", "pytorch_lightning", "transformers", "accelerate", "colossalai"):
@@ -118,7 +124,7 @@ def _framework():
     return "plain"
 
 
-def unwrap(module):
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The user's own module inside DDP's, Accelerate's, Colossal-AI's or torch.compile's
     wrappers: their names are what both runs share."""
     while True:
@@ -131,13 +137,65 @@ def unwrap(module):
             return module
 
 
+# What a trace's path may be given as.
+PathLike = Union[str, "os.PathLike[str]"]
+# magnitudes=: "element", "tensor", True ("element") or False/None (off).
+Magnitudes = Union[str, bool, None]
+
+
+def check_magnitudes(value: Magnitudes, what: str = "magnitudes") -> str | None:
+    """`value` as the recorder keeps it ("element", "tensor" or None), or a ValueError now."""
+    if value is True:
+        return "element"
+    if value is False or value is None:
+        return None
+    if isinstance(value, str) and value in ("element", "tensor"):
+        return value
+    raise ValueError(f"ddp_verify_trace: {what} must be 'element', 'tensor' or False, not {value!r}")
+
+
+def check_path(path: PathLike, overwrite: bool) -> str:
+    """`path` as a str, once rank 0 could write a trace there: refused now, at the call, not
+    at the first optimizer step inside the user's training. Other ranks never touch it."""
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise ValueError(f"ddp_verify_trace: path must be a str or os.PathLike of str, not {path!r}")
+    if rank_world()[0] != 0:
+        return path
+    if os.path.isdir(path):
+        example = os.path.join(path, "trace.safetensors")
+        raise ValueError(f"ddp_verify_trace: path {path} is a folder: pass a file's path, such as {example}")
+    if not overwrite and os.path.exists(path):
+        raise FileExistsError(f"{path} exists: pass overwrite=True to replace it, or remove it")
+    # The folder is made at the first step where missing: its nearest existing part must allow it.
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"ddp_verify_trace: path {path} lies under {folder}, which is a file: pass a path under a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"ddp_verify_trace: path {path}: {folder} is not writable: pass a path in a folder you may write in")
+    return path
+
+
 class Recorder:
     """One run's record. `step()` takes the gradients as they are now; every rank calls it
     at every optimizer step, and `close()` at the end; rank 0 alone writes `path`."""
 
-    def __init__(self, module, path, *, overwrite=False, magnitudes=True, meta=None, params=None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        path: PathLike,
+        *,
+        overwrite: bool = False,
+        magnitudes: Magnitudes = True,
+        meta: dict[str, str] | None = None,
+        params: list[tuple[str, torch.nn.Parameter]] | None = None,
+        watch: _watch.Watch | None = None,
+    ) -> None:
         self._module = unwrap(module)
-        self.path = os.fspath(path)
+        self.path = check_path(path, overwrite)
+        self._magnitudes = check_magnitudes(magnitudes)
         self._params = params or [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
         if not self._params:
             raise ValueError("ddp_verify_trace: the model has no parameters that require grad; nothing to record")
@@ -154,40 +212,34 @@ class Recorder:
         dropout = _active_dropout(self._module)
         if dropout:
             self._meta["dropout"] = dropout
-        rank, self._world = rank_world()
-        if rank == 0 and not overwrite and os.path.exists(self.path):
-            raise FileExistsError(f"{self.path} exists: pass overwrite=True to replace it, or remove it")
+        self._world = rank_world()[1]
         # Opened by rank 0 at its first step, when the process group says which rank is 0.
-        self._stream = None
-        if magnitudes is True:
-            magnitudes = "element"
-        if magnitudes not in (False, None, "element", "tensor"):
-            raise ValueError(f"ddp_verify_trace: magnitudes must be 'element', 'tensor' or False, not {magnitudes!r}")
-        self._magnitudes = magnitudes or None
-        self._tensors = {}
+        self._stream: Stream | None = None
+        self._tensors: dict[str, torch.Tensor] = {}
         self._steps = 0
         self.state = "open"
         # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
         self._peaks = {n: p.detach().abs() for n, p in self._params}
-        self._scratch = {}
+        self._scratch: dict[str, torch.Tensor] = {}
         # Magnitudes add up in at least float32, so that many half-precision terms keep their sum.
         self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
-        self._sums = {}  # name -> sum of |gradient| of each backward since the last step
-        self._counts = {}  # name -> backward passes that reached it since the last step
+        self._sums: dict[str, Any] = {}  # name -> sum of |gradient| of each backward since the last step
+        self._counts: dict[str, int] = {}  # name -> backward passes that reached it since the last step
         # Per parameter, whether the loop set its gradient to None after the last step (so the
         # step's gradient can be lent to the writer instead of copied: nothing changes it).
-        self._nulled = {}
-        self._seen = set()
+        self._nulled: dict[str, bool] = {}
+        self._seen: set[str] = set()
+        self._others: dict[int, str] = {}  # id -> class name of each other optimizer that stepped
+        # Last, once nothing above can refuse: what torch's patched calls see from now on
+        # (a `record()` session's watch, opened when it started, or one of this recorder's own).
+        self._own_watch = watch is None
+        self._watch = _watch.open_watch() if watch is None else watch
         self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params]
-        self._clips = _clip.install()
-        self._clip_seen = self._clips.calls
-        self._syncs_seen = len(self._clips.ddp_syncs)
-        self._others = {}  # id -> class name of each other optimizer that stepped
 
-    def _summer(self, name, param):
+    def _summer(self, name: str, param: torch.nn.Parameter) -> Any:
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
         # (under DDP: this rank's, before the all-reduce; under no_sync too).
-        def hook(grad):
+        def hook(grad: torch.Tensor) -> None:
             if name not in self._seen and self._steps:
                 self._seen.add(name)
                 self._nulled[name] = param.grad is None
@@ -198,25 +250,25 @@ class Recorder:
 
         return hook
 
-    def saw_other_optimizer(self, optimizer):
+    def saw_other_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Another optimizer stepped: its parameters are not in this trace, and the report says so."""
         self._others[id(optimizer)] = type(optimizer).__name__
 
-    def count_from(self, clips, ddp_forwards):
-        """Clips and DDP forwards counted from these marks (the hooks', set before the first
-        step's micro-batches, which ran before this recorder existed)."""
-        self._clip_seen, self._syncs_seen = clips, ddp_forwards
-
-    def take_sums(self, sums, counts):
+    def take_sums(self, sums: dict[str, Any], counts: dict[str, int]) -> None:
         """Magnitudes gathered before this recorder existed (the zero-edit hook's)."""
         self._sums.update(sums)
         self._counts.update(counts)
 
-    def check_open(self, what):
+    @property
+    def steps(self) -> int:
+        """Optimizer steps recorded so far."""
+        return self._steps
+
+    def check_open(self, what: str) -> None:
         if self.state != "open":
             raise RuntimeError(f"ddp_verify_trace({self.path!r}): {what} called after the recorder was {self.state}")
 
-    def track_peaks(self, later=False):
+    def track_peaks(self, later: bool = False) -> None:
         """|w| into the peaks. `later`: on the writer thread, from weights that nothing changes
         until the caller's `settle()` (the hooks settle before the next optimizer step)."""
         # Into a scratch buffer kept from step to step: a fresh one per step costs more in
@@ -228,12 +280,12 @@ class Recorder:
         else:
             self._peaks_now()
 
-    def settle(self):
+    def settle(self) -> None:
         """Waits for the writer's work on the weights (before an optimizer step moves them)."""
         if self._stream is not None:
             self._stream.settle()
 
-    def _peaks_now(self):
+    def _peaks_now(self) -> None:
         for n, p in self._params:
             scratch = self._scratch.get(n)
             if scratch is None:
@@ -241,7 +293,7 @@ class Recorder:
             torch.abs(p.detach(), out=scratch)
             torch.maximum(self._peaks[n], scratch, out=self._peaks[n])
 
-    def _reduced_sums(self, world):
+    def _reduced_sums(self, world: int) -> Any:
         """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
         Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
         sums = {n: self._sums.pop(n, None) for n, _ in self._params}
@@ -261,7 +313,7 @@ class Recorder:
             sums = {n: part.view(s.shape) for (n, s), part in zip(sums.items(), parts)}
         return sums
 
-    def _rank_bits(self, world):
+    def _rank_bits(self, world: int) -> torch.Tensor:
         """Every rank's checksum of every gradient, gathered on every rank (one all_gather)."""
         mine = torch.stack(
             [_bits(p.grad) if p.grad is not None else torch.zeros((), dtype=torch.int64, device=p.device) for _, p in self._params]
@@ -270,20 +322,20 @@ class Recorder:
         dist.all_gather(out, mine)
         return torch.stack([o.cpu() for o in out])  # [W, P]
 
-    def step(self, optimizer=None, skipped=False):
+    def step(self, optimizer: torch.optim.Optimizer | None = None, skipped: bool = False) -> None:
         """Records the gradients as they are now: the ones this optimizer step applies (or,
         `skipped`, the ones a GradScaler found inf/NaN in and did not apply)."""
         self.check_open("step()")
-        scale = self._clips.scale
+        scale = self._watch.scale
         if scale is not None:
             self._tensors[f"loss_scale.{self._steps}"] = torch.tensor([scale], dtype=torch.float32)
             self._tensors[f"found_inf.{self._steps}"] = torch.tensor([float(skipped)], dtype=torch.float32)
         # The first step after a second epoch was set: the steps before it made one epoch.
-        if "steps_per_epoch" not in self._meta and self._steps and len(set(self._clips.epochs)) > 1:
+        if "steps_per_epoch" not in self._meta and self._steps and self._watch.several_epochs():
             self._meta["steps_per_epoch"] = str(self._steps)
         _, world = rank_world()
         self._world = max(self._world, world)
-        sums = self._reduced_sums(world) if self._magnitudes else {}
+        sums: Any = self._reduced_sums(world) if self._magnitudes else {}
         s = self._steps
         micro = max(self._counts.values(), default=0)
         self._counts = {}
@@ -292,13 +344,11 @@ class Recorder:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
             self._tensors[f"lr.{s}"] = torch.tensor(lrs, dtype=torch.float64)
             self._settings(optimizer)
-        calls = self._clips.calls - self._clip_seen
-        self._clip_seen = self._clips.calls
+        calls, last = self._watch.take_clips()
         self._tensors[f"clips.{s}"] = torch.tensor([calls], dtype=torch.int64)
         if calls:
-            self._tensors[f"clip.{s}"] = torch.tensor(self._clips.last, dtype=torch.float64)
-        syncs = self._clips.ddp_syncs[self._syncs_seen :]
-        self._syncs_seen = len(self._clips.ddp_syncs)
+            self._tensors[f"clip.{s}"] = torch.tensor(last, dtype=torch.float64)
+        syncs = self._watch.take_syncs()
         if syncs:
             self._tensors[f"ddp_sync.{s}"] = torch.tensor(syncs, dtype=torch.int64)
             self._meta["ddp_forward"] = "seen"
@@ -309,7 +359,8 @@ class Recorder:
             self._tensors = {}
             self._steps += 1
             return
-        big, lent = [], []
+        big: list[tuple[str, torch.Tensor]] = []
+        lent: list[tuple[str, torch.Tensor]] = []
         if self._magnitudes == "tensor":  # one small tensor for all parameters, split at close
             sums = dict(zip((n for n, _ in self._params), sums.to("cpu", self._dtype).unbind()))
         for i, (n, p) in enumerate(self._params):
@@ -328,18 +379,18 @@ class Recorder:
         self._steps += 1
         self._seen = set()
 
-    def _open(self):
+    def _open(self) -> Stream:
         if self._stream is None:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self._stream = Stream(self.path)
         return self._stream
 
-    def _keep(self):
+    def _keep(self) -> None:
         for name, t in self._tensors.items():
             self._open().keep(name, t)
         self._tensors = {}
 
-    def _settings(self, optimizer):
+    def _settings(self, optimizer: torch.optim.Optimizer) -> None:
         if "optimizer" in self._meta:
             return
         group = optimizer.param_groups[0]
@@ -349,7 +400,7 @@ class Recorder:
                 value = group[key]
                 self._meta[key] = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
 
-    def close(self):
+    def close(self) -> None:
         """Records the final weights and buffers and writes the file (rank 0 only)."""
         self.check_open("close()")
         self.finish("closed")
@@ -376,11 +427,12 @@ class Recorder:
             meta["unrecorded_optimizers"] = ", ".join(sorted(self._others.values()))
         if rank_world()[0] == 0:
             self._keep()
-            self._stream.close(meta)
+            self._open().close(meta)
             self._stream = None
         self._tensors = {}
 
-    def finish(self, state):
+    def finish(self, state: str) -> None:
+        """Records nothing more (`state` says why); a trace not "closed" is not written."""
         self.state = state
         if state != "closed" and self._stream is not None:
             self._stream.abandon()
@@ -388,24 +440,6 @@ class Recorder:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._own_watch:
+            self._watch.close()
 
-
-def close_at_exit(recorder):
-    """Writes the trace when the interpreter exits, if the run stepped, nothing closed it and
-    no exception ended the script: a trace on disk is a run that finished."""
-    crashed = []
-    previous = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        crashed.append(kind)
-        previous(kind, value, tb)
-
-    sys.excepthook = excepthook
-
-    def close():
-        if recorder.state == "open" and recorder._steps and not crashed:
-            recorder.close()
-        elif recorder.state == "open":
-            recorder.finish("abandoned at exit")  # the streamed part goes too
-
-    atexit.register(close)

@@ -7,28 +7,42 @@ of `ddp-verify split`; a test holds the two identical.
     loader = DataLoader(dataset, batch_sampler=sampler)   # then accumulate K = W x K/W micro-batches
     for epoch in ...: sampler.set_epoch(epoch)
 """
+from __future__ import annotations
+
+from typing import Any, Iterator
+
 from torch.utils.data import DistributedSampler
+
+from . import _watch
 
 
 class _Sized:
-    def __init__(self, n):
+    def __init__(self, n: int) -> None:
         self.n = n
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.n
 
 
-def shards(size, world, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+def shards(
+    size: int, world: int, *, shuffle: bool = True, seed: int = 0, epoch: int = 0, drop_last: bool = False
+) -> list[list[int]]:
     """`list(DistributedSampler(...))` for each rank: torch's own sampler, W times."""
     out = []
     for rank in range(world):
-        s = DistributedSampler(_Sized(size), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        # Any Sized does for a dataset here: the sampler only takes its length.
+        data: Any = _Sized(size)
+        s: DistributedSampler[int] = DistributedSampler(
+            data, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         s.set_epoch(epoch)
         out.append(list(s))
     return out
 
 
-def accumulation_order(size, world, batch_size, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+def accumulation_order(
+    size: int, world: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, epoch: int = 0, drop_last: bool = False
+) -> list[list[int]]:
     """The one-process leg's micro-batches for one epoch: local batch 0 of every rank, then
     local batch 1, ... Each rank's batches are a DataLoader(batch_size, drop_last=False) over
     its shard, so a rank's short last batch stays a micro-batch of its own."""
@@ -44,7 +58,9 @@ class AccumulationBatchSampler:
     """A batch sampler (`DataLoader(batch_sampler=...)`) yielding `accumulation_order`;
     call set_epoch(epoch) each epoch, as on DistributedSampler."""
 
-    def __init__(self, size, *, world, batch_size, shuffle=True, seed=0, drop_last=False):
+    def __init__(
+        self, size: int, *, world: int, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+    ) -> None:
         if world < 1 or batch_size < 1:
             raise ValueError("AccumulationBatchSampler: world and batch_size must be at least 1")
         self.size, self.world, self.batch_size = size, world, batch_size
@@ -53,39 +69,34 @@ class AccumulationBatchSampler:
         # Frameworks set the epoch on `batch_sampler.sampler` (Lightning does).
         self.sampler = _Epochs(self)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
+        """As DistributedSampler's; an open recording notes where the epoch starts."""
         self.epoch = epoch
-        _epoch_started(epoch)
+        _watch.epoch_started(epoch)
 
-    def _order(self):
+    def _order(self) -> list[list[int]]:
         return accumulation_order(
             self.size, self.world, self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, drop_last=self.drop_last
         )
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[int]]:
         return iter(self._order())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._order())
 
 
 class _Epochs:
     """The batch sampler's samples one by one, and its set_epoch."""
 
-    def __init__(self, owner):
+    def __init__(self, owner: AccumulationBatchSampler) -> None:
         self._owner = owner
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         self._owner.set_epoch(epoch)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return (i for batch in self._owner for i in batch)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(len(b) for b in self._owner)
-
-
-def _epoch_started(epoch):
-    from . import _clip
-
-    _clip.epoch_started(epoch)

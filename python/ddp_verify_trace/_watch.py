@@ -1,0 +1,184 @@
+"""What the recorder learns by watching torch itself, patched where every framework calls it
+(Trainer through Accelerate, Lightning's precision plugins, plain loops):
+- clip_grad_norm_ calls and the last one's norms: a recorded gradient is what the optimizer
+  applies, after clipping, so a cause must know whether a clip ran and how hard;
+- DistributedSampler.set_epoch calls (and AccumulationBatchSampler's): where epochs start, so
+  a mismatch that starts in a later epoch can be named as a sampler's epoch;
+- GradScaler.step: the loss scale each step ran at, and the steps it skipped (inf/NaN found),
+  which never reach optimizer.step() and so are recorded from here;
+- DistributedDataParallel's end of forward: whether each micro-batch's backward would be
+  all-reduced (DDP decides there, from require_backward_grad_sync), so a rank's unsynced
+  gradient can be traced to the micro-batch that ran without the all-reduce;
+- Optimizer.__init__: the optimizers built once recording started, whose gradients
+  `record()` must see before its first step says which one it follows.
+
+Each recording opens a `Watch`, which sees only what happens while it is open. The patches
+go in when the first watch opens and come out when the last one closes: torch is left with
+the very objects it had, except where something else patched over them since (left alone,
+the patch under it passing every call through)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.utils
+import torch.nn.utils.clip_grad
+
+
+class Watch:
+    """One recording's share of what the patches see, from when it opened."""
+
+    def __init__(self) -> None:
+        self.clip_calls = 0  # clip_grad_norm_ calls not yet taken by a step
+        self.last_clip = [0.0, 0.0]  # [total norm before clipping, max_norm] of the last one
+        # The loss scale of the GradScaler.step under way (None outside one), and what to
+        # call when it skips the optimizer's step: (optimizer, scale) -> None.
+        self.scale: float | None = None
+        self.on_skip: Callable[[torch.optim.Optimizer, float], None] | None = None
+        # Called with each optimizer built while set.
+        self.on_optimizer: Callable[[torch.optim.Optimizer], None] | None = None
+        # Two distinct epochs are all a recorder asks of set_epoch (did a second one start?),
+        # so the log stays this small however long the run.
+        self._epochs: set[Any] = set()
+        self._syncs: list[bool] = []  # per DDP forward with grad enabled: to be all-reduced?
+
+    def epoch_started(self, epoch: Any) -> None:
+        if len(self._epochs) < 2:
+            self._epochs.add(epoch)
+
+    def several_epochs(self) -> bool:
+        """Whether a second epoch was set since this watch opened."""
+        return len(self._epochs) > 1
+
+    def clipped(self, total: float, max_norm: float) -> None:
+        self.clip_calls += 1
+        self.last_clip = [total, max_norm]
+
+    def take_clips(self) -> tuple[int, list[float]]:
+        """The clips since the last take, and the last clip's norms."""
+        calls, self.clip_calls = self.clip_calls, 0
+        return calls, self.last_clip
+
+    def take_syncs(self) -> list[bool]:
+        """The DDP forwards since the last take: would each one's backward be all-reduced?"""
+        syncs, self._syncs = self._syncs, []
+        return syncs
+
+    def close(self) -> None:
+        """Sees nothing more; the last watch to close takes the patches out."""
+        if self in _OPEN:
+            _OPEN.remove(self)
+            if not _OPEN:
+                _unpatch()
+
+
+_OPEN: list[Watch] = []
+_UNDO: list[Callable[[], None]] = []
+
+
+def open_watch() -> Watch:
+    if not _OPEN:
+        _patch_all()
+    watch = Watch()
+    _OPEN.append(watch)
+    return watch
+
+
+def epoch_started(epoch: Any) -> None:
+    """An epoch set by a sampler torch does not know (AccumulationBatchSampler): noted by
+    the open watches, if any; patches nothing."""
+    for watch in _OPEN:
+        watch.epoch_started(epoch)
+
+
+def _patch(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
+    original = getattr(owner, name)
+    replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    replacement.__doc__ = original.__doc__
+    setattr(owner, name, replacement)
+
+    def undo() -> None:
+        # Only our own patch, and only where nothing patched over it since.
+        if getattr(owner, name) is replacement:
+            setattr(owner, name, original)
+
+    _UNDO.append(undo)
+
+
+def _unpatch() -> None:
+    while _UNDO:
+        _UNDO.pop()()
+
+
+def _patch_all() -> None:
+    from torch.amp import GradScaler
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DistributedSampler
+
+    clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
+
+    def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
+        total = clip_grad_norm(parameters, max_norm, *args, **kwargs)
+        for watch in _OPEN:
+            watch.clipped(float(total), float(max_norm))
+        return total
+
+    # One wrapper at both names, so a call through either is counted once.
+    _patch(torch.nn.utils.clip_grad, "clip_grad_norm_", clip_grad_norm_)
+    _patch(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+
+    set_epoch = DistributedSampler.set_epoch
+
+    def distributed_set_epoch(self: DistributedSampler, epoch: int) -> None:
+        set_epoch(self, epoch)
+        epoch_started(epoch)
+
+    _patch(DistributedSampler, "set_epoch", distributed_set_epoch)
+
+    # torch.cuda.amp.GradScaler inherits this step.
+    scaler_step = GradScaler.step
+
+    def step(self: GradScaler, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        watches = list(_OPEN)
+        if not self.is_enabled() or not watches:
+            return scaler_step(self, optimizer, *args, **kwargs)
+        scale = float(self.get_scale())
+        stepped: list[torch.optim.Optimizer] = []
+        handle = register_optimizer_step_post_hook(lambda o, a, k: stepped.append(o))
+        for watch in watches:
+            watch.scale = scale
+        try:
+            out = scaler_step(self, optimizer, *args, **kwargs)
+            if not any(o is optimizer for o in stepped):
+                for watch in watches:
+                    if watch.on_skip is not None:
+                        watch.on_skip(optimizer, scale)
+        finally:
+            handle.remove()
+            for watch in watches:
+                watch.scale = None
+        return out
+
+    _patch(GradScaler, "step", step)
+
+    post_forward = getattr(DistributedDataParallel, "_post_forward", None)
+    if post_forward is not None:  # where DDP decides, in the torch versions supported
+
+        def _post_forward(self: DistributedDataParallel, output: Any) -> Any:
+            if torch.is_grad_enabled():
+                for watch in _OPEN:
+                    watch._syncs.append(bool(self.require_backward_grad_sync))
+            return post_forward(self, output)
+
+        _patch(DistributedDataParallel, "_post_forward", _post_forward)
+
+    optimizer_init = torch.optim.Optimizer.__init__
+
+    def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        optimizer_init(self, *args, **kwargs)
+        for watch in list(_OPEN):
+            if watch.on_optimizer is not None:
+                watch.on_optimizer(self)
+
+    _patch(torch.optim.Optimizer, "__init__", __init__)

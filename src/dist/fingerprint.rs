@@ -11,7 +11,7 @@ use tch::{Device, Tensor};
 
 use super::Collective;
 use crate::error::Result;
-use crate::evidence::RankDrift;
+use crate::evidence::{RankDrift, RankHeld};
 
 /// 48 bits of a hash of the tensor's bytes (`None`: an undefined gradient), exact in the
 /// float64 table the ranks sum. Ranks that computed the same bits hash alike.
@@ -43,7 +43,7 @@ fn hash48(t: &Tensor) -> Result<f64> {
 /// first agree on how many each holds: a rank whose optimizer never stepped (its loss scaler
 /// skipped where the others' did not) holds no optimizer state yet, and a table of another
 /// size would not line up.
-pub fn compare_ranks(comm: &dyn Collective, step: usize, named: &[(String, Tensor)]) -> Result<Option<RankDrift>> {
+pub fn compare_ranks(comm: &dyn Collective, step: usize, named: &[(RankHeld, Tensor)]) -> Result<Option<RankDrift>> {
     let (w, n, r) = (comm.world_size(), named.len(), comm.rank());
     if w < 2 {
         return Ok(None);
@@ -52,7 +52,7 @@ pub fn compare_ranks(comm: &dyn Collective, step: usize, named: &[(String, Tenso
     counts[r] = n as f64;
     comm.all_reduce_sum_f64(&mut counts)?;
     if let Some(rank) = (1..w).find(|&q| counts[q] != counts[0]) {
-        let tensor = format!("number of tensors ({} vs rank 0's {}: optimizer state)", counts[rank], counts[0]);
+        let tensor = RankHeld::TensorCount { theirs: counts[rank] as usize, rank0: counts[0] as usize };
         return Ok(Some(RankDrift { step, rank, tensor }));
     }
     if n == 0 {

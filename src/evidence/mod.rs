@@ -1,17 +1,20 @@
 //! What the runs leave behind and what they are checked against: traces (per-step
-//! gradients, final weights, buffers, allowances), saved as safetensors, and the goldens
-//! real PyTorch recorded.
+//! gradients, final weights, buffers, allowances), saved as safetensors by one schema, and
+//! the goldens real PyTorch recorded.
 
 pub mod golden;
+mod header;
+mod load;
+pub mod schema;
 mod trace;
 mod writer;
 
 pub use golden::Golden;
-pub use trace::{sample, snapshot, Params, RangePrediction, RankDrift, ScalerRecord, Trace, TraceMeta};
+pub use header::{Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader};
+pub use trace::{
+    sample, share, snapshot, Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace,
+};
 pub use writer::TraceWriter;
-
-/// The `format` a trace's header names: the layout `Trace` documents, version 1.
-pub const TRACE_FORMAT: &str = "ddp-verify-trace/1";
 
 /// What `--save-trace DIR` writes: both runs' traces and the JSON report.
 pub const SAVED_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "report.json"];

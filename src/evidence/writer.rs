@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
+use super::schema::Kind as K;
 use super::trace::{Params, Trace};
 use crate::error::{Error, Result};
 
@@ -51,29 +52,31 @@ impl TraceWriter {
 
     /// Step `s`'s gradients, as `grads.<s>.<param>`.
     pub fn step(&mut self, s: usize, grads: &Params) -> Result<()> {
-        grads.iter().try_for_each(|(n, t)| self.add(&format!("grads.{s}.{n}"), t))
+        grads.iter().try_for_each(|(n, t)| self.add(&K::Grads.name(s, n), t))
     }
 
     /// The finals, buffers and peaks of `trace` (its steps were written with `step`), then
     /// the file itself.
     pub fn finish(mut self, trace: &Trace) -> Result<()> {
-        for (prefix, group) in [("final", &trace.finals), ("buffer", &trace.buffers), ("peak", &trace.peaks)] {
-            group.iter().try_for_each(|(n, t)| self.add(&format!("{prefix}.{n}"), t))?;
+        for (kind, group) in [(K::Final, &trace.finals), (K::Buffer, &trace.buffers), (K::Peak, &trace.peaks)] {
+            group.iter().try_for_each(|(n, t)| self.add(&kind.name(0, n), t))?;
         }
-        for (s, lr) in trace.lrs.iter().enumerate() {
-            self.add(&format!("lr.{s}"), &Tensor::from_slice(&[*lr]))?;
+        let facts = &trace.facts;
+        for (s, lr) in facts.lrs.iter().enumerate() {
+            self.add(&K::Lr.name(s, ""), &Tensor::from_slice(&[*lr]))?;
         }
-        for (s, n) in trace.clips.iter().enumerate() {
-            self.add(&format!("clips.{s}"), &Tensor::from_slice(&[*n]))?;
+        for (s, n) in facts.clips.iter().enumerate() {
+            self.add(&K::Clips.name(s, ""), &Tensor::from_slice(&[*n]))?;
         }
-        for (name, t) in trace.scaler.tensors().into_iter().chain(trace.range_parts.iter().flat_map(|p| p.tensors())) {
+        let parts = trace.allowances.range_parts.iter().flat_map(|p| p.tensors());
+        for (name, t) in facts.scaler.tensors().into_iter().chain(parts) {
             self.add(&name, &t)?;
         }
         for (s, scales) in trace.scales.iter().enumerate() {
-            scales.iter().try_for_each(|(n, t)| self.add(&format!("scale.{s}.{n}"), t))?;
+            scales.iter().try_for_each(|(n, t)| self.add(&K::Scale.name(s, n), t))?;
         }
-        if !trace.meta.is_empty() {
-            self.header.insert("__metadata__".into(), serde_json::json!(trace.meta));
+        if trace.header.is_present() {
+            self.header.insert("__metadata__".into(), serde_json::json!(trace.header.to_strings()));
         }
         let err = |e| Error::io(format!("writing {}", self.path.display()), e);
         self.data.flush().map_err(err)?;

@@ -4,10 +4,8 @@
 use std::path::Path;
 
 use crate::error::{Error, Exit, Result};
-use crate::evidence::{Params, Trace};
-use crate::judge::{
-    caution, diagnose, BigBatch, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS,
-};
+use crate::evidence::{share, Params, Trace};
+use crate::judge::{caution, diagnose, Agreement, BigBatch, Comparer, Context, Outcome, Subject, TracePair};
 pub use crate::spec::CompareOptions;
 use crate::spec::Dtype;
 
@@ -29,28 +27,16 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     let tolerance = opts.tolerance.tolerance(dtype, false);
     let labels = labels(pa, pb);
     // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.
-    let kind_of = |t: &Trace| t.meta.get("run").cloned();
-    let same_kind = kind_of(&a).is_some() && kind_of(&a) == kind_of(&b);
+    let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
     // Under AdamW the final weights are held to what its steps make of each step's allowance.
-    let finals_carried = crate::judge::adamw_finals(&a, &b, &tolerance, dtype).map(|bounds| a.allowed_finals = bounds);
+    let finals_carried =
+        crate::judge::adamw_finals(&a, &b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds);
     let finals_judged = finals_carried.is_ok() || crate::judge::finals_judged(&a, &b);
     let runs = Comparer::new(&labels[0], &labels[1], &tolerance, None)
         .derived(finals_carried.is_ok())
         .finals_judged(finals_judged)
         .finish(&a, &b, opts.strict_buffers || same_kind);
-    let meta_usize = |k: &str| [&a, &b].iter().find_map(|t| t.meta.get(k)?.parse::<usize>().ok());
-    // BatchNorm or many layers: deep enough to amplify rounding from step to step.
-    let chaos_possible = !a.buffers.is_empty() || a.finals.len() > 4;
-    let framework = [&a, &b].iter().find_map(|t| {
-        let f = t.meta.get("framework")?;
-        LOSS_DIVIDING_FRAMEWORKS.iter().map(|(name, _)| *name).find(|name| name == f)
-    });
-    let cx = Context {
-        steps_per_epoch: meta_usize("steps_per_epoch"),
-        framework,
-        adamw: [&a, &b].iter().any(|t| t.meta.get("optimizer").is_some_and(|o| o.starts_with("Adam"))),
-        ..Context::of_traces(dtype.epsilon(), chaos_possible)
-    };
+    let cx = Context::of_traces(&a, &b);
     let diagnosis = diagnose(&a, &b, &runs, &cx);
     let caution = diagnosis.is_none().then(|| caution(&a, &b, &runs, &cx)).flatten();
     let big_batch = match &opts.big {
@@ -59,7 +45,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     };
     let pair = TracePair {
         paths: opts.paths.clone(),
-        meta: [a.meta.clone(), b.meta.clone()],
+        headers: [a.header.clone(), b.header.clone()],
         tolerance,
         plot: opts.plot.clone(),
         magnitudes: !a.scales.is_empty() && !b.scales.is_empty(),
@@ -68,7 +54,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         big: opts.big.clone(),
     };
     Ok(Outcome {
-        subject: Subject::Traces(pair),
+        subject: Subject::Traces(Box::new(pair)),
         accumulation: a,
         ddp: b,
         runs,
@@ -93,21 +79,21 @@ fn judge_big_batch(
     tolerance: &crate::spec::Tolerance,
     dtype: Dtype,
     cx: &Context,
-    runs: crate::judge::Verdict,
+    runs: Agreement,
 ) -> Result<BigBatch> {
     let mut big = Trace::load(path)?;
     strip_ddp_prefix(&mut big, a);
     line_up(a, &big, pa, path)?;
-    let mut acc = Trace { allowed_finals: Params::new(), ..a.without_steps() };
-    acc.steps = a.steps.iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
-    acc.scales = a.scales.iter().map(|s| s.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
-    let carried = crate::judge::adamw_finals(&acc, &big, tolerance, dtype).map(|b| acc.allowed_finals = b);
+    let mut acc = a.without_steps();
+    acc.allowances.finals = Params::new();
+    acc.steps = a.steps.iter().map(share).collect();
+    acc.scales = a.scales.iter().map(share).collect();
+    let carried = crate::judge::adamw_finals(&acc, &big, tolerance, dtype).map(|b| acc.allowances.finals = b);
     let comparison = Comparer::new(label, "big batch", tolerance, None)
         .derived(carried.is_ok())
         .finals_judged(carried.is_ok() || crate::judge::finals_judged(&acc, &big))
         .finish(&acc, &big, false);
-    let diagnosis =
-        crate::judge::diagnose_big_batch(&acc, &big, &comparison, cx, runs != crate::judge::Verdict::Diverged);
+    let diagnosis = crate::judge::diagnose_big_batch(&acc, &big, &comparison, cx, runs != Agreement::Diverged);
     Ok(BigBatch { trace: big, comparison, diagnosis })
 }
 

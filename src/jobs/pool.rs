@@ -113,12 +113,9 @@ impl RankPool {
         Ok(match crate::train::lockstep(cfg, comm, &mut keep)? {
             Some((acc, ddp, big)) => {
                 let nonempty = |v: Vec<crate::evidence::Params>| v.into_iter().filter(|p| !p.is_empty()).collect();
-                let acc = Trace {
-                    steps: nonempty(acc_steps),
-                    allowed: nonempty(allowed),
-                    allowed_big: nonempty(allowed_big),
-                    ..acc
-                };
+                let mut acc = Trace { steps: nonempty(acc_steps), ..acc };
+                acc.allowances.steps = nonempty(allowed);
+                acc.allowances.big = nonempty(allowed_big);
                 let big = big.map(|b| Trace { steps: nonempty(big_steps), ..b });
                 Some((Some((acc, big)), Trace { steps: nonempty(ddp_steps), ..ddp }))
             }

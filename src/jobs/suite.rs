@@ -59,11 +59,7 @@ fn run_cases(suite: &Suite, pool: &RankPool) -> Result<SuiteReport> {
                 i + 1,
                 suite.cases.len(),
                 case.name,
-                match result.verdict {
-                    "no-verdict" => "NO VERDICT",
-                    _ if result.passed() => "EQUIVALENT",
-                    _ => "NOT EQUIVALENT",
-                },
+                result.verdict.shout(),
                 result.seconds
             );
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::dist::{world, Collective};
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{golden, Golden, Params, Trace, TraceWriter, SAVED_FILES};
-use crate::judge::{Judging, Outcome, Verdict};
+use crate::judge::{Agreement, Judging, Outcome};
 use crate::spec::Config;
 use crate::train::{self, models, StepGrads};
 
@@ -117,23 +117,21 @@ fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Resu
     after(cfg, assemble(cfg, accumulation, ddp, big, golden), false).map(Some)
 }
 
-/// The header `--save-trace` files carry, in the recorder's keys, so `compare` can say
-/// what each trace is.
+/// The header `--save-trace` files carry, so `compare` can say what each trace is.
 pub(crate) fn stamp(t: &crate::spec::TrainConfig, accumulation: &mut Trace, ddp: &mut Trace) {
-    for (trace, run, world) in [(accumulation, "accumulation", 1), (ddp, "ddp", t.gpus)] {
-        trace.meta = [
-            ("format", crate::evidence::TRACE_FORMAT.to_string()),
-            ("run", run.to_string()),
-            ("world_size", world.to_string()),
-            ("acc_steps", t.acc_steps.to_string()),
-            ("steps_per_epoch", crate::plan::sampler::steps_per_epoch(t).to_string()),
-            ("dtype", t.dtype.name().to_string()),
-            ("written_by", format!("ddp-verify {}", env!("CARGO_PKG_VERSION"))),
-            ("torch_version", crate::evidence::golden::LIBTORCH_VERSION.to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    use crate::evidence::{schema, RunKind, TraceHeader};
+    for (trace, run, world) in [(accumulation, RunKind::Accumulation, 1), (ddp, RunKind::Ddp, t.gpus)] {
+        trace.header = TraceHeader {
+            version: Some(schema::VERSION),
+            run: Some(run),
+            world_size: Some(world),
+            acc_steps: Some(t.acc_steps),
+            steps_per_epoch: Some(crate::plan::sampler::steps_per_epoch(t)),
+            dtype: Some(t.dtype),
+            written_by: Some(format!("ddp-verify {}", env!("CARGO_PKG_VERSION"))),
+            torch_version: Some(crate::evidence::golden::LIBTORCH_VERSION.to_string()),
+            ..TraceHeader::default()
+        };
     }
 }
 
@@ -194,7 +192,7 @@ fn judge_in_lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) 
 pub(crate) fn after(cfg: &Config, outcome: Outcome, streamed: bool) -> Result<Outcome> {
     if let (true, Some(dir)) = (cfg.bless, &cfg.golden) {
         // Only an equivalent pair of runs is worth recording as the reference.
-        if outcome.verdict() != Verdict::Diverged {
+        if outcome.agreement() != Agreement::Diverged {
             golden::bless(dir, &cfg.train, &outcome.accumulation, &outcome.ddp, platform(cfg)?)?;
         }
     }

@@ -12,41 +12,43 @@
 
 use tch::{Kind, Tensor};
 
-use crate::evidence::{Params, Trace};
+use crate::evidence::{OptimizerKind, Params, Trace};
 use crate::spec::{Dtype, Tolerance};
 use crate::train::{AdamWParams, AdamWTrack};
 
 /// AdamW's settings as both headers give them, or why the bound cannot be carried.
 fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
-    let get = |k: &str| -> Result<String, String> {
-        let (x, y) = (a.meta.get(k), b.meta.get(k));
+    let (x, y) = (&a.header.optimizer, &b.header.optimizer);
+    let kind = match (&x.kind, &y.kind) {
+        (Some(k), Some(l)) if k == l => k,
+        (Some(k), Some(l)) => return Err(format!("the traces' optimizer differ ({} vs {})", k.name(), l.name())),
+        _ => return Err("a trace does not record optimizer".into()),
+    };
+    // Both traces must say the same of a setting the bound uses.
+    fn same<T: PartialEq + std::fmt::Debug + Clone>(key: &str, x: &Option<T>, y: &Option<T>) -> Result<T, String> {
         match (x, y) {
             (Some(x), Some(y)) if x == y => Ok(x.clone()),
-            (Some(x), Some(y)) => Err(format!("the traces' {k} differ ({x} vs {y})")),
-            _ => Err(format!("a trace does not record {k}")),
+            (Some(x), Some(y)) => Err(format!("the traces' {key} differ ({x:?} vs {y:?})")),
+            _ => Err(format!("a trace does not record {key}")),
         }
-    };
-    let optimizer = get("optimizer")?;
-    let num = |k: &str| get(k)?.trim().parse::<f64>().map_err(|_| format!("{k} is not a number"));
-    // Adam without weight decay is AdamW without it, step for step; with it, Adam adds the
-    // decay to the gradient (L2), a recurrence this bound does not carry.
-    let adam_as_adamw = optimizer == "Adam" && num("weight_decay").is_ok_and(|wd| wd == 0.0);
-    if optimizer != "AdamW" && !adam_as_adamw {
-        let with = if optimizer == "Adam" { " with weight decay" } else { "" };
-        return Err(format!("the optimizer is {optimizer}{with}"));
     }
-    if get("amsgrad").is_ok_and(|v| v == "True") {
-        return Err(format!("{optimizer} runs with amsgrad"));
+    let weight_decay = same("weight_decay", &x.weight_decay, &y.weight_decay);
+    if !x.carries_adamw_bound() {
+        let with = if *kind == OptimizerKind::Adam { " with weight decay" } else { "" };
+        return Err(format!("the optimizer is {}{with}", kind.name()));
     }
-    let betas: Vec<f64> = get("betas")?.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    if same("amsgrad", &x.amsgrad, &y.amsgrad) == Ok(true) {
+        return Err(format!("{} runs with amsgrad", kind.name()));
+    }
+    let betas = same("betas", &x.betas, &y.betas)?;
     let [b1, b2] = betas[..] else { return Err("betas are not two numbers".into()) };
-    if a.lrs.len() != a.steps.len() || b.lrs.len() != b.steps.len() {
+    if a.facts.lrs.len() != a.steps.len() || b.facts.lrs.len() != b.steps.len() {
         return Err("a trace does not record each step's learning rate".into());
     }
     Ok(AdamWParams {
         betas: (b1, b2),
-        eps: num("eps")?,
-        weight_decay: num("weight_decay")?,
+        eps: same("eps", &x.eps, &y.eps)?,
+        weight_decay: weight_decay?,
         u: dtype.unit_roundoff(),
         lockstep: false,
     })
@@ -102,7 +104,7 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
                 None => (&g * (1.0 - b1), g.square() * (1.0 - b2), 1),
             };
             let w = peak(n).unwrap_or_else(|| a.finals[i].1.to_kind(Kind::Double).abs());
-            track.after_step(i, &p, t, a.lrs[s], &m, &v, &w);
+            track.after_step(i, &p, t, a.facts.lrs[s], &m, &v, &w);
             moments[i] = Some((m, v, t));
         }
     }
@@ -128,5 +130,5 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
 /// gradient's rounding noise into full steps: its final weights are not judged, the
 /// gradients are.
 pub fn finals_judged(a: &Trace, b: &Trace) -> bool {
-    [a, b].iter().all(|t| t.meta.get("optimizer").is_none_or(|o| o == "SGD"))
+    [a, b].iter().all(|t| t.header.optimizer.is_sgd_or_unknown())
 }

@@ -2,7 +2,7 @@
 //! buffers: one [`Comparison`].
 
 use super::elementwise::{compare_group, Scales};
-use super::{Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch, Verdict};
+use super::{Agreement, Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch};
 use crate::evidence::{Params, Trace};
 use crate::spec::Tolerance;
 
@@ -83,7 +83,7 @@ impl Comparer {
     pub fn finish(mut self, a: &Trace, b: &Trace, buffers_counted: bool) -> Comparison {
         for i in 0..a.steps.len().max(b.steps.len()) {
             let none = Params::new();
-            let allowed = a.allowed.get(i).unwrap_or(&none);
+            let allowed = a.allowances.steps.get(i).unwrap_or(&none);
             let magnitudes = larger(a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none));
             self.step_at(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed, &magnitudes);
         }
@@ -91,7 +91,7 @@ impl Comparer {
         // nothing either way (a skip in one run only is `scaler`'s to report), nor do steps
         // float16's range parted (`RangePrediction`), nor, once free-running runs part, any later.
         let range_parted = RangeParted::of(a, b);
-        let both_skipped = a.scaler.found_inf.iter().zip(&b.scaler.found_inf).map(|(x, y)| *x && *y);
+        let both_skipped = a.facts.scaler.found_inf.iter().zip(&b.facts.scaler.found_inf).map(|(x, y)| *x && *y);
         let both_skipped: Vec<bool> = both_skipped.chain(std::iter::repeat(false)).take(self.steps.len()).collect();
         for (i, (g, skipped)) in self.steps.iter_mut().zip(both_skipped).enumerate() {
             if range_parted.as_ref().is_some_and(|p| p.covers(i)) {
@@ -103,7 +103,7 @@ impl Comparer {
         // Final weights are measured at each weight's largest magnitude during training:
         // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
         let scales = self.sampled(&peaks(a, b));
-        let bounds = self.bounds(&a.allowed_finals);
+        let bounds = self.bounds(&a.allowances.finals);
         let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
         // A parted step applied in one run only: even in lockstep, which restarts weights and
         // scaler but not momentum or AdamW's moments, the final weights differ by it.
@@ -116,23 +116,24 @@ impl Comparer {
             .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None));
         let counted: Vec<&GroupDiff> =
             self.steps.iter().chain([&finals]).chain(buffers.iter().filter(|_| buffers_counted)).collect();
-        let mut verdict = counted.iter().map(|s| s.verdict).max().unwrap_or(Verdict::Exact);
+        let mut verdict = counted.iter().map(|s| s.verdict).max().unwrap_or(Agreement::Exact);
         let worst_fraction = counted.iter().map(|s| s.worst_fraction).fold(0.0, f64::max);
-        let derived = self.derived && (self.bounded || !a.allowed_finals.is_empty());
+        let derived = self.derived && (self.bounded || !a.allowances.finals.is_empty());
         if self.left_steps != self.right_steps {
-            verdict = Verdict::Diverged;
+            verdict = Agreement::Diverged;
         }
         // Both computed as lr · f(tick) in float64 from whole numbers: equal or not.
-        let lr = a.lrs.iter().zip(&b.lrs).enumerate().find(|(_, (x, y))| x != y);
+        let lr = a.facts.lrs.iter().zip(&b.facts.lrs).enumerate().find(|(_, (x, y))| x != y);
         let lr = lr.map(|(step, (&left, &right))| LrMismatch { step, left, right });
         let mut worst_fraction = worst_fraction;
-        let rank_drift = a.rank_drift.clone().or_else(|| b.rank_drift.clone());
-        let scaler =
-            ScalerMismatch::first(&a.scaler, &b.scaler, |m| range_parted.as_ref().is_some_and(|p| p.excuses(m)));
+        let rank_drift = a.facts.rank_drift.clone().or_else(|| b.facts.rank_drift.clone());
+        let scaler = ScalerMismatch::first(&a.facts.scaler, &b.facts.scaler, |m| {
+            range_parted.as_ref().is_some_and(|p| p.excuses(m))
+        });
         if lr.is_some() || rank_drift.is_some() || scaler.is_some() {
             // Learning rates and the ranks' fingerprints are compared exactly: no
             // difference is allowed.
-            verdict = Verdict::Diverged;
+            verdict = Agreement::Diverged;
             worst_fraction = f64::INFINITY;
         }
         Comparison {

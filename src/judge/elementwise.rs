@@ -4,7 +4,7 @@
 use tch::Tensor;
 
 use super::ulps::Precision;
-use super::{GroupDiff, TensorDiff, Verdict};
+use super::{Agreement, GroupDiff, Problem, TensorDiff};
 use crate::evidence::Params;
 use crate::spec::Tolerance;
 
@@ -62,11 +62,11 @@ pub(super) fn compare_group(
                 });
                 tensors.push(compare_tensor(name, x, y, tol, scale, bound))
             }
-            None => tensors.push(missing(name, "missing on the right")),
+            None => tensors.push(missing(name, Problem::Missing { on: "right" })),
         }
     }
     for (name, _) in b.iter().filter(|(n, _)| !a.iter().any(|(m, _)| m == n)) {
-        tensors.push(missing(name, "missing on the left"));
+        tensors.push(missing(name, Problem::Missing { on: "left" }));
     }
     let fold = |f: fn(&TensorDiff) -> f64| tensors.iter().map(f).fold(0.0, f64::max);
     GroupDiff {
@@ -74,21 +74,21 @@ pub(super) fn compare_group(
         max_rel: fold(|t| t.max_rel),
         max_ulps: tensors.iter().map(|t| t.max_ulps).max().unwrap_or(0),
         worst_fraction: fold(|t| t.worst_fraction),
-        verdict: tensors.iter().map(|t| t.verdict).max().unwrap_or(Verdict::Exact),
+        verdict: tensors.iter().map(|t| t.verdict).max().unwrap_or(Agreement::Exact),
         tensors,
         not_judged: None,
     }
 }
 
-pub(super) fn missing(name: &str, problem: &str) -> TensorDiff {
+pub(super) fn missing(name: &str, problem: Problem) -> TensorDiff {
     TensorDiff {
         name: name.into(),
         max_abs: f64::INFINITY,
         max_rel: f64::INFINITY,
         max_ulps: u64::MAX,
         worst_fraction: f64::INFINITY,
-        verdict: Verdict::Diverged,
-        problem: Some(problem.into()),
+        verdict: Agreement::Diverged,
+        problem: Some(problem),
     }
 }
 
@@ -105,7 +105,7 @@ fn compare_tensor(
     bound: Option<Tensor>,
 ) -> TensorDiff {
     if x.size() != y.size() {
-        return missing(name, &format!("shape {:?} vs {:?}", x.size(), y.size()));
+        return missing(name, Problem::Shape { left: x.size(), right: y.size() });
     }
     use crate::spec::Dtype;
     let precision = match (Dtype::of_kind(x.kind()), Dtype::of_kind(y.kind())) {
@@ -121,7 +121,7 @@ fn compare_tensor(
         max_rel: 0.0,
         max_ulps: 0,
         worst_fraction: 0.0,
-        verdict: Verdict::Exact,
+        verdict: Agreement::Exact,
         problem: None,
     };
     // Fast path, in libtorch: bit-identical and finite (NaN never equals itself; Inf must
@@ -164,8 +164,8 @@ fn compare_tensor(
         // A blown-up run proves nothing, even when both blew up alike.
         if !(p.is_finite() && q.is_finite()) {
             let element = picked.int64_value(&[k as i64]);
-            d.problem.get_or_insert_with(|| format!("non-finite value at element {element} ({p} vs {q})"));
-            d.verdict = Verdict::Diverged;
+            d.problem.get_or_insert(Problem::NonFinite { element, left: p, right: q });
+            d.verdict = Agreement::Diverged;
             continue;
         }
         if p == q {
@@ -190,7 +190,7 @@ fn compare_tensor(
         d.max_abs = d.max_abs.max(abs);
         d.max_rel = d.max_rel.max(rel);
         d.max_ulps = d.max_ulps.max(ulps);
-        d.verdict = d.verdict.max(if close { Verdict::WithinTolerance } else { Verdict::Diverged });
+        d.verdict = d.verdict.max(if close { Agreement::WithinTolerance } else { Agreement::Diverged });
     }
     d
 }

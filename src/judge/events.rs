@@ -18,9 +18,10 @@ pub struct RangeParted {
 impl RangeParted {
     /// Where the predicted steps are ones the two records really disagree on skipping.
     pub(super) fn of(a: &Trace, b: &Trace) -> Option<Self> {
-        let parts = a.range_parts.as_ref().or(b.range_parts.as_ref())?;
-        let differ =
-            |s: &usize| a.scaler.found_inf.get(*s).zip(b.scaler.found_inf.get(*s)).is_some_and(|(x, y)| x != y);
+        let parts = a.allowances.range_parts.as_ref().or(b.allowances.range_parts.as_ref())?;
+        let differ = |s: &usize| {
+            a.facts.scaler.found_inf.get(*s).zip(b.facts.scaler.found_inf.get(*s)).is_some_and(|(x, y)| x != y)
+        };
         let steps: Vec<usize> = parts.steps.iter().copied().filter(differ).collect();
         let from = steps.first().copied().filter(|_| parts.carries);
         (!steps.is_empty()).then_some(RangeParted { steps, from })

@@ -12,7 +12,9 @@ mod ulps;
 
 pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
-pub use diagnose::{big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, LOSS_DIVIDING_FRAMEWORKS};
+pub use diagnose::{
+    big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin, Rule, ShortWindow, RULES,
+};
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
 pub use reason::Reason;
@@ -23,22 +25,116 @@ use serde::Serialize;
 use crate::evidence::RankDrift;
 use crate::spec::Tolerance;
 
-/// Three-way, as criterion does it: bit-identical, inside the tolerance, or not.
+/// How two tensors, a step or two runs agree, three-way as criterion says it: bit-identical,
+/// inside the tolerance, or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Verdict {
+pub enum Agreement {
     Exact,
     WithinTolerance,
     Diverged,
 }
 
-impl Verdict {
+impl Agreement {
     pub fn label(self) -> &'static str {
         match self {
-            Verdict::Exact => "exact",
-            Verdict::WithinTolerance => "within tolerance",
-            Verdict::Diverged => "DIVERGED",
+            Agreement::Exact => "exact",
+            Agreement::WithinTolerance => "within tolerance",
+            Agreement::Diverged => "DIVERGED",
         }
+    }
+}
+
+/// What a verification, `compare` or a suite case concludes: one value for the exit code,
+/// the word reports and JSON use, and JUnit's failure or error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Equivalent,
+    /// The kernels did not repeat themselves: nothing was judged.
+    NoVerdict,
+    NotEquivalent,
+}
+
+impl Verdict {
+    /// As JSON and suites name it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Equivalent => "equivalent",
+            Verdict::NoVerdict => "no-verdict",
+            Verdict::NotEquivalent => "not-equivalent",
+        }
+    }
+
+    /// As headlines say it.
+    pub fn shout(self) -> &'static str {
+        match self {
+            Verdict::Equivalent => "EQUIVALENT",
+            Verdict::NoVerdict => "NO VERDICT",
+            Verdict::NotEquivalent => "NOT EQUIVALENT",
+        }
+    }
+
+    /// Markdown's mark beside it.
+    pub fn mark(self) -> &'static str {
+        match self {
+            Verdict::Equivalent => "✅",
+            Verdict::NoVerdict => "⚠️",
+            Verdict::NotEquivalent => "❌",
+        }
+    }
+
+    /// 0 equivalent, 1 not, 4 no verdict.
+    pub fn exit(self) -> crate::error::Exit {
+        use crate::error::Exit;
+        match self {
+            Verdict::Equivalent => Exit::Equivalent,
+            Verdict::NoVerdict => Exit::NoVerdict,
+            Verdict::NotEquivalent => Exit::NotEquivalent,
+        }
+    }
+
+    /// Many cases' verdict: not equivalent if any is, else no verdict if any has none.
+    pub fn of_all(verdicts: impl IntoIterator<Item = Verdict>) -> Verdict {
+        verdicts.into_iter().max().unwrap_or(Verdict::Equivalent)
+    }
+}
+
+/// Why a tensor could not be compared element by element.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Problem {
+    /// In one run's trace only.
+    Missing {
+        on: &'static str,
+    },
+    Shape {
+        left: Vec<i64>,
+        right: Vec<i64>,
+    },
+    /// NaN or Inf in either run: a blown-up run proves nothing.
+    NonFinite {
+        element: i64,
+        left: f64,
+        right: f64,
+    },
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::Missing { on } => write!(f, "missing on the {on}"),
+            Problem::Shape { left, right } => write!(f, "shape {left:?} vs {right:?}"),
+            Problem::NonFinite { element, left, right } => {
+                write!(f, "non-finite value at element {element} ({left} vs {right})")
+            }
+        }
+    }
+}
+
+/// Reports show a problem in words.
+impl Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -51,9 +147,9 @@ pub struct TensorDiff {
     pub max_ulps: u64,
     /// The largest |Δ| as a fraction of what its element was allowed: 1 is the edge.
     pub worst_fraction: f64,
-    pub verdict: Verdict,
+    pub verdict: Agreement,
     /// Set when the tensors cannot be compared element-wise, or hold NaN/Inf.
-    pub problem: Option<String>,
+    pub problem: Option<Problem>,
 }
 
 /// All tensors of one optimizer step's gradients, or of the final weights.
@@ -64,7 +160,7 @@ pub struct GroupDiff {
     pub max_rel: f64,
     pub max_ulps: u64,
     pub worst_fraction: f64,
-    pub verdict: Verdict,
+    pub verdict: Agreement,
     /// Why this step (or the finals) was not compared, when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_judged: Option<NotJudged>,
@@ -101,7 +197,7 @@ impl GroupDiff {
             max_rel: 0.0,
             max_ulps: 0,
             worst_fraction: 0.0,
-            verdict: Verdict::Exact,
+            verdict: Agreement::Exact,
             not_judged: Some(why),
         }
     }
@@ -142,7 +238,7 @@ pub struct Comparison {
     /// Steps float16's range parted the runs at, which were not judged (see `RangePrediction`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub range_parted: Option<RangeParted>,
-    pub verdict: Verdict,
+    pub verdict: Agreement,
 }
 
 #[cfg(test)]
@@ -161,7 +257,7 @@ mod tests {
     #[test]
     fn a_2x_scaling_bug_diverges_under_default_tolerance() {
         let c = compare("a", &trace(&[0.5, 1e-3]), "b", &trace(&[1.0, 2e-3]), &Tolerance::default());
-        assert_eq!(c.verdict, Verdict::Diverged);
+        assert_eq!(c.verdict, Agreement::Diverged);
     }
 
     #[test]
@@ -169,8 +265,8 @@ mod tests {
         let x = 0.7f32;
         let y = f32::from_bits(x.to_bits() + 1);
         let tol = Tolerance::default();
-        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).verdict, Verdict::WithinTolerance);
-        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[x]), &tol).verdict, Verdict::Exact);
+        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).verdict, Agreement::WithinTolerance);
+        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[x]), &tol).verdict, Agreement::Exact);
     }
 
     #[test]
@@ -180,9 +276,9 @@ mod tests {
         let y = x + ulp(1.0);
         let with_peak = |t: Trace| Trace { peaks: vec![("w".into(), Tensor::from_slice(&[1.0f32]))], ..t };
         let tol = Tolerance { max_ulps: 2, rtol: 0.0, atol: 0.0 };
-        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).finals.verdict, Verdict::Diverged);
+        assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).finals.verdict, Agreement::Diverged);
         let c = compare("a", &with_peak(trace(&[x])), "b", &trace(&[y]), &tol);
-        assert_eq!((c.finals.verdict, c.finals.max_ulps), (Verdict::WithinTolerance, 1));
+        assert_eq!((c.finals.verdict, c.finals.max_ulps), (Agreement::WithinTolerance, 1));
     }
 
     /// Each element against its own bound; the report says how much of it was used.
@@ -190,18 +286,18 @@ mod tests {
     fn derived_bounds_decide_per_element_and_report_the_fraction_used() {
         let bound = |v: &[f64]| vec![("w".to_string(), Tensor::from_slice(v))];
         let mut a = trace(&[1.0, 2.0]);
-        a.allowed = vec![bound(&[1e-2, 1e-3])];
-        a.allowed_finals = bound(&[1e-2, 1e-2]);
+        a.allowances.steps = vec![bound(&[1e-2, 1e-3])];
+        a.allowances.finals = bound(&[1e-2, 1e-2]);
         let b = trace(&[1.005, 2.0]);
         let tol = Tolerance::default();
         let c = Comparer::new("a", "b", &tol, None).derived(true).finish(&a, &b, true);
         assert!(c.derived);
-        assert_eq!(c.verdict, Verdict::WithinTolerance);
+        assert_eq!(c.verdict, Agreement::WithinTolerance);
         approx::assert_relative_eq!(c.worst_fraction, 0.5, max_relative = 1e-4);
         // The same difference in the element allowed only 1e-3 is five times over.
         let b = trace(&[1.0, 2.005]);
         let c = Comparer::new("a", "b", &tol, None).derived(true).finish(&a, &b, true);
-        assert_eq!(c.steps[0].verdict, Verdict::Diverged);
+        assert_eq!(c.steps[0].verdict, Agreement::Diverged);
         approx::assert_relative_eq!(c.steps[0].worst_fraction, 5.0, max_relative = 1e-3);
         // Without derived bounds the fixed tolerance decides (0.005 is far past 16 ulp).
         let c = Comparer::new("a", "b", &tol, None).finish(&a, &b, true);
@@ -213,10 +309,10 @@ mod tests {
     #[test]
     fn an_element_without_a_bound_must_be_identical() {
         let mut a = trace(&[1.0]);
-        a.allowed = vec![vec![("other".to_string(), Tensor::from_slice(&[1.0f64]))]];
+        a.allowances.steps = vec![vec![("other".to_string(), Tensor::from_slice(&[1.0f64]))]];
         let y = f32::from_bits(1.0f32.to_bits() + 1);
         let c = Comparer::new("a", "b", &Tolerance::default(), None).derived(true).finish(&a, &trace(&[y]), true);
-        assert_eq!(c.steps[0].verdict, Verdict::Diverged);
+        assert_eq!(c.steps[0].verdict, Agreement::Diverged);
     }
 
     /// Where micro-batch gradients cancel, rounding is a few ulps of their magnitudes, many
@@ -227,19 +323,19 @@ mod tests {
         let (x, y) = (1e-3f32, 1e-3f32 + ulp(1.0));
         let (a, b) = (trace(&[x, 0.5e-3]), trace(&[y, 0.5e-3]));
         let tol = Tolerance { max_ulps: 16, rtol: 0.0, atol: 0.0 };
-        assert_eq!(compare("a", &a, "b", &b, &tol).steps[0].verdict, Verdict::Diverged);
+        assert_eq!(compare("a", &a, "b", &b, &tol).steps[0].verdict, Agreement::Diverged);
         let with_scales =
             |t: Trace| Trace { scales: vec![vec![("w".into(), Tensor::from_slice(&[2.0f32, 1e-3]))]], ..t };
         let c = compare("a", &with_scales(a), "b", &b, &tol);
-        assert_eq!((c.steps[0].verdict, c.steps[0].max_ulps), (Verdict::WithinTolerance, 1));
+        assert_eq!((c.steps[0].verdict, c.steps[0].max_ulps), (Agreement::WithinTolerance, 1));
     }
 
     #[test]
     fn nan_or_inf_diverges_even_when_both_runs_agree() {
         for bad in [f32::NAN, f32::INFINITY] {
             let c = compare("a", &trace(&[1.0, bad]), "b", &trace(&[1.0, bad]), &Tolerance::default());
-            assert_eq!(c.verdict, Verdict::Diverged);
-            assert!(c.steps[0].tensors[0].problem.as_deref().unwrap().contains("element 1"));
+            assert_eq!(c.verdict, Agreement::Diverged);
+            assert!(c.steps[0].tensors[0].problem.as_ref().unwrap().to_string().contains("element 1"));
         }
     }
 }

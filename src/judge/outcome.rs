@@ -4,21 +4,21 @@
 
 use std::path::PathBuf;
 
-use super::{diagnose, Comparer, Comparison, Context, Diagnosis, Verdict};
-use crate::evidence::{Golden, Params, Trace, TraceMeta};
+use super::{diagnose, Agreement, Comparer, Comparison, Context, Diagnosis, Verdict};
+use crate::evidence::{Golden, Params, Trace, TraceHeader};
 use crate::spec::{Config, Tolerance};
 use crate::train::Unrepeatable;
 
 /// What was judged: two runs ddp-verify trained, or two traces a user recorded.
 pub enum Subject {
     Run(Box<Config>),
-    Traces(TracePair),
+    Traces(Box<TracePair>),
 }
 
 /// `compare A B`: the two files, what their headers say, and how they were judged.
 pub struct TracePair {
     pub paths: [PathBuf; 2],
-    pub meta: [TraceMeta; 2],
+    pub headers: [TraceHeader; 2],
     pub tolerance: Tolerance,
     pub plot: Option<PathBuf>,
     /// Both traces carry per-step micro-batch magnitudes (`scale.<step>.<param>`).
@@ -63,8 +63,18 @@ pub struct BigBatch {
 }
 
 impl Outcome {
+    /// How the runs agree, over every comparison made.
+    pub fn agreement(&self) -> Agreement {
+        self.comparisons().iter().map(|c| c.verdict).fold(Agreement::Exact, Agreement::max)
+    }
+
+    /// Equivalent, not, or no verdict: what reports say and the process exits with.
     pub fn verdict(&self) -> Verdict {
-        self.comparisons().iter().map(|c| c.verdict).fold(Verdict::Exact, Verdict::max)
+        match (self.no_verdict.is_some(), self.agreement()) {
+            (true, _) => Verdict::NoVerdict,
+            (false, Agreement::Diverged) => Verdict::NotEquivalent,
+            (false, _) => Verdict::Equivalent,
+        }
     }
 
     /// Every comparison made, the claim under test first: accumulation vs DDP, vs the big
@@ -81,25 +91,7 @@ impl Outcome {
 
     /// 0 equivalent, 1 not, 4 no verdict: what a verification or `compare` exits with.
     pub fn exit(&self) -> crate::error::Exit {
-        use crate::error::Exit;
-        if self.no_verdict.is_some() {
-            Exit::NoVerdict
-        } else if self.verdict() == Verdict::Diverged {
-            Exit::NotEquivalent
-        } else {
-            Exit::Equivalent
-        }
-    }
-
-    /// The verdict as reports name it.
-    pub fn verdict_word(&self) -> &'static str {
-        if self.no_verdict.is_some() {
-            "no-verdict"
-        } else if self.verdict() == Verdict::Diverged {
-            "not-equivalent"
-        } else {
-            "equivalent"
-        }
+        self.verdict().exit()
     }
 
     /// The verification's config, when ddp-verify trained the runs.
@@ -191,8 +183,8 @@ impl Judging {
         let big_steps = big.map_or(0, |b| b.steps.len());
         for s in 0..accumulation.steps.len().max(ddp.steps.len()).max(big_steps) {
             let (a, d) = (accumulation.steps.get(s).unwrap_or(&none), ddp.steps.get(s).unwrap_or(&none));
-            let b = big.map(|b| (b.steps.get(s).unwrap_or(&none), accumulation.allowed_big.get(s).unwrap_or(&none)));
-            self.step(s, a, d, accumulation.allowed.get(s).unwrap_or(&none), b);
+            let b = big.map(|b| (b.steps.get(s).unwrap_or(&none), accumulation.allowances.big.get(s).unwrap_or(&none)));
+            self.step(s, a, d, accumulation.allowances.steps.get(s).unwrap_or(&none), b);
         }
     }
 
@@ -212,7 +204,7 @@ impl Judging {
                     &trace,
                     &comparison,
                     &context,
-                    runs.verdict != Verdict::Diverged,
+                    runs.verdict != Agreement::Diverged,
                 );
                 Some(BigBatch { trace, comparison, diagnosis })
             }

@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use crate::evidence::{Magnitudes, RunKind};
 use crate::judge::{Outcome, TracePair};
 use crate::spec::{Config, DeviceKind, Dtype, TrainConfig};
 
@@ -143,7 +144,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     }
     if let Some(words) = amp_words(t) {
         let _ = writeln!(s, "amp: {words}");
-        if let Some(record) = scaler_words(&o.accumulation.scaler) {
+        if let Some(record) = scaler_words(&o.accumulation.facts.scaler) {
             let _ = writeln!(s, "loss scaler (accumulation): {record}");
         }
     }
@@ -201,24 +202,24 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     let steps = [o.runs.left_steps, o.runs.right_steps];
     let mut lines = vec!["ddp-verify compare: two recorded traces".to_string()];
     for i in 0..2 {
-        let meta = &pair.meta[i];
+        let h = &pair.headers[i];
         let mut said = Vec::new();
-        match (meta.get("run").map(String::as_str), meta.get("world_size")) {
-            (Some("ddp"), Some(w)) => said.push(format!("DDP over W={w} ranks")),
-            (Some("single") | Some("accumulation"), _) => said.push("one process".to_string()),
-            (Some(other), _) => said.push(format!("run {other}")),
+        match (h.run, h.world_size) {
+            (Some(RunKind::Ddp), Some(w)) => said.push(format!("DDP over W={w} ranks")),
+            (Some(run), _) if run.is_one_process() => said.push("one process".to_string()),
+            (Some(run), _) => said.push(format!("run {}", run.name())),
             (None, _) => said.push("no header".to_string()),
         }
-        if let Some(k) = meta.get("acc_steps") {
+        if let Some(k) = h.acc_steps {
             said.push(format!("K={k}"));
         }
         said.push(format!("{} steps", steps[i]));
-        if let Some(d) = meta.get("dtype") {
-            said.push(d.clone());
+        if let Some(d) = h.dtype {
+            said.push(d.name().to_string());
         }
-        if let Some(by) = meta.get("written_by") {
+        if let Some(by) = &h.written_by {
             said.push(by.clone());
-        } else if let Some(v) = meta.get("torch_version") {
+        } else if let Some(v) = &h.torch_version {
             said.push(format!("PyTorch {v}"));
         }
         lines.push(format!("  {:<12} {} ({})", labels[i], pair.paths[i].display(), said.join(", ")));
@@ -240,7 +241,7 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     });
     lines.push(format!(
         "measured at: gradients, {}; final weights, {}",
-        if pair.magnitudes && pair.meta.iter().any(|m| m.get("magnitudes").is_some_and(|v| v == "per tensor")) {
+        if pair.magnitudes && pair.headers.iter().any(|h| h.magnitudes == Some(Magnitudes::PerTensor)) {
             "the sum of each micro-batch gradient's largest magnitude per tensor, as recorded (or the tensor's largest value)"
         } else if pair.magnitudes {
             "the sum of the micro-batch gradients' magnitudes both traces recorded (or the tensor's largest value)"
@@ -253,7 +254,7 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
             "their own values (the traces carry no peak magnitudes)"
         }
     ));
-    if let Some(others) = pair.meta.iter().find_map(|m| m.get("unrecorded_optimizers")) {
+    if let Some(others) = pair.headers.iter().find_map(|h| h.unrecorded_optimizers.as_ref()) {
         lines.push(format!(
             "not judged: the parameters of another optimizer that stepped ({others}); the recorder follows the \
              first optimizer to step"

@@ -40,7 +40,7 @@ pub fn json(o: &Outcome) -> Value {
         }
         // `compare`: the files and their headers instead of a configuration.
         Subject::Traces(pair) => {
-            let side = |i: usize| json!({ "path": pair.paths[i], "meta": pair.meta[i] });
+            let side = |i: usize| json!({ "path": pair.paths[i], "meta": pair.headers[i] });
             v["traces"] = json!({
                 "left": side(0),
                 "right": side(1),
@@ -50,7 +50,7 @@ pub fn json(o: &Outcome) -> Value {
         }
     }
     v["tolerance"] = json!(o.tolerance());
-    v["verdict"] = json!(o.verdict_word());
+    v["verdict"] = json!(o.verdict().word());
     if let Some(why) = &o.no_verdict {
         v["no_verdict"] = json!({ "message": why.line(), "kernels": why });
         return v;

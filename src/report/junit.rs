@@ -5,20 +5,20 @@ use std::fmt::Write;
 
 use super::{escape_xml, fraction, num, ulps, Exporter};
 use crate::judge::Outcome;
-use crate::judge::{Comparison, GroupDiff, Verdict};
+use crate::judge::{Agreement, Comparison, GroupDiff};
 
 pub struct Junit;
 
 fn case(s: &mut String, suite: &str, name: &str, g: &GroupDiff, o: &Outcome) {
     let _ = write!(s, "    <testcase classname=\"ddp-verify.{}\" name=\"{}\"", escape_xml(suite), escape_xml(name));
-    if g.verdict != Verdict::Diverged {
+    if g.verdict != Agreement::Diverged {
         let _ = writeln!(s, "/>");
         return;
     }
     let worst: Vec<String> = g
         .tensors
         .iter()
-        .filter(|t| t.verdict == Verdict::Diverged)
+        .filter(|t| t.verdict == Agreement::Diverged)
         .map(|t| {
             t.problem.clone().map_or_else(
                 || {
@@ -45,7 +45,7 @@ fn case(s: &mut String, suite: &str, name: &str, g: &GroupDiff, o: &Outcome) {
 /// (tests, failures): a case per step, one for the final weights, one if step counts differ.
 fn counts(c: &Comparison) -> (usize, usize) {
     let mismatch = usize::from(c.left_steps != c.right_steps);
-    let failed = c.steps.iter().chain([&c.finals]).filter(|g| g.verdict == Verdict::Diverged).count();
+    let failed = c.steps.iter().chain([&c.finals]).filter(|g| g.verdict == Agreement::Diverged).count();
     (c.steps.len() + 1 + mismatch, failed + mismatch)
 }
 

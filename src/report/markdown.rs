@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{fraction, num, summary, ulps, values, verdict_line, Exporter};
-use crate::judge::{GroupDiff, Verdict};
+use crate::judge::{Agreement, GroupDiff};
 use crate::judge::{Outcome, Subject};
 
 pub struct Markdown;
@@ -17,15 +17,14 @@ impl Exporter for Markdown {
     fn render(&self, o: &Outcome) -> String {
         let mut s = String::new();
         if let Some(why) = &o.no_verdict {
-            let _ = writeln!(s, "### ddp-verify: ⚠️ NO VERDICT\n");
+            let _ = writeln!(s, "### ddp-verify: {} {}\n", o.verdict().mark(), o.verdict().shout());
             if let Subject::Run(cfg) = &o.subject {
                 super::describe::run_markdown(&mut s, cfg);
             }
             let _ = writeln!(s, "> {}", why.line());
             return s;
         }
-        let ok = o.verdict() != Verdict::Diverged;
-        let _ = writeln!(s, "### ddp-verify: {}\n", if ok { "✅ EQUIVALENT" } else { "❌ NOT EQUIVALENT" });
+        let _ = writeln!(s, "### ddp-verify: {} {}\n", o.verdict().mark(), o.verdict().shout());
         match &o.subject {
             Subject::Run(cfg) => super::describe::run_markdown(&mut s, cfg),
             Subject::Traces(pair) => {
@@ -67,7 +66,7 @@ impl Exporter for Markdown {
             if let Some(b) = &o.runs.buffers {
                 let counted = if o.runs.buffers_counted { "counted (--strict-buffers)" } else { "not counted" };
                 let label = match (b.verdict, o.runs.buffers_counted) {
-                    (Verdict::Diverged, false) => "differ (expected)",
+                    (Agreement::Diverged, false) => "differ (expected)",
                     (v, _) => v.label(),
                 };
                 let _ = writeln!(s, "\n**BatchNorm buffers** ({counted}): {label}. {}", super::buffer_explanation(o));

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::judge::{Comparison, GroupDiff, Outcome, Subject, Verdict};
+use crate::judge::{Agreement, Comparison, GroupDiff, Outcome, Subject};
 use crate::spec::{Format, ReportTarget};
 
 pub use json::JSON_SCHEMA_VERSION;
@@ -159,7 +159,7 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     let bound = bound_words(o);
     let all = o.comparisons();
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
-    if o.verdict() != Verdict::Diverged {
+    if o.agreement() != Agreement::Diverged {
         let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
         let parted = all.iter().find_map(|c| c.range_parted.as_ref());
         let unjudged = all.iter().any(|c| c.finals.not_judged == Some(crate::judge::NotJudged::Optimizer));
@@ -175,8 +175,8 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
             parted.map_or(String::new(), range_words)
         );
     }
-    let first = all.iter().find(|c| c.verdict == Verdict::Diverged).expect("a diverged comparison");
-    if let Some((d, p)) = first.rank_drift.as_ref().and_then(|d| Some((d, d.tensor.strip_prefix("grad ")?))) {
+    let first = all.iter().find(|c| c.verdict == Agreement::Diverged).expect("a diverged comparison");
+    if let Some((d, p)) = first.rank_drift.as_ref().and_then(|d| Some((d, d.unsynced_grad()?))) {
         return format!(
             "NOT EQUIVALENT: DDP rank {}'s gradient of {p} differs from rank 0's at step {}: not synchronised",
             d.rank, d.step
@@ -201,9 +201,9 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     if let Some(m) = first.scaler {
         return format!("NOT EQUIVALENT: {}", m.describe(&first.left, &first.right));
     }
-    let (what, g) = match first.steps.iter().position(|g| g.verdict == Verdict::Diverged) {
+    let (what, g) = match first.steps.iter().position(|g| g.verdict == Agreement::Diverged) {
         Some(i) => (format!("step {i}"), &first.steps[i]),
-        None if first.finals.verdict == Verdict::Diverged => ("final weights".to_string(), &first.finals),
+        None if first.finals.verdict == Agreement::Diverged => ("final weights".to_string(), &first.finals),
         None => {
             return format!(
                 "NOT EQUIVALENT: {} made {} optimizer steps but {} made {}",
@@ -211,8 +211,8 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
             )
         }
     };
-    let t = g.tensors.iter().find(|t| t.verdict == Verdict::Diverged).expect("a diverged tensor");
-    let detail = t.problem.clone().unwrap_or_else(|| {
+    let t = g.tensors.iter().find(|t| t.verdict == Agreement::Diverged).expect("a diverged tensor");
+    let detail = t.problem.as_ref().map(ToString::to_string).unwrap_or_else(|| {
         format!(
             "max |Δ| {}, rel {}, {} ulp: {} times the allowed difference ({bound})",
             num(t.max_abs),

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{escape_xml, verdict_line};
 use crate::error::Result;
-use crate::judge::{Diagnosis, Outcome};
+use crate::judge::{Diagnosis, Outcome, Verdict};
 use crate::spec::{Format, ReportTarget};
 
 #[derive(Serialize)]
@@ -27,7 +27,7 @@ pub struct CaseResult {
     /// The same verification as one command.
     pub command: String,
     pub gpus: usize,
-    pub verdict: &'static str,
+    pub verdict: Verdict,
     /// The run's verdict line, as a single run prints it.
     pub summary: String,
     pub diagnosis: Option<Diagnosis>,
@@ -45,7 +45,7 @@ impl CaseResult {
             name: name.into(),
             command: train.command(),
             gpus: train.gpus,
-            verdict: o.verdict_word(),
+            verdict: o.verdict(),
             summary: verdict_line(o),
             diagnosis: o.diagnosis.clone(),
             worst_fraction: all.map(|c| c.worst_fraction).fold(0.0, f64::max),
@@ -55,7 +55,7 @@ impl CaseResult {
     }
 
     pub fn passed(&self) -> bool {
-        self.verdict == "equivalent"
+        self.verdict == Verdict::Equivalent
     }
 }
 
@@ -66,12 +66,7 @@ impl SuiteReport {
 
     /// 1 when a case was not equivalent, else 4 when a case got no verdict, else 0.
     pub fn exit(&self) -> crate::error::Exit {
-        use crate::error::Exit;
-        match self.cases.iter().map(|c| c.verdict).collect::<Vec<_>>() {
-            v if v.contains(&"not-equivalent") => Exit::NotEquivalent,
-            v if v.contains(&"no-verdict") => Exit::NoVerdict,
-            _ => Exit::Equivalent,
-        }
+        Verdict::of_all(self.cases.iter().map(|c| c.verdict)).exit()
     }
 
     fn failed(&self) -> usize {
@@ -109,9 +104,8 @@ impl SuiteReport {
             writeln!(s, "  {:<width$}  {:>2}  {:>5}  {:>8}  {:>7}  verdict", "case", "W", "steps", "used", "seconds");
         for c in &self.cases {
             let verdict = match c.verdict {
-                "no-verdict" => "NO VERDICT",
-                _ if c.passed() => "equivalent",
-                _ => "NOT EQUIVALENT",
+                Verdict::Equivalent => "equivalent",
+                v => v.shout(),
             };
             let _ = writeln!(
                 s,
@@ -137,14 +131,13 @@ impl SuiteReport {
 
     fn markdown(&self) -> String {
         let mut s = String::new();
-        let mark = if self.passed() { "✅" } else { "❌" };
+        let mark = if self.passed() { Verdict::Equivalent.mark() } else { Verdict::NotEquivalent.mark() };
         let _ = writeln!(s, "### ddp-verify suite: {mark} {}\n", self.headline());
         let _ = writeln!(s, "| case | W | steps | used | verdict |\n|:---|---:|---:|---:|:---|");
         for c in &self.cases {
             let verdict = match c.verdict {
-                "no-verdict" => "⚠️ NO VERDICT",
-                _ if c.passed() => "✅ equivalent",
-                _ => "❌ NOT EQUIVALENT",
+                Verdict::Equivalent => format!("{} equivalent", c.verdict.mark()),
+                v => format!("{} {}", v.mark(), v.shout()),
             };
             let _ = writeln!(
                 s,

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{num, row, summary, ulps, values, verdict_line, Exporter};
-use crate::judge::{GroupDiff, TensorDiff, Verdict};
+use crate::judge::{Agreement, GroupDiff, TensorDiff};
 use crate::judge::{Outcome, Subject};
 
 pub struct Table;
@@ -93,7 +93,7 @@ impl Exporter for Table {
             furthest.sort_by_key(|d| std::cmp::Reverse((d.verdict, d.max_ulps)));
             for &d in furthest.iter().take(3) {
                 let mut line = tensor_row(d);
-                if !o.runs.buffers_counted && d.verdict == Verdict::Diverged {
+                if !o.runs.buffers_counted && d.verdict == Agreement::Diverged {
                     line = line.replace("DIVERGED", "differs (expected)");
                 }
                 let _ = writeln!(s, "  {:<34}  {line}", d.name);
@@ -102,7 +102,10 @@ impl Exporter for Table {
         }
         if let Some(cfg) = o.config() {
             let _ = writeln!(s, "\nbig batch: {}", super::describe::big_batch_words(&cfg.train));
-        } else if let crate::judge::Subject::Traces(crate::judge::TracePair { big: Some(p), .. }) = &o.subject {
+        } else if let Some(p) = match &o.subject {
+            crate::judge::Subject::Traces(pair) => pair.big.as_ref(),
+            crate::judge::Subject::Run(_) => None,
+        } {
             let _ = writeln!(s, "\nbig batch: the trace {}", p.display());
         }
         if let Some(b) = &o.big_batch {
@@ -139,12 +142,15 @@ impl Exporter for Table {
         }
         let cfg = o.config();
         if let Some((true, Some(dir))) = cfg.map(|c| (c.bless, &c.golden)) {
-            let done =
-                if o.verdict() == Verdict::Diverged { "NOT blessed: the runs are not equivalent" } else { "blessed" };
+            let done = if o.agreement() == Agreement::Diverged {
+                "NOT blessed: the runs are not equivalent"
+            } else {
+                "blessed"
+            };
             let _ = writeln!(s, "golden {}: {done}", dir.display());
         }
         if let Some((true, cfg, Some(dir))) =
-            cfg.map(|c| (o.golden.iter().any(|c| c.verdict == Verdict::Diverged), c, &c.golden))
+            cfg.map(|c| (o.golden.iter().any(|c| c.verdict == Agreement::Diverged), c, &c.golden))
         {
             let cmd = format!("{} --golden {}", cfg.train.command(), dir.display());
             let _ = writeln!(s, "inspect:  {cmd} --save-trace {}-inspect", dir.display());
@@ -156,7 +162,7 @@ impl Exporter for Table {
 
 /// The tensor that used most of its allowance in a group.
 fn worst_name(g: &GroupDiff) -> &str {
-    let worst = g.tensors.iter().filter(|t| t.verdict != Verdict::Exact).max_by(|a, b| {
+    let worst = g.tensors.iter().filter(|t| t.verdict != Agreement::Exact).max_by(|a, b| {
         (a.verdict, a.worst_fraction).partial_cmp(&(b.verdict, b.worst_fraction)).unwrap_or(std::cmp::Ordering::Equal)
     });
     worst.map_or("-", |t| t.name.as_str())

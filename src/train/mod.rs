@@ -29,7 +29,7 @@ use self::optim::Optimizer;
 use self::scaler::Scaler;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
-use crate::evidence::{snapshot, Params, RangePrediction, ScalerRecord, Trace};
+use crate::evidence::{snapshot, Allowances, Params, RangePrediction, RankHeld, ScalerRecord, StepFacts, Trace};
 use crate::plan::{Counts, Normaliser, Planted, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
 
@@ -318,9 +318,12 @@ impl<'a> Run<'a> {
         let weights: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         let (allowed_finals, allowed_finals_big) = listener.finals(&names, &weights);
         Ok(Trace {
-            allowed: Vec::new(),
-            allowed_finals,
-            allowed_finals_big,
+            allowances: Allowances {
+                finals: allowed_finals,
+                big_finals: allowed_finals_big,
+                range_parts: self.range_parts,
+                ..Allowances::default()
+            },
             steps: Vec::new(),
             finals: snapshot(
                 m.parameters()
@@ -329,12 +332,14 @@ impl<'a> Run<'a> {
                     .chain(self.opt.state().iter().map(|(n, t)| (n, t.shallow_clone()))),
             ),
             // Recorded where they change (as the reference scripts do): compared exactly.
-            lrs: if self.lr_scheduled { self.lrs[..self.plan.steps.len()].to_vec() } else { Vec::new() },
-            clips: self.clips,
-            rank_drift: self.drift,
-            dropout_keys: self.dropout_keys,
-            scaler: self.scaler_record,
-            range_parts: self.range_parts,
+            facts: StepFacts {
+                lrs: if self.lr_scheduled { self.lrs[..self.plan.steps.len()].to_vec() } else { Vec::new() },
+                clips: self.clips,
+                rank_drift: self.drift,
+                dropout_keys: self.dropout_keys,
+                scaler: self.scaler_record,
+                ..StepFacts::default()
+            },
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
             ..Trace::default()
@@ -351,7 +356,10 @@ impl<'a> Run<'a> {
         }
         allowed.retain(|a| !a.is_empty());
         allowed_big.retain(|a| !a.is_empty());
-        Ok(Trace { steps, allowed, allowed_big, ..self.finish()? })
+        let mut trace = Trace { steps, ..self.finish()? };
+        trace.allowances.steps = allowed;
+        trace.allowances.big = allowed_big;
+        Ok(trace)
     }
 
     /// The weights and buffers, flattened: what another run restarts from in lockstep.
@@ -401,11 +409,11 @@ impl<'a> Run<'a> {
     fn compare_ranks(&mut self, s: usize) -> Result<()> {
         let Some(d) = self.ddp.as_ref().filter(|_| self.drift.is_none()) else { return Ok(()) };
         let params = self.model.parameters();
-        let named: Vec<(String, Tensor)> = params
+        let named: Vec<(RankHeld, Tensor)> = params
             .iter()
-            .map(|(n, p)| (format!("param {n}"), p.shallow_clone()))
-            .chain(params.iter().map(|(n, p)| (format!("grad {n}"), p.grad())))
-            .chain(self.opt.state())
+            .map(|(n, p)| (RankHeld::Param(n.clone()), p.shallow_clone()))
+            .chain(params.iter().map(|(n, p)| (RankHeld::Grad(n.clone()), p.grad())))
+            .chain(self.opt.state().into_iter().map(|(n, t)| (RankHeld::OptimizerState(n), t)))
             .collect();
         self.drift = collective::fingerprint::compare_ranks(d.comm, s, &named)?;
         Ok(())

@@ -141,3 +141,38 @@ fn non_finite_magnitudes_are_refused_not_trusted() {
         assert!(stderr(&out).contains(&format!("{name} holds NaN or Inf")), "{}", stderr(&out));
     }
 }
+
+/// A header that lacks a key `compare` relies on, or holds one that does not parse, is bad
+/// input (exit 2): one line naming the file and the key, never judged as if fine. A format
+/// newer than this build's is named by its version.
+#[test]
+fn a_header_missing_a_key_or_holding_garbage_is_refused_naming_the_key() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dir(&t, "run");
+    ddp_verify(&["--save-trace", &d]);
+    let acc = format!("{d}/accumulation.safetensors");
+    for (key, value, says) in [
+        ("world_size", Some("garbage"), "header key world_size: 'garbage' is not a whole number"),
+        ("dtype", None, "header key dtype: missing"),
+        ("run", Some("sideways"), "header key run: 'sideways' is none of"),
+        ("format", Some("ddp-verify-trace/9"), "newer than this ddp-verify reads (ddp-verify-trace/1)"),
+    ] {
+        let edited = dir(&t, &format!("{key}.safetensors"));
+        let edit = match value {
+            Some(v) => format!("m['{key}'] = '{v}'"),
+            None => format!("del m['{key}']"),
+        };
+        let script = format!(
+            "from safetensors import safe_open\nfrom safetensors.torch import load_file, save_file\n\
+             m = dict(safe_open('{d}/ddp.safetensors', 'pt').metadata())\n{edit}\n\
+             save_file(load_file('{d}/ddp.safetensors'), '{edited}', metadata=m)\n"
+        );
+        let py = Command::new(repo(".venv/bin/python")).args(["-c", &script]).output().unwrap();
+        assert!(py.status.success(), "{}", stderr(&py));
+        let out = ddp_verify(&["compare", &acc, &edited]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{key}: {}", stdout(&out));
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&edited) && err.contains(says), "{key}: {err}");
+    }
+}

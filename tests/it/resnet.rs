@@ -3,7 +3,7 @@
 //! forward/backward of resnet-tiny from torchvision's own initial state.
 
 use ddp_verify::evidence::Trace;
-use ddp_verify::judge::{compare, Verdict};
+use ddp_verify::judge::{compare, Agreement};
 use ddp_verify::train::models::{Model, ResNet, ResNetSpec};
 use ddp_verify::Tolerance;
 use tch::{Kind, Tensor};
@@ -93,7 +93,7 @@ fn resnet_tiny_forward_and_backward_match_torchvision() {
     let c = compare("ours", &ours, "torchvision", &torch, &Tolerance::default());
     let worst = c.steps[0].max_ulps.max(c.finals.max_ulps);
     assert_eq!(c.steps[0].tensors.len(), model.parameters().len());
-    assert_ne!(c.verdict, Verdict::Diverged, "worst {worst} ulp");
+    assert_ne!(c.verdict, Agreement::Diverged, "worst {worst} ulp");
     eprintln!("resnet-tiny vs torchvision: {} (worst {worst} ulp)", c.verdict.label());
     // Every BatchNorm counted the one batch, as the module does.
     for (n, b) in model.buffers().iter().filter(|(n, _)| n.ends_with("num_batches_tracked")) {

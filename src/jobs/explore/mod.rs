@@ -23,7 +23,7 @@ use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestR
 use super::pool::RankPool;
 use crate::dist::{world as launch, Collective as _};
 use crate::error::{Error, Exit, Result};
-use crate::judge::{Diagnosis, Verdict};
+use crate::judge::{Agreement, Diagnosis};
 pub use crate::spec::ExploreOptions;
 use crate::spec::{Bug, ModelKind, TrainConfig};
 
@@ -190,7 +190,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
         if bug.is_none() {
             tally.max_used = tally.max_used.max(case.used);
         }
-        if case.verdict == Verdict::Diverged {
+        if case.verdict == Agreement::Diverged {
             tally.not_equivalent += 1;
             let reason = case.diagnosis.as_ref().map_or("unexplained", |d| d.reason.name());
             *tally.reasons.entry(reason).or_default() += 1;
@@ -207,7 +207,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             Finding::FalseAlarm => tally.false_alarms += 1,
             Finding::Reordered => {
                 tally.reordered += 1;
-                tally.reordered_fired += usize::from(case.verdict == Verdict::Diverged);
+                tally.reordered_fired += usize::from(case.verdict == Agreement::Diverged);
             }
             _ => {}
         }

@@ -6,13 +6,13 @@ use std::time::Instant;
 use super::Timing;
 use crate::error::Result;
 use crate::jobs::pool::RankPool;
-use crate::judge::{Diagnosis, Verdict};
+use crate::judge::{Agreement, Diagnosis};
 use crate::plan::Effect;
 use crate::spec::{Bug, Config, ToleranceOverrides, TrainConfig};
 use crate::train::accumulation;
 
 pub(super) struct Case {
-    pub(super) verdict: Verdict,
+    pub(super) verdict: Agreement,
     /// The worst difference over what it was allowed.
     pub(super) used: f64,
     pub(super) diagnosis: Option<Diagnosis>,
@@ -35,7 +35,7 @@ impl Runner<'_> {
         let t0 = Instant::now();
         let platform = crate::dist::kernels::apply(self.kernels, cfg.device)?;
         if crate::train::repeat_check(cfg, platform)?.is_some() {
-            let (verdict, used, diagnosis, unjudged) = (Verdict::Exact, 0.0, None, false);
+            let (verdict, used, diagnosis, unjudged) = (Agreement::Exact, 0.0, None, false);
             return Ok(Case { verdict, used, diagnosis, unjudged, no_verdict: true });
         }
         let (acc, ddp) = self.pool.lead(cfg)?;
@@ -49,9 +49,9 @@ impl Runner<'_> {
         let judged = Config::judging(cfg.clone(), self.tol.tolerance(cfg.dtype, cfg.lockstep), self.tol.derive(cfg));
         let o = crate::jobs::verify::assemble(&judged, acc, ddp, big, None);
         let used = o.comparisons().iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
-        let unjudged = o.runs.verdict != Verdict::Diverged && o.runs.steps.iter().all(|g| g.not_judged.is_some());
+        let unjudged = o.runs.verdict != Agreement::Diverged && o.runs.steps.iter().all(|g| g.not_judged.is_some());
         let diagnosis = o.diagnosis.clone().or_else(|| o.big_batch.as_ref().and_then(|b| b.diagnosis.clone()));
-        let verdict = o.verdict();
+        let verdict = o.agreement();
         let t = &mut self.timing;
         t.ddp += (t1 - t0).as_secs_f64();
         t.accumulation += (t2 - t1).as_secs_f64();
@@ -84,12 +84,12 @@ pub(super) enum Finding {
 }
 
 pub(super) fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Finding {
-    let diverged = case.verdict == Verdict::Diverged;
+    let diverged = case.verdict == Agreement::Diverged;
     let blew_up = case.diagnosis.as_ref().is_some_and(|d| d.reason == crate::judge::Reason::NonFinite);
     if case.no_verdict {
         return Finding::NoVerdict;
     }
-    if case.unjudged && case.verdict != Verdict::Diverged {
+    if case.unjudged && case.verdict != Agreement::Diverged {
         return Finding::Unjudged;
     }
     match bug {

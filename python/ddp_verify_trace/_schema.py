@@ -1,0 +1,70 @@
+"""The trace format ddp-verify reads, generated from src/evidence/schema.rs: do not edit.
+
+Regenerate with `UPDATE_SCHEMA=1 cargo test --lib evidence::schema`; a Rust test holds this file to
+the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.
+"""
+
+FORMAT = "ddp-verify-trace/1"
+
+# key: (value type, allowed values or None, required)
+HEADER = {
+    "format": ("text", None, True),
+    "run": ("one of", ("accumulation", "single", "ddp",), True),
+    "world_size": ("count", None, True),
+    "dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), True),
+    "leg": ("one of", ("accumulation", "ddp", "big-batch",), False),
+    "acc_steps": ("count", None, False),
+    "steps_per_epoch": ("count", None, False),
+    "steps": ("count", None, False),
+    "magnitudes": ("one of", ("true", "per tensor", "false",), False),
+    "framework": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate",), False),
+    "ddp_forward": ("one of", ("seen", "none",), False),
+    "dropout": ("text", None, False),
+    "unrecorded_optimizers": ("text", None, False),
+    "written_by": ("text", None, False),
+    "recorded_by": ("text", None, False),
+    "torch_version": ("text", None, False),
+    "optimizer": ("text", None, False),
+    "betas": ("numbers", None, False),
+    "eps": ("number", None, False),
+    "weight_decay": ("number", None, False),
+    "momentum": ("number", None, False),
+    "dampening": ("number", None, False),
+    "amsgrad": ("flag", None, False),
+    "nesterov": ("flag", None, False),
+    "maximize": ("flag", None, False),
+}
+OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize",)
+
+# name, outermost first: (Python modules that belong to it)
+FRAMEWORKS = {
+    "transformers": ("transformers",),
+    "lightning": ("lightning", "pytorch_lightning",),
+    "colossalai": ("colossalai",),
+    "accelerate": ("accelerate",),
+}
+
+# kind: (name pattern, elements, shape)
+TENSORS = {
+    "grads": ("grads.{step}.{param}", "float", "param"),
+    "scale": ("scale.{step}.{param}", "float", "param"),
+    "final": ("final.{param}", "float", "param"),
+    "peak": ("peak.{param}", "float", "param"),
+    "buffer": ("buffer.{param}", "any", "param"),
+    "lr": ("lr.{step}", "finite", "some"),
+    "micro": ("micro.{step}", "i64", "one"),
+    "clips": ("clips.{step}", "i64", "one"),
+    "clip": ("clip.{step}", "f64", "two"),
+    "rank_bits": ("rank_bits.{step}.{param}", "i64", "vector"),
+    "ddp_sync": ("ddp_sync.{step}", "i64", "vector"),
+    "loss_scale": ("loss_scale.{step}", "finite", "one"),
+    "found_inf": ("found_inf.{step}", "finite", "one"),
+    "unscales": ("unscales.{step}", "finite", "one"),
+    "scaler_updates": ("scaler_updates.{step}", "finite", "one"),
+    "range_part": ("range_part.{step}", "finite", "one"),
+}
+
+
+def name(kind, step=None, param=None):
+    """A tensor's name in a trace: name("grads", 3, "fc.weight") is "grads.3.fc.weight"."""
+    return TENSORS[kind][0].format(step=step, param=param)

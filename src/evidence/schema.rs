@@ -1,0 +1,457 @@
+//! The trace format, defined once: every header key and every tensor a trace may hold, with
+//! its type. `Trace::load` reads by these tables; the Python recorder writes by the module
+//! generated from them (`python/ddp_verify_trace/_schema.py`, held equal to [`python_module`]
+//! by a test, and the recorder's output held to it by pytest). Sharded engines and sampled
+//! traces extend these tables. Nothing here needs libtorch.
+
+/// What every trace's `format` key starts with; the version follows the slash.
+pub const FORMAT_NAME: &str = "ddp-verify-trace";
+/// The version written now.
+pub const VERSION: u32 = 1;
+/// The versions this build reads: 1 is the layout of ddp-verify 0.1 and the recorder 0.2.
+pub const READS: std::ops::RangeInclusive<u32> = 1..=VERSION;
+
+/// `ddp-verify-trace/<VERSION>`, as headers write it.
+pub fn format() -> String {
+    format!("{FORMAT_NAME}/{VERSION}")
+}
+
+/// What a header value must parse as. Safetensors headers are string to string; these are
+/// what the strings hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value {
+    /// Free text, shown as it is.
+    Text,
+    /// A whole number >= 1.
+    Count,
+    /// A finite number.
+    Number,
+    /// Finite numbers separated by spaces (a tuple of settings, `betas`).
+    Numbers,
+    /// `True` or `False` (as Python writes them; `true`/`false` also read).
+    Flag,
+    /// One of these words; the empty string reads as absent.
+    OneOf(&'static [&'static str]),
+}
+
+impl Value {
+    fn name(self) -> &'static str {
+        match self {
+            Value::Text => "text",
+            Value::Count => "count",
+            Value::Number => "number",
+            Value::Numbers => "numbers",
+            Value::Flag => "flag",
+            Value::OneOf(_) => "one of",
+        }
+    }
+}
+
+/// One header key: its name, what it holds, and whether a header must have it.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub name: &'static str,
+    pub value: Value,
+    /// Every header of a supported version has it; `compare` relies on it.
+    pub required: bool,
+    pub about: &'static str,
+}
+
+pub const FORMAT: &str = "format";
+pub const RUN: &str = "run";
+pub const LEG: &str = "leg";
+pub const WORLD_SIZE: &str = "world_size";
+pub const ACC_STEPS: &str = "acc_steps";
+pub const STEPS_PER_EPOCH: &str = "steps_per_epoch";
+pub const STEPS: &str = "steps";
+pub const DTYPE: &str = "dtype";
+pub const MAGNITUDES: &str = "magnitudes";
+pub const FRAMEWORK: &str = "framework";
+pub const DDP_FORWARD: &str = "ddp_forward";
+pub const DROPOUT: &str = "dropout";
+pub const UNRECORDED_OPTIMIZERS: &str = "unrecorded_optimizers";
+pub const WRITTEN_BY: &str = "written_by";
+pub const RECORDED_BY: &str = "recorded_by";
+pub const TORCH_VERSION: &str = "torch_version";
+pub const OPTIMIZER: &str = "optimizer";
+pub const BETAS: &str = "betas";
+pub const EPS: &str = "eps";
+pub const WEIGHT_DECAY: &str = "weight_decay";
+pub const MOMENTUM: &str = "momentum";
+pub const DAMPENING: &str = "dampening";
+pub const AMSGRAD: &str = "amsgrad";
+pub const NESTEROV: &str = "nesterov";
+pub const MAXIMIZE: &str = "maximize";
+
+/// The run kinds a header names: ddp-verify's own runs, and the recorder's one process or DDP.
+pub const RUNS: &[&str] = &["accumulation", "single", "ddp"];
+/// The legs `ddp-verify -- COMMAND` runs a script as.
+pub const LEGS: &[&str] = &["accumulation", "ddp", "big-batch"];
+/// The float dtypes a trace's gradients and weights may be, by `--dtype`'s names.
+pub const DTYPES: &[&str] = &["float32", "float64", "bfloat16", "float16"];
+/// `true`: per element; `per tensor`: one number per tensor; `false`: none recorded.
+pub const MAGNITUDE_KINDS: &[&str] = &["true", "per tensor", "false"];
+/// Whether any DistributedDataParallel forward ran under the recorder.
+pub const DDP_FORWARDS: &[&str] = &["seen", "none"];
+
+/// Every header key, in the order reports list them.
+pub const KEYS: &[Key] = &[
+    Key { name: FORMAT, value: Value::Text, required: true, about: "ddp-verify-trace/<version>" },
+    Key { name: RUN, value: Value::OneOf(RUNS), required: true, about: "what wrote the trace: one process or DDP" },
+    Key { name: WORLD_SIZE, value: Value::Count, required: true, about: "processes in the run (W under DDP)" },
+    Key { name: DTYPE, value: Value::OneOf(DTYPES), required: true, about: "the gradients' and weights' dtype" },
+    Key { name: LEG, value: Value::OneOf(LEGS), required: false, about: "the leg ddp-verify -- COMMAND ran" },
+    Key { name: ACC_STEPS, value: Value::Count, required: false, about: "K: micro-batches per step over all ranks" },
+    Key { name: STEPS_PER_EPOCH, value: Value::Count, required: false, about: "optimizer steps per epoch" },
+    Key { name: STEPS, value: Value::Count, required: false, about: "optimizer steps recorded" },
+    Key { name: MAGNITUDES, value: Value::OneOf(MAGNITUDE_KINDS), required: false, about: "scale.<s>.<p> kind" },
+    Key {
+        name: FRAMEWORK,
+        value: Value::OneOf(FRAMEWORK_NAMES),
+        required: false,
+        about: "the framework that called optimizer.step()",
+    },
+    Key { name: DDP_FORWARD, value: Value::OneOf(DDP_FORWARDS), required: false, about: "a DDP forward ran" },
+    Key { name: DROPOUT, value: Value::Text, required: false, about: "the dropout layers that train, in words" },
+    Key {
+        name: UNRECORDED_OPTIMIZERS,
+        value: Value::Text,
+        required: false,
+        about: "other optimizers that stepped, by class",
+    },
+    Key { name: WRITTEN_BY, value: Value::Text, required: false, about: "the tool and version that wrote it" },
+    Key { name: RECORDED_BY, value: Value::Text, required: false, about: "how the recorder saw the steps" },
+    Key { name: TORCH_VERSION, value: Value::Text, required: false, about: "the torch (or libtorch) version" },
+    Key { name: OPTIMIZER, value: Value::Text, required: false, about: "the stepping optimizer's class name" },
+    Key { name: BETAS, value: Value::Numbers, required: false, about: "its first group's betas" },
+    Key { name: EPS, value: Value::Number, required: false, about: "its first group's eps" },
+    Key { name: WEIGHT_DECAY, value: Value::Number, required: false, about: "its first group's weight_decay" },
+    Key { name: MOMENTUM, value: Value::Number, required: false, about: "its first group's momentum" },
+    Key { name: DAMPENING, value: Value::Number, required: false, about: "its first group's dampening" },
+    Key { name: AMSGRAD, value: Value::Flag, required: false, about: "its first group's amsgrad" },
+    Key { name: NESTEROV, value: Value::Flag, required: false, about: "its first group's nesterov" },
+    Key { name: MAXIMIZE, value: Value::Flag, required: false, about: "its first group's maximize" },
+];
+
+/// The optimizer settings the recorder copies from the first param group, when present.
+pub const OPTIMIZER_SETTINGS: &[&str] = &[BETAS, EPS, WEIGHT_DECAY, MOMENTUM, AMSGRAD, NESTEROV, DAMPENING, MAXIMIZE];
+
+/// Frameworks the recorder names as the caller of optimizer.step(), outermost first (the
+/// Trainer steps through Accelerate: the user's is the outermost), each with the Python
+/// modules that belong to it. `plain` is none of them.
+pub const FRAMEWORKS: &[(&str, &[&str])] = &[
+    ("transformers", &["transformers"]),
+    ("lightning", &["lightning", "pytorch_lightning"]),
+    ("colossalai", &["colossalai"]),
+    ("accelerate", &["accelerate"]),
+];
+/// Every value the `framework` key may hold.
+pub const FRAMEWORK_NAMES: &[&str] = &["plain", "transformers", "lightning", "colossalai", "accelerate"];
+
+/// How a tensor's name carries its step and parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `<prefix>.<step>`
+    Step,
+    /// `<prefix>.<step>.<param>`
+    StepParam,
+    /// `<prefix>.<param>` (a parameter's or a buffer's name)
+    Param,
+}
+
+/// What a tensor's elements must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elements {
+    /// The trace's one float dtype (F32, F64, BF16 or F16), the same for every such tensor.
+    Float,
+    /// Any dtype (buffers: float statistics, int64 counters).
+    Any,
+    /// Any number dtype, every element finite.
+    Finite,
+    F64,
+    I64,
+}
+
+/// What a tensor's shape must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// The parameter's own (checked against the other trace).
+    Param,
+    /// Exactly one element.
+    One,
+    /// Exactly two elements.
+    Two,
+    /// One element or more (one per param group).
+    Some,
+    /// One dimension (one per rank, one per forward).
+    Vector,
+}
+
+/// Every kind of tensor, by its name's prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Grads,
+    Scale,
+    Final,
+    Peak,
+    Buffer,
+    Lr,
+    Micro,
+    Clips,
+    Clip,
+    RankBits,
+    DdpSync,
+    LossScale,
+    FoundInf,
+    Unscales,
+    ScalerUpdates,
+    RangePart,
+}
+
+/// One kind of tensor: how it is named and what it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorKind {
+    pub kind: Kind,
+    pub prefix: &'static str,
+    pub layout: Layout,
+    pub elements: Elements,
+    pub shape: Shape,
+    pub about: &'static str,
+}
+
+const fn kind(
+    kind: Kind,
+    prefix: &'static str,
+    layout: Layout,
+    elements: Elements,
+    shape: Shape,
+    about: &'static str,
+) -> TensorKind {
+    TensorKind { kind, prefix, layout, elements, shape, about }
+}
+
+use Elements as E;
+use Layout as L;
+
+/// Every tensor a trace may hold. A name that matches none of them is refused.
+pub const TENSORS: &[TensorKind] = &[
+    kind(Kind::Grads, "grads", L::StepParam, E::Float, Shape::Param, "the gradient step s applied"),
+    kind(Kind::Scale, "scale", L::StepParam, E::Float, Shape::Param, "sum of the micro-batches' |gradient|"),
+    kind(Kind::Final, "final", L::Param, E::Float, Shape::Param, "the final weights"),
+    kind(Kind::Peak, "peak", L::Param, E::Float, Shape::Param, "each weight's largest magnitude"),
+    kind(Kind::Buffer, "buffer", L::Param, E::Any, Shape::Param, "buffers at the end (BatchNorm's)"),
+    kind(Kind::Lr, "lr", L::Step, E::Finite, Shape::Some, "the learning rate of each param group"),
+    kind(Kind::Micro, "micro", L::Step, E::I64, Shape::One, "backward passes this rank made"),
+    kind(Kind::Clips, "clips", L::Step, E::I64, Shape::One, "clip_grad_norm_ calls"),
+    kind(Kind::Clip, "clip", L::Step, E::F64, Shape::Two, "the last clip's [total norm, max norm]"),
+    kind(Kind::RankBits, "rank_bits", L::StepParam, E::I64, Shape::Vector, "each rank's gradient checksum"),
+    kind(Kind::DdpSync, "ddp_sync", L::Step, E::I64, Shape::Vector, "per DDP forward: 1 if all-reduced"),
+    kind(Kind::LossScale, "loss_scale", L::Step, E::Finite, Shape::One, "the loss scaler's scale"),
+    kind(Kind::FoundInf, "found_inf", L::Step, E::Finite, Shape::One, "1 where the scaler skipped"),
+    kind(Kind::Unscales, "unscales", L::Step, E::Finite, Shape::One, "unscale_ calls (ours)"),
+    kind(Kind::ScalerUpdates, "scaler_updates", L::Step, E::Finite, Shape::One, "scaler updates (ours)"),
+    kind(Kind::RangePart, "range_part", L::Step, E::Finite, Shape::One, "float16's range parts the runs (ours)"),
+];
+
+impl Kind {
+    pub fn spec(self) -> &'static TensorKind {
+        TENSORS.iter().find(|t| t.kind == self).expect("every kind is in TENSORS")
+    }
+
+    /// This kind's name for `step` and `param` (either unused where the layout has none).
+    pub fn name(self, step: usize, param: &str) -> String {
+        let p = self.spec().prefix;
+        match self.spec().layout {
+            Layout::Step => format!("{p}.{step}"),
+            Layout::StepParam => format!("{p}.{step}.{param}"),
+            Layout::Param => format!("{p}.{param}"),
+        }
+    }
+}
+
+/// A tensor's name taken apart: its kind, step and parameter (where its layout has them).
+#[derive(Debug, Clone)]
+pub struct Name<'a> {
+    pub kind: &'static TensorKind,
+    pub step: usize,
+    pub param: &'a str,
+}
+
+/// `name` by the table, or why it is no trace tensor.
+pub fn parse_name(name: &str) -> Result<Name<'_>, String> {
+    let (kind, rest) = TENSORS
+        .iter()
+        .find_map(|k| Some((k, name.strip_prefix(k.prefix)?.strip_prefix('.')?)))
+        .ok_or_else(|| format!("unexpected tensor {name}"))?;
+    let step = |s: &str| s.parse::<usize>().map_err(|_| format!("tensor {name} has no step number"));
+    let (step, param) = match kind.layout {
+        Layout::Step => (step(rest)?, ""),
+        Layout::StepParam => {
+            let (s, p) = rest.split_once('.').ok_or_else(|| format!("tensor {name} has no step number"))?;
+            (step(s)?, p)
+        }
+        Layout::Param => (0, rest),
+    };
+    if kind.layout != Layout::Step && param.is_empty() {
+        return Err(format!("tensor {name} names no parameter"));
+    }
+    Ok(Name { kind, step, param })
+}
+
+impl TensorKind {
+    /// Whether a tensor of safetensors dtype `dtype` ("F32", "I64", ...), `numel` elements
+    /// and `dims` dimensions may be this kind, in a trace whose float dtype is `float`; else
+    /// what it should have been.
+    pub fn check(&self, name: &str, dtype: &str, numel: usize, dims: usize, float: &str) -> Result<(), String> {
+        const FLOATS: [&str; 4] = ["F32", "F64", "BF16", "F16"];
+        let dtype_ok = match self.elements {
+            E::Float => dtype == float && FLOATS.contains(&dtype),
+            E::Any | E::Finite => true,
+            E::F64 => dtype == "F64",
+            E::I64 => dtype == "I64",
+        };
+        if !dtype_ok && self.elements == E::Float {
+            return Err(format!("tensor {name} is {dtype}, expected one floating dtype like the rest ({float})"));
+        }
+        let shape_ok = match self.shape {
+            Shape::Param => true,
+            Shape::One => numel == 1,
+            Shape::Two => numel == 2,
+            Shape::Some => numel >= 1,
+            Shape::Vector => dims == 1,
+        };
+        if dtype_ok && shape_ok {
+            return Ok(());
+        }
+        let dtype = match self.elements {
+            E::F64 => "float64 ",
+            E::I64 => "int64 ",
+            _ => "",
+        };
+        let shape = match self.shape {
+            Shape::One => "one value",
+            Shape::Two => "two values",
+            Shape::Some => "one value or more",
+            Shape::Vector | Shape::Param => "a vector",
+        };
+        Err(format!("tensor {name} is not {dtype}{shape}: {}", self.about))
+    }
+}
+
+/// The Python module the recorder writes by: these tables as Python literals.
+pub fn python_module() -> String {
+    use std::fmt::Write;
+    let q = |s: &str| format!("{s:?}");
+    let list = |xs: &[&str]| xs.iter().map(|x| q(x)).collect::<Vec<_>>().join(", ");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\"\"\"The trace format ddp-verify reads, generated from src/evidence/schema.rs: do not edit.\n\n\
+         Regenerate with `UPDATE_SCHEMA=1 cargo test --lib evidence::schema`; a Rust test holds this file to\n\
+         the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.\n\"\"\"\n"
+    );
+    let _ = writeln!(out, "FORMAT = {}", q(&format()));
+    let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
+    for k in KEYS {
+        let allowed = match k.value {
+            Value::OneOf(xs) => format!("({},)", list(xs)),
+            _ => "None".into(),
+        };
+        let required = if k.required { "True" } else { "False" };
+        let _ = writeln!(out, "    {}: ({}, {allowed}, {required}),", q(k.name), q(k.value.name()));
+    }
+    let _ = writeln!(out, "}}\nOPTIMIZER_SETTINGS = ({},)", list(OPTIMIZER_SETTINGS));
+    let _ = writeln!(out, "\n# name, outermost first: (Python modules that belong to it)\nFRAMEWORKS = {{");
+    for (name, modules) in FRAMEWORKS {
+        let _ = writeln!(out, "    {}: ({},),", q(name), list(modules));
+    }
+    let _ = writeln!(out, "}}\n\n# kind: (name pattern, elements, shape)\nTENSORS = {{");
+    for t in TENSORS {
+        let pattern = match t.layout {
+            Layout::Step => format!("{}.{{step}}", t.prefix),
+            Layout::StepParam => format!("{}.{{step}}.{{param}}", t.prefix),
+            Layout::Param => format!("{}.{{param}}", t.prefix),
+        };
+        let _ =
+            writeln!(out, "    {}: ({}, {:?}, {:?}),", q(t.prefix), q(&pattern), q_enum(t.elements), q_enum(t.shape));
+    }
+    let _ = writeln!(
+        out,
+        "}}\n\n\ndef name(kind, step=None, param=None):\n    \
+         \"\"\"A tensor's name in a trace: name(\"grads\", 3, \"fc.weight\") is \"grads.3.fc.weight\".\"\"\"\n    \
+         return TENSORS[kind][0].format(step=step, param=param)"
+    );
+    out
+}
+
+fn q_enum(v: impl std::fmt::Debug) -> String {
+    format!("{v:?}").to_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Python module the recorder imports is exactly what the tables generate; on a
+    /// difference `UPDATE_SCHEMA=1` rewrites it (never on CI).
+    #[test]
+    fn the_python_schema_is_generated_from_these_tables() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ddp_verify_trace/_schema.py");
+        let want = python_module();
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        if have == want {
+            return;
+        }
+        match std::env::var("UPDATE_SCHEMA").as_deref() {
+            Ok("1") if std::env::var_os("CI").is_none() => std::fs::write(&path, want).unwrap(),
+            Ok("1") => panic!("UPDATE_SCHEMA is refused on CI: regenerate {} locally and commit it", path.display()),
+            _ => panic!(
+                "{} is not what src/evidence/schema.rs generates: run `UPDATE_SCHEMA=1 cargo test --lib \
+                 evidence::schema` and commit it",
+                path.display()
+            ),
+        }
+    }
+
+    #[test]
+    fn every_kind_names_and_parses_back() {
+        for t in TENSORS {
+            let name = t.kind.name(3, "layer.0.weight");
+            let parsed = parse_name(&name).unwrap();
+            assert_eq!(parsed.kind.kind, t.kind, "{name}");
+            if t.layout != Layout::Param {
+                assert_eq!(parsed.step, 3, "{name}");
+            }
+            if t.layout != Layout::Step {
+                assert_eq!(parsed.param, "layer.0.weight", "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefixes_that_start_alike_are_told_apart() {
+        assert_eq!(parse_name("clips.2").unwrap().kind.kind, Kind::Clips);
+        assert_eq!(parse_name("clip.2").unwrap().kind.kind, Kind::Clip);
+        assert_eq!(parse_name("scale.0.w").unwrap().kind.kind, Kind::Scale);
+        assert_eq!(parse_name("scaler_updates.0").unwrap().kind.kind, Kind::ScalerUpdates);
+        assert!(parse_name("grads.x.w").unwrap_err().contains("has no step number"));
+        assert!(parse_name("weights.w").unwrap_err().contains("unexpected tensor weights.w"));
+        assert!(parse_name("final.").unwrap_err().contains("names no parameter"));
+    }
+
+    #[test]
+    fn every_key_is_listed_once() {
+        let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), KEYS.len());
+        for s in OPTIMIZER_SETTINGS {
+            assert!(names.contains(s), "{s}");
+        }
+        let mut fw: Vec<&str> = FRAMEWORKS.iter().map(|(f, _)| *f).chain(["plain"]).collect();
+        fw.sort_unstable();
+        let mut names = FRAMEWORK_NAMES.to_vec();
+        names.sort_unstable();
+        assert_eq!(fw, names);
+    }
+}

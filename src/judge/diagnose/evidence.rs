@@ -1,0 +1,51 @@
+//! What every rule looks at: both traces, their comparison, what is known of the runs, and
+//! the first step whose gradients diverged (flattened once, on first use).
+
+use std::cell::OnceCell;
+
+use super::Context;
+use crate::evidence::{Params, Trace};
+use crate::judge::{Agreement, Comparison};
+
+pub struct Evidence<'a> {
+    pub a: &'a Trace,
+    pub b: &'a Trace,
+    pub c: &'a Comparison,
+    pub cx: &'a Context,
+    /// The first optimizer step whose gradients diverged, if any did.
+    pub first: Option<usize>,
+    grads: OnceCell<Option<(Vec<f64>, Vec<f64>)>>,
+}
+
+impl<'a> Evidence<'a> {
+    pub fn new(a: &'a Trace, b: &'a Trace, c: &'a Comparison, cx: &'a Context) -> Self {
+        let first = c.steps.iter().position(|g| g.verdict == Agreement::Diverged);
+        Evidence { a, b, c, cx, first, grads: OnceCell::new() }
+    }
+
+    /// What reports call each side.
+    pub fn left(&self) -> &str {
+        &self.c.left
+    }
+
+    pub fn right(&self) -> &str {
+        &self.c.right
+    }
+
+    /// Both sides' gradients at the first diverged step, flattened; None where no step
+    /// diverged or the steps were compared as they came and not kept (ours, streamed).
+    pub fn grads(&self) -> Option<(&[f64], &[f64])> {
+        let kept = self.grads.get_or_init(|| {
+            let s = self.first?;
+            Some((flat(self.a.steps.get(s)?), flat(self.b.steps.get(s)?)))
+        });
+        kept.as_ref().map(|(x, y)| (x.as_slice(), y.as_slice()))
+    }
+}
+
+/// Every tensor's elements in order, as float64.
+pub fn flat(p: &Params) -> Vec<f64> {
+    p.iter()
+        .flat_map(|(_, t)| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default())
+        .collect()
+}

@@ -1,0 +1,87 @@
+//! Plain-words likely causes for a mismatch, as an ordered list of small rules over typed
+//! evidence. Recorded facts come first (which processes ran, step counts, synchronisation,
+//! learning rates, the loss scaler, clip counts, dropout): a fact the runs disagree on is
+//! the cause, whatever the numbers look like. Then inferences from the shape of the
+//! differences (chaos, a stale gradient, one factor, the samples). The first rule that
+//! speaks names the cause; the last ones always speak, so a divergence always has one.
+
+mod big_batch;
+mod clipping;
+mod context;
+mod dropout;
+mod evidence;
+mod factor;
+mod rounding;
+mod samples;
+mod scaling;
+mod schedule;
+mod steps;
+mod sync;
+
+use serde::Serialize;
+
+pub use big_batch::big_batch;
+pub use clipping::caution;
+pub use context::{Context, Loss, Origin, ShortWindow};
+pub use evidence::Evidence;
+
+use super::{Agreement, Comparison, Reason};
+use crate::evidence::Trace;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Diagnosis {
+    /// Short and stable, for counting by reason.
+    pub reason: Reason,
+    pub detail: String,
+}
+
+impl Diagnosis {
+    fn new(reason: Reason, detail: impl Into<String>) -> Option<Diagnosis> {
+        Some(Diagnosis { reason, detail: detail.into() })
+    }
+}
+
+/// One rule: a name for docs and tests, and the test itself.
+pub struct Rule {
+    pub name: &'static str,
+    pub test: fn(&Evidence) -> Option<Diagnosis>,
+}
+
+/// Accumulation against DDP, in order: facts, then what rounding explains, then the shape
+/// of the first differing step.
+pub const RULES: &[Rule] = &[
+    Rule { name: "one process", test: sync::one_process },
+    Rule { name: "step count", test: steps::step_count },
+    Rule { name: "unsynchronised gradient", test: sync::unsynced },
+    Rule { name: "ranks differ", test: sync::ranks_differ },
+    Rule { name: "learning-rate schedule", test: schedule::lr_schedule },
+    Rule { name: "loss scaler", test: scaling::loss_scaler },
+    Rule { name: "non-finite", test: rounding::non_finite },
+    Rule { name: "clip count", test: clipping::clip_count },
+    Rule { name: "dropout keys", test: dropout::keys },
+    Rule { name: "user's dropout", test: dropout::users },
+    Rule { name: "after the gradients", test: rounding::after_the_gradients },
+    Rule { name: "chaos", test: rounding::chaos },
+    Rule { name: "explicit tolerance", test: rounding::explicit_tolerance },
+    Rule { name: "gradients not kept", test: rounding::not_kept },
+    Rule { name: "stale gradients", test: steps::stale },
+    Rule { name: "factor hidden by clipping", test: clipping::clipped_factor },
+    Rule { name: "loss scaling", test: scaling::whole_factor },
+    Rule { name: "uniform factor", test: scaling::uniform_factor },
+    Rule { name: "token count per rank", test: samples::token_count_per_rank },
+    Rule { name: "epoch", test: samples::epoch },
+    Rule { name: "different samples", test: samples::different_samples },
+];
+
+/// The likely cause of a divergence between `a` and `b`, by the first rule that names one;
+/// None where they agree.
+pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
+    if c.verdict != Agreement::Diverged {
+        return None;
+    }
+    let ev = Evidence::new(a, b, c, cx);
+    RULES.iter().find_map(|r| (r.test)(&ev))
+}
+
+#[cfg(test)]
+mod tests;

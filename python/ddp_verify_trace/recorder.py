@@ -1,23 +1,14 @@
 """The recorder: what one run's optimizer steps applied, and everything around them that
 decides whether two runs are the same training.
 
-Per optimizer step (`grads.<s>.<param>` and beside it):
-  scale.<s>.<param>    sum of |each backward's gradient| (averaged over ranks as DDP averages):
-                       per element (magnitudes="element"), or one number per tensor, the sum
-                       of each backward's largest |gradient| (magnitudes="tensor": one read
-                       pass, no copy; an upper bound of every element's)
-  lr.<s>               float64, the learning rate of each param group
-  micro.<s>            int64, this rank's backward passes since the last step (K/W under DDP)
-  clips.<s>            int64, how many times clip_grad_norm_ ran since the last step
-  clip.<s>             float64 [total norm, max norm] of the last clip, where one ran
-  rank_bits.<s>.<param> int64 [W], each rank's bit checksum of the gradient (DDP only): DDP
-                       all-reduces into identical gradients on every rank, so any difference
-                       names a rank whose gradient was not (fully) synchronised
-  ddp_sync.<s>         int64, per DistributedDataParallel forward since the last step (grad
-                       enabled): 1 where its backward was to be all-reduced, 0 where not
-and once: `peak.<param>`, `final.<param>`, `buffer.<name>`, and a string header with the world
-size, the optimizer's kind and settings, the framework that called the step, and the dropout
-layers that train (runs with dropout draw their own masks).
+What a trace holds, tensor by tensor and header key by header key, is `_schema.py`,
+generated from the tables `ddp-verify compare` reads by (src/evidence/schema.rs; its docs in
+docs/architecture.md, "The trace schema"). Per optimizer step: the gradient it applied, the
+micro-batches' magnitudes, the learning rates, backward passes, clip calls and the last
+clip's norms, under DDP each rank's gradient checksum and each forward's sync flag, under a
+GradScaler its scale and skips; once: the peaks, final weights and buffers, and a header
+with the world size, the optimizer's kind and settings, the framework that called the step,
+and the dropout layers that train (runs with dropout draw their own masks).
 """
 from __future__ import annotations
 
@@ -29,16 +20,16 @@ from typing import Any, Union
 import torch
 import torch.distributed as dist
 
-from . import _watch
+from . import _schema, _watch
 from ._stream import Stream
 
-FORMAT = "ddp-verify-trace/1"
+FORMAT = _schema.FORMAT
 # The float dtypes ddp-verify reads, by the names its --dtype uses.
 DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # Integer views of each float dtype, for bit checksums.
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 # Optimizer settings the bound on final weights needs (AdamW carries a gradient's allowance).
-_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize")
+_SETTINGS = _schema.OPTIMIZER_SETTINGS
 
 
 def rank_world() -> tuple[int, int]:
@@ -113,15 +104,33 @@ def _framework() -> str:
     seen: set[str] = set()
     while frame is not None:
         mod = frame.f_globals.get("__name__", "")
-        for name in ("lightning", "pytorch_lightning", "transformers", "accelerate", "colossalai"):
-            if mod == name or mod.startswith(name + "."):
-                seen.add("lightning" if name == "pytorch_lightning" else name)
+        for name, modules in _schema.FRAMEWORKS.items():
+            if any(mod == m or mod.startswith(m + ".") for m in modules):
+                seen.add(name)
         frame = frame.f_back
-    # Transformers' Trainer steps through Accelerate: the outermost framework is the user's.
-    for name in ("transformers", "lightning", "colossalai", "accelerate"):
+    # Transformers' Trainer steps through Accelerate: the outermost framework is the user's,
+    # and the schema lists them outermost first.
+    for name in _schema.FRAMEWORKS:
         if name in seen:
             return name
     return "plain"
+
+
+def _setting(value: Any) -> str | None:
+    """An optimizer setting as the header holds it: a number, a flag, or numbers separated by
+    spaces (betas); None for what is none of these (a setting another optimizer spells
+    otherwise), which the header then leaves out."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)):
+        return str(value) if abs(float(value)) != float("inf") and value == value else None
+    if isinstance(value, (tuple, list)) and value:
+        parts = [_setting(v) for v in value]
+        ok = all(p is not None and not isinstance(v, bool) for p, v in zip(parts, value))
+        return " ".join(p for p in parts if p is not None) if ok else None
+    return None
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
@@ -328,8 +337,8 @@ class Recorder:
         self.check_open("step()")
         scale = self._watch.scale
         if scale is not None:
-            self._tensors[f"loss_scale.{self._steps}"] = torch.tensor([scale], dtype=torch.float32)
-            self._tensors[f"found_inf.{self._steps}"] = torch.tensor([float(skipped)], dtype=torch.float32)
+            self._tensors[_schema.name("loss_scale", self._steps)] = torch.tensor([scale], dtype=torch.float32)
+            self._tensors[_schema.name("found_inf", self._steps)] = torch.tensor([float(skipped)], dtype=torch.float32)
         # The first step after a second epoch was set: the steps before it made one epoch.
         if "steps_per_epoch" not in self._meta and self._steps and self._watch.several_epochs():
             self._meta["steps_per_epoch"] = str(self._steps)
@@ -339,18 +348,18 @@ class Recorder:
         s = self._steps
         micro = max(self._counts.values(), default=0)
         self._counts = {}
-        self._tensors[f"micro.{s}"] = torch.tensor([micro], dtype=torch.int64)
+        self._tensors[_schema.name("micro", s)] = torch.tensor([micro], dtype=torch.int64)
         if optimizer is not None:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
-            self._tensors[f"lr.{s}"] = torch.tensor(lrs, dtype=torch.float64)
+            self._tensors[_schema.name("lr", s)] = torch.tensor(lrs, dtype=torch.float64)
             self._settings(optimizer)
         calls, last = self._watch.take_clips()
-        self._tensors[f"clips.{s}"] = torch.tensor([calls], dtype=torch.int64)
+        self._tensors[_schema.name("clips", s)] = torch.tensor([calls], dtype=torch.int64)
         if calls:
-            self._tensors[f"clip.{s}"] = torch.tensor(last, dtype=torch.float64)
+            self._tensors[_schema.name("clip", s)] = torch.tensor(last, dtype=torch.float64)
         syncs = self._watch.take_syncs()
         if syncs:
-            self._tensors[f"ddp_sync.{s}"] = torch.tensor(syncs, dtype=torch.int64)
+            self._tensors[_schema.name("ddp_sync", s)] = torch.tensor(syncs, dtype=torch.int64)
             self._meta["ddp_forward"] = "seen"
         bits = self._rank_bits(world) if world > 1 else None
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
@@ -366,14 +375,14 @@ class Recorder:
         for i, (n, p) in enumerate(self._params):
             if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
                 continue
-            grad = (f"grads.{s}.{n}", p.grad)
+            grad = (_schema.name("grads", s, n), p.grad)
             (lent if self._nulled.get(n) and _owns_memory(p.grad) else big).append(grad)
             if self._magnitudes == "element":
-                big.append((f"scale.{s}.{n}", sums[n].to(p.grad.dtype)))
+                big.append((_schema.name("scale", s, n), sums[n].to(p.grad.dtype)))
             elif self._magnitudes:
-                self._tensors[f"scale.{s}.{n}"] = sums[n]
+                self._tensors[_schema.name("scale", s, n)] = sums[n]
             if bits is not None:
-                self._tensors[f"rank_bits.{s}.{n}"] = bits[:, i].contiguous()
+                self._tensors[_schema.name("rank_bits", s, n)] = bits[:, i].contiguous()
         self._open().put(big, lent)
         self._keep()
         self._steps += 1
@@ -396,9 +405,9 @@ class Recorder:
         group = optimizer.param_groups[0]
         self._meta["optimizer"] = type(optimizer).__name__
         for key in _SETTINGS:
-            if key in group:
-                value = group[key]
-                self._meta[key] = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+            value = _setting(group.get(key))
+            if value is not None:
+                self._meta[key] = value
 
     def close(self) -> None:
         """Records the final weights and buffers and writes the file (rank 0 only)."""
@@ -407,10 +416,10 @@ class Recorder:
         self.settle()
         self.track_peaks()
         for n, p in self._params:
-            self._tensors[f"peak.{n}"] = _host(self._peaks[n])
-            self._tensors[f"final.{n}"] = _host(p)
+            self._tensors[_schema.name("peak", param=n)] = _host(self._peaks[n])
+            self._tensors[_schema.name("final", param=n)] = _host(p)
         for n, b in self._module.named_buffers():
-            self._tensors[f"buffer.{n}"] = _host(b)
+            self._tensors[_schema.name("buffer", param=n)] = _host(b)
         meta = {
             "format": FORMAT,
             "run": "ddp" if self._world > 1 else "single",

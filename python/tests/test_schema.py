@@ -145,3 +145,13 @@ def test_the_recorder_names_tensors_by_the_schema():
     assert _schema.name("grads", 3, "fc.weight") == "grads.3.fc.weight"
     assert _schema.name("final", param="fc.weight") == "final.fc.weight"
     assert _schema.name("lr", 2) == "lr.2"
+
+
+def test_optimizer_settings_are_written_as_numbers_or_left_out():
+    from ddp_verify_trace.recorder import _setting
+
+    assert _setting((0.9, 0.999)) == "0.9 0.999" and _setting(1e-08) == "1e-08" and _setting(False) == "False"
+    assert _setting(torch.tensor(0.01)) == str(torch.tensor(0.01).item())
+    # Adafactor's eps is (None, 1e-3), some optimizers keep strings: no number, no key.
+    assert _setting((None, 1e-3)) is None and _setting("auto") is None and _setting(None) is None
+    assert _setting(float("nan")) is None

@@ -140,7 +140,9 @@ fn in_case(file: &Path, name: &str, e: Error) -> Error {
 /// be read here is refused later, by the run that loads it.
 pub fn kernel_mode(args: &KernelArgs, golden: Option<&Path>) -> Result<KernelMode> {
     let asked = args.kernels.as_deref().map(|k| known("--kernels", k, KernelMode::parse)).transpose()?;
-    let made = golden.and_then(|dir| golden::read_meta(dir).ok()).and_then(|m| m.kernels).map(|k| k.mode);
+    let vendor = || crate::dist::kernels::machine(crate::spec::DeviceKind::Cpu).vendor;
+    let made = golden.and_then(|dir| golden::read_meta(&golden::for_vendor(dir, &vendor()).ok()?).ok());
+    let made = made.and_then(|m| m.kernels).map(|k| k.mode);
     match (asked, made) {
         (Some(a), Some(m)) if a != m => Err(Error::bad_flag(
             "--kernels",

@@ -59,6 +59,48 @@ pub struct Golden {
     pub big_batch: Option<Trace>,
 }
 
+/// Where a golden keeps one directory per CPU vendor: `DIR/vendor-<vendor_id>/`.
+pub const VENDOR_PREFIX: &str = "vendor-";
+
+/// The directory of `dir`'s golden for a CPU of `vendor` (`/proc/cpuinfo`'s vendor_id).
+///
+/// Portable kernels pin ATen's loops and MKL's BLAS branch, but MKL's vector math (the
+/// `sqrt` AdamW takes; `exp`, `log`, `tanh` through `torch.exp` and kin) runs other code on
+/// Intel's and AMD's CPUs even on its COMPATIBLE branch, and rounds differently: one ulp in
+/// a square root, which AdamW turns into a full step where a gradient is zero. Goldens whose
+/// runs take it are kept per vendor (`fixtures/make_golden.sh` knows which); every other
+/// golden is one directory for every CPU.
+pub fn for_vendor(dir: &Path, vendor: &str) -> Result<PathBuf> {
+    let mine = dir.join(format!("{VENDOR_PREFIX}{vendor}"));
+    if mine.is_dir() {
+        return Ok(mine);
+    }
+    let others = vendors(dir);
+    if others.is_empty() {
+        return Ok(dir.to_path_buf());
+    }
+    Err(Error::bad_file(
+        dir,
+        format!(
+            "holds this golden as made on {} CPUs only: MKL's vector math (the sqrt AdamW takes) rounds \
+             differently on {vendor}'s, even on its COMPATIBLE branch",
+            others.join(" and ")
+        ),
+        "make this vendor's with fixtures/make_golden.sh vendor (or compare on a CPU of a vendor it has)",
+    ))
+}
+
+/// The vendors `dir` keeps a golden for, where it keeps them per vendor.
+pub fn vendors(dir: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix(VENDOR_PREFIX).map(String::from))
+        .collect();
+    found.sort();
+    found
+}
+
 /// The optional third trace of a golden.
 pub const BIG_BATCH_FILE: &str = "big_batch.safetensors";
 
@@ -71,6 +113,7 @@ impl Golden {
     /// `shapes`: the model's parameters, named, with their shapes (`train::models::shapes`),
     /// which the golden's tensors must match.
     pub fn load(dir: &Path, train: &TrainConfig, shapes: &[(String, Vec<i64>)], ours: &Platform) -> Result<Golden> {
+        let dir = &for_vendor(dir, &ours.machine.vendor)?;
         if !dir.is_dir() {
             return Err(Error::bad_flag(
                 "--golden",
@@ -375,6 +418,22 @@ fn utc_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A golden kept per vendor is read from this vendor's directory; one without it is
+    /// refused naming the vendors it has; a golden for every CPU is its own directory.
+    #[test]
+    fn a_golden_kept_per_vendor_is_read_for_this_cpus_vendor() {
+        let t = tempfile::tempdir().unwrap();
+        let (one, kept) = (t.path().join("one"), t.path().join("kept"));
+        for d in [one.clone(), kept.join("vendor-AuthenticAMD"), kept.join("vendor-GenuineIntel")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        assert_eq!(for_vendor(&one, "GenuineIntel").unwrap(), one);
+        assert_eq!(for_vendor(&kept, "GenuineIntel").unwrap(), kept.join("vendor-GenuineIntel"));
+        assert_eq!(vendors(&kept), ["AuthenticAMD", "GenuineIntel"]);
+        let e = for_vendor(&kept, "HygonGenuine").unwrap_err().to_string();
+        assert!(e.contains("made on AuthenticAMD and GenuineIntel CPUs only") && e.contains("make_golden.sh vendor"));
+    }
 
     fn platform(mode: KernelMode, cpu: &str, capability: &str, gpu: Option<&str>) -> Platform {
         Platform {

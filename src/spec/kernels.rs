@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 pub enum KernelMode {
     /// ATen's AVX2 kernels, MKL's COMPATIBLE code path (SSE2 without the approximate
     /// reciprocals that differ between vendors), oneDNN off, one thread: the same bits on
-    /// every x86-64 CPU with AVX2 and FMA, Intel or AMD.
+    /// every x86-64 CPU with AVX2 and FMA of one vendor, and across Intel and AMD but for
+    /// MKL's vector math (`sqrt`, `exp`, ...: `evidence::golden::for_vendor`).
     #[default]
     Portable,
     /// What this machine picks, one thread: faster, and bound to its CPU model.

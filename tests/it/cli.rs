@@ -283,8 +283,7 @@ mod command_round_trip {
 fn every_goldens_config_is_reproduced_by_its_printed_command() {
     use ddp_verify_cli::{Cli, Parser};
     let mut seen = 0;
-    for dir in std::fs::read_dir(crate::util::repo("golden")).unwrap() {
-        let dir = dir.unwrap().path();
+    for dir in crate::util::golden_dirs() {
         let Ok(meta) = ddp_verify::evidence::golden::read_meta(&dir) else { continue };
         let command = meta.train.command();
         let cli = Cli::try_parse_from(command.split_whitespace().chain(["--device", "cpu"])).expect(&command);

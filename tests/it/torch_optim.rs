@@ -8,11 +8,10 @@ use ddp_verify::TrainConfig;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 
-use crate::util::{json_file, repo};
-
 fn golden(dir: &str) -> (Value, impl Fn(String) -> Tensor) {
-    let meta = json_file(&format!("golden/{dir}/cases.json"));
-    let tensors = Tensor::read_safetensors(repo(&format!("golden/{dir}/cases.safetensors"))).unwrap();
+    let dir = crate::util::golden_dir(dir);
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).unwrap()).unwrap();
+    let tensors = Tensor::read_safetensors(dir.join("cases.safetensors")).unwrap();
     let get = move |name: String| tensors.iter().find(|(n, _)| *n == name).unwrap().1.shallow_clone();
     (meta, get)
 }

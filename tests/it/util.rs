@@ -48,8 +48,29 @@ pub fn stderr(o: &Output) -> String {
 /// The flags that reproduce a golden case: its header's config, printed as the command
 /// explore prints (one definition, held to round-trip by `cli::command_round_trip`).
 pub fn golden_flags(case: &str) -> Vec<String> {
-    let meta = ddp_verify::evidence::golden::read_meta(&repo(&format!("golden/{case}"))).unwrap();
+    let meta = ddp_verify::evidence::golden::read_meta(&golden_dir(case)).unwrap();
     meta.train.command().split_whitespace().skip(1).map(str::to_string).collect()
+}
+
+/// `golden/<case>`, or its directory for this CPU's vendor where it keeps one per vendor
+/// (`evidence::golden::for_vendor`).
+pub fn golden_dir(case: &str) -> PathBuf {
+    ddp_verify::evidence::golden::for_vendor(&repo(&format!("golden/{case}")), &platform().machine.vendor).unwrap()
+}
+
+/// Every golden's directory, each vendor's where a golden keeps one per vendor.
+pub fn golden_dirs() -> Vec<PathBuf> {
+    use ddp_verify::evidence::golden::{vendors, VENDOR_PREFIX};
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo("golden"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .flat_map(|dir| match vendors(&dir) {
+            v if v.is_empty() => vec![dir],
+            v => v.iter().map(|name| dir.join(format!("{VENDOR_PREFIX}{name}"))).collect(),
+        })
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 pub fn json_file(path: &str) -> serde_json::Value {

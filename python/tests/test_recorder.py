@@ -3,17 +3,14 @@ gradient from torch.autograd.grad on a functional copy, the weights seen along t
 real two-process gloo world for DDP."""
 import contextlib
 import os
-import socket
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from safetensors import safe_open
 from torch.func import functional_call
 
+from _world import run_world
 from ddp_verify_trace import TraceRecorder
 
 
@@ -190,30 +187,22 @@ def test_misuse_is_refused(tmp_path):
         TraceRecorder(Net(), tmp_path / "a.safetensors", acc_steps="2")
 
 
-def _ddp_worker(rank, world, port, tmp):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    try:
-        torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(Net(unused=False))
-        # Rank 1's path exists already: it must neither refuse nor touch it.
-        path = os.path.join(tmp, f"rank{rank}.safetensors")
-        if rank == 1:
-            with open(path, "wb") as f:
-                f.write(b"sentinel")
-        rec = TraceRecorder(model, path, acc_steps=2 * world)
-        expect = train(model, rec, batches(4, seed=10 + rank), acc=2)
-        rec.close()
-        torch.save(expect, os.path.join(tmp, f"expect{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank, world, tmp):
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Net(unused=False))
+    # Rank 1's path exists already: it must neither refuse nor touch it.
+    path = os.path.join(tmp, f"rank{rank}.safetensors")
+    if rank == 1:
+        with open(path, "wb") as f:
+            f.write(b"sentinel")
+    rec = TraceRecorder(model, path, acc_steps=2 * world)
+    expect = train(model, rec, batches(4, seed=10 + rank), acc=2)
+    rec.close()
+    torch.save(expect, os.path.join(tmp, f"expect{rank}.pt"))
 
 
 def test_ddp_two_processes(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    run_world(_ddp_worker, 2, str(tmp_path))
     assert (tmp_path / "rank1.safetensors").read_bytes() == b"sentinel"
     assert not list(tmp_path.glob("*.part"))
     t, meta = load(tmp_path / "rank0.safetensors")

@@ -3,16 +3,13 @@ tables `ddp-verify compare` reads by): every tensor's name, dtype and shape, eve
 and its value. A Rust test holds `_schema.py` to those tables."""
 import os
 import re
-import socket
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from safetensors import safe_open
 
 import ddp_verify_trace
+from _world import run_world
 from ddp_verify_trace import _schema
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -119,23 +116,15 @@ def test_a_single_process_trace_holds_to_the_schema(tmp_path):
     assert meta["optimizer"] == "AdamW" and meta["run"] == "single"
 
 
-def _ddp_worker(rank, world, port, tmp):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    try:
-        torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(Net())
-        with ddp_verify_trace.recording(os.path.join(tmp, "ddp.safetensors"), acc_steps=2 * world):
-            _train(model, ddp=True)
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank, world, tmp):
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Net())
+    with ddp_verify_trace.recording(os.path.join(tmp, "ddp.safetensors"), acc_steps=2 * world):
+        _train(model, ddp=True)
 
 
 def test_a_ddp_trace_holds_to_the_schema(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    run_world(_ddp_worker, 2, str(tmp_path))
     kinds, meta = check_trace(tmp_path / "ddp.safetensors")
     assert {"rank_bits", "ddp_sync"} <= kinds
     assert meta["run"] == "ddp" and meta["world_size"] == "2" and meta["ddp_forward"] == "seen"

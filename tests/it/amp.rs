@@ -1,4 +1,4 @@
-//! Automatic mixed precision (issue 20): autocast forward passes over float32 weights, and
+//! Automatic mixed precision: autocast forward passes over float32 weights, and
 //! for float16 a GradScaler that unscales once per step after the all-reduce and skips a
 //! step with inf/NaN on every rank and in accumulation alike.
 

@@ -154,7 +154,7 @@ fn kernels_that_do_not_repeat_give_no_verdict_in_every_report_format() {
 
 /// The same run with kernels that repeat: a verdict, and it is the right one.
 #[test]
-fn the_issues_one_rank_bfloat16_run_gets_a_verdict() {
+fn a_one_rank_bfloat16_resnet_on_repeating_kernels_gets_a_verdict() {
     let o = ddp_verify(&flags(
         "--model resnet-tiny --data-size 4 --batch-size 2 --acc-steps 2 --gpus 1 --epochs 1 --image-size 8 \
          --max-steps 1 --dtype bfloat16 --lr 0.001 --momentum 0",

@@ -1,4 +1,4 @@
-//! What happens at the optimizer step (issue 19): AdamW, clipping and schedules stay
+//! What happens at the optimizer step: AdamW, clipping and schedules stay
 //! equivalent, and each optimizer-step bug is caught with its own cause.
 
 use crate::util::{ddp_verify, flags, stderr, stdout};

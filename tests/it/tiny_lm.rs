@@ -1,4 +1,4 @@
-//! tiny-lm, its token-level loss and the big batch (issue 18): equivalent runs pass against
+//! tiny-lm, its token-level loss and the big batch: equivalent runs pass against
 //! DDP and against one big batch, and each mistake LM trainers have shipped is caught with
 //! its own cause, on the comparison that can see it.
 

@@ -7,17 +7,16 @@ mod diagnose;
 mod elementwise;
 mod events;
 mod outcome;
-mod reason;
 mod ulps;
 
 pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
 pub use diagnose::{
-    big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin, Rule, ShortWindow, RULES,
+    big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin, Reason, Rule, ShortWindow,
+    RULES,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
-pub use reason::Reason;
 pub use ulps::ulps_between;
 
 use serde::Serialize;

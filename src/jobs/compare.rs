@@ -9,7 +9,7 @@ use crate::judge::{
     caution, diagnose, BigBatch, Comparer, Context, Outcome, Subject, TracePair, LOSS_DIVIDING_FRAMEWORKS,
 };
 pub use crate::spec::CompareOptions;
-use crate::spec::Dtype;
+use crate::spec::{Dtype, TchKind};
 
 pub fn command(opts: &CompareOptions) -> Result<Exit> {
     let outcome = judge_traces(opts)?;

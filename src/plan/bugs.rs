@@ -7,68 +7,57 @@ use super::sampler::MicroBatch;
 use super::steps::{accumulation_micro_batches, StepPlan};
 use crate::spec::{Bug, TrainConfig};
 
-impl Bug {
-    /// True when the buggy run sees other samples per step, or other scaling, than the
-    /// correct one: only then must the gate fire.
-    pub fn changes_math(self, cfg: &TrainConfig) -> bool {
-        self.effect(cfg) == Effect::Math
-    }
+/// True when the buggy run sees other samples per step, or other scaling, than the
+/// correct one: only then must the gate fire.
+pub fn changes_math(bug: Bug, cfg: &TrainConfig) -> bool {
+    effect(bug, cfg) == Effect::Math
+}
 
-    /// What the bug does to this configuration's computation, from the step plans.
-    pub fn effect(self, cfg: &TrainConfig) -> Effect {
-        let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
-        let correct = StepPlan::accumulation(cfg, None);
-        let buggy = match self {
-            // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
-            // windows stepping on their own).
-            Bug::NoLossScale | Bug::AdamwNoLossScale => {
-                let step = cfg.partial_window == crate::spec::PartialWindow::Step;
-                let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
-                return whether(correct.steps.iter().any(|s| divisor(s) > 1));
-            }
-            Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.gpus > 1),
-            Bug::DropoutSameSeed => {
-                return whether(
-                    cfg.dropout > 0.0 && (0..cfg.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))),
-                )
-            }
-            // Whether a gradient reaches the max norm is the data's to say: assumed.
-            // Under a loss scaler it clips the scaled gradient, even one micro-batch's.
-            Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.amp.scaled()),
-            Bug::SchedulePerMicroBatch => {
-                return whether(
-                    super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), None)
-                        != super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), Some(self)),
-                )
-            }
-            Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
-            // Each step records how often it unscaled and updated the scale: a window of
-            // several micro-batches shows the bug there, whatever the numbers do.
-            Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
-                return whether(correct.steps.iter().any(|s| s.len() > 1))
-            }
-            Bug::CountBeforeShift => return Effect::Math,
-            Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),
-            // Token counts differ between micro-batches (or ranks) unless every sequence has
-            // the same length and every micro-batch as many sequences.
-            Bug::MeanPerMicroBatch => return whether(!same_counts(cfg, &correct.steps, |j| j)),
-            Bug::CountPerRank => return whether(cfg.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.gpus)),
-            Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(self)),
-            // What the W ranks see together: epoch 0's split every epoch.
-            Bug::NoSetEpoch => {
-                StepPlan::walk(cfg, |_| indices(accumulation_micro_batches(cfg, None, 0)), cfg.acc_steps)
-            }
-        };
-        match (as_math(cfg, &correct.steps) != as_math(cfg, &buggy.steps), correct.steps != buggy.steps) {
-            (true, _) => Effect::Math,
-            (false, true) => Effect::Order,
-            (false, false) => Effect::None,
+/// What `bug` does to this configuration's computation, from the step plans.
+pub fn effect(bug: Bug, cfg: &TrainConfig) -> Effect {
+    let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
+    let correct = StepPlan::accumulation(cfg, None);
+    let buggy = match bug {
+        // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
+        // windows stepping on their own).
+        Bug::NoLossScale | Bug::AdamwNoLossScale => {
+            let step = cfg.partial_window == crate::spec::PartialWindow::Step;
+            let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
+            return whether(correct.steps.iter().any(|s| divisor(s) > 1));
         }
-    }
-
-    /// Whether DDP ranks zero their gradients after a step under this bug.
-    pub fn zeroes_grad(self) -> bool {
-        self != Bug::StaleZeroGrad
+        Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.gpus > 1),
+        Bug::DropoutSameSeed => {
+            return whether(cfg.dropout > 0.0 && (0..cfg.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))))
+        }
+        // Whether a gradient reaches the max norm is the data's to say: assumed.
+        // Under a loss scaler it clips the scaled gradient, even one micro-batch's.
+        Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.amp.scaled()),
+        Bug::SchedulePerMicroBatch => {
+            return whether(
+                super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), None)
+                    != super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), Some(bug)),
+            )
+        }
+        Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
+        // Each step records how often it unscaled and updated the scale: a window of
+        // several micro-batches shows the bug there, whatever the numbers do.
+        Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
+            return whether(correct.steps.iter().any(|s| s.len() > 1))
+        }
+        Bug::CountBeforeShift => return Effect::Math,
+        Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),
+        // Token counts differ between micro-batches (or ranks) unless every sequence has
+        // the same length and every micro-batch as many sequences.
+        Bug::MeanPerMicroBatch => return whether(!same_counts(cfg, &correct.steps, |j| j)),
+        Bug::CountPerRank => return whether(cfg.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.gpus)),
+        Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(bug)),
+        // What the W ranks see together: epoch 0's split every epoch.
+        Bug::NoSetEpoch => StepPlan::walk(cfg, |_| indices(accumulation_micro_batches(cfg, None, 0)), cfg.acc_steps),
+    };
+    match (as_math(cfg, &correct.steps) != as_math(cfg, &buggy.steps), correct.steps != buggy.steps) {
+        (true, _) => Effect::Math,
+        (false, true) => Effect::Order,
+        (false, false) => Effect::None,
     }
 }
 

@@ -155,7 +155,7 @@ impl RunPlan {
     }
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
-        let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
+        let zero_grad = cfg.inject != Some(Bug::StaleZeroGrad);
         let bug = cfg.inject.filter(|&b| matches!(b, Bug::UnsyncedParam | Bug::DropoutSameSeed));
         let plan = RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, bug);
         let overflow = cfg.amp.overflow_step.filter(|_| rank + 1 == cfg.gpus).map(|s| (s, 0));

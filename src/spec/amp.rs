@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use ddp_verify_cli::defaults;
 
+use super::{Amp, TchKind};
+
 /// Flattened into `TrainConfig`'s JSON: absent keys mean no AMP, so older goldens read as before.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AmpConfig {
@@ -46,35 +48,6 @@ impl AmpConfig {
     /// Whether a GradScaler scales the losses (float16 only, as PyTorch recommends).
     pub fn scaled(&self) -> bool {
         self.amp == Some(Amp::Float16)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Amp {
-    Bfloat16,
-    Float16,
-}
-
-impl Amp {
-    pub const ALL: [Amp; 2] = [Amp::Bfloat16, Amp::Float16];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Amp::Bfloat16 => "bfloat16",
-            Amp::Float16 => "float16",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Amp::ALL.into_iter().find(|a| a.name() == s)
-    }
-
-    pub fn kind(self) -> tch::Kind {
-        match self {
-            Amp::Bfloat16 => tch::Kind::BFloat16,
-            Amp::Float16 => tch::Kind::Half,
-        }
     }
 }
 

@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-use ddp_verify_cli::{defaults, names};
+use ddp_verify_cli::defaults;
 
-use super::{AmpConfig, Bug, DeviceKind, Dtype, OptimConfig, Optimizer};
+use super::{AmpConfig, Bug, DeviceKind, Dtype, ModelKind, OptimConfig, Optimizer, PartialWindow};
 
 /// What to train and how to split it. Mirrors the seed article's flags.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,95 +90,6 @@ pub struct TrainConfig {
     pub amp: AmpConfig,
 }
 
-/// A window of fewer than K micro-batches at an epoch's end (`--partial-window`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PartialWindow {
-    /// Its gradient is kept and steps with the next epoch's first window (the article's loop).
-    #[default]
-    Carry,
-    /// It takes an optimizer step of its own at the epoch's end, its loss normalised by
-    /// what it holds (transformers' Trainer and most LM trainers).
-    Step,
-}
-
-impl PartialWindow {
-    /// tiny-lm's loss needs a window's token count before its first backward, which a
-    /// window carried into the next epoch cannot have: LM trainers step it instead.
-    pub fn default_for(model: ModelKind) -> Self {
-        if model.token_loss() {
-            PartialWindow::Step
-        } else {
-            PartialWindow::Carry
-        }
-    }
-
-    pub const ALL: [PartialWindow; 2] = [PartialWindow::Carry, PartialWindow::Step];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PartialWindow::Carry => "carry",
-            PartialWindow::Step => "step",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        PartialWindow::ALL.into_iter().find(|p| p.name() == s)
-    }
-}
-
-/// Which network both runs train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModelKind {
-    /// The seed article's `nn.Linear(D, 1, bias=False)`.
-    #[default]
-    Linear,
-    Resnet18,
-    ResnetTiny,
-    /// A small causal transformer with token-level loss (`train::models::tiny_lm`).
-    TinyLm,
-}
-
-impl ModelKind {
-    pub const ALL: [ModelKind; 4] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny, ModelKind::TinyLm];
-    pub const NAMES: [&'static str; 4] = names::MODELS;
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Linear => "linear",
-            ModelKind::Resnet18 => "resnet18",
-            ModelKind::ResnetTiny => "resnet-tiny",
-            ModelKind::TinyLm => "tiny-lm",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        ModelKind::ALL.into_iter().find(|m| m.name() == s)
-    }
-
-    pub fn is_resnet(self) -> bool {
-        matches!(self, ModelKind::Resnet18 | ModelKind::ResnetTiny)
-    }
-
-    /// A deep net, whose gradients depend on its weights: rounding carries from step to
-    /// step, so both runs default to lockstep.
-    pub fn is_deep(self) -> bool {
-        self != ModelKind::Linear
-    }
-
-    /// The loss is normalised by the step's number of target tokens, not by K.
-    pub fn token_loss(self) -> bool {
-        self == ModelKind::TinyLm
-    }
-
-    /// Whether one batch of a step's samples computes the same mathematics as its
-    /// micro-batches: not with BatchNorm, whose statistics depend on the batch.
-    pub fn has_big_batch(self) -> bool {
-        !self.is_resnet()
-    }
-}
-
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
@@ -237,12 +148,12 @@ impl TrainConfig {
             shuffle: false,
             drop_last: false,
             inject: None,
-            model: ModelKind::parse(defaults::MODEL).unwrap_or_default(),
+            model: defaults::MODEL,
             image_size: defaults::IMAGE_SIZE,
             classes: defaults::CLASSES,
             weight_decay: defaults::WEIGHT_DECAY,
             max_steps: None,
-            dtype: Dtype::parse(defaults::DTYPE).unwrap_or_default(),
+            dtype: defaults::DTYPE,
             lockstep: false,
             init: None,
             device: DeviceKind::Cpu,

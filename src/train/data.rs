@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 use crate::plan::rng::seeded;
-use crate::spec::{Dtype, TrainConfig};
+use crate::spec::{Dtype, TchKind, TrainConfig};
 
 pub fn linear_data(seed: u64, data_size: usize, features: usize) -> Result<Tensor> {
     Ok(seeded(seed, || Tensor::f_rand([data_size as i64, features as i64], (Kind::Float, Device::Cpu)))?)

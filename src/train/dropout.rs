@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use super::models::tiny_lm::{D_MODEL, LAYERS};
 use crate::error::Result;
 use crate::plan::{dropout, rng};
-use crate::spec::TrainConfig;
+use crate::spec::{TchKind, TrainConfig};
 
 /// Each block's attention and MLP outputs.
 pub const SITES: usize = 2 * LAYERS as usize;

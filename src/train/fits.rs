@@ -3,7 +3,7 @@
 //! is tested on made-up machines.
 
 use crate::error::{Error, Result};
-use crate::spec::{Dtype, TrainConfig};
+use crate::spec::{Dtype, TchKind, TrainConfig};
 
 /// What each rank process costs before any data or model: libtorch and Open MPI (measured
 /// about 110 MiB).

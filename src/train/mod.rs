@@ -121,7 +121,7 @@ impl<'a> Run<'a> {
     fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, derives: Derives) -> Result<Self> {
         let RunPlan { steps: plan, norm, lrs, clip, overflow, planted } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
-        let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
+        let device = ddp.as_ref().map_or(crate::spec::accumulation_device(cfg.device), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
         let model = models::build(cfg, device, blank)?;
         let torch_order = models::torch_order(model.as_ref());

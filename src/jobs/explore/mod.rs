@@ -196,7 +196,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             *tally.reasons.entry(reason).or_default() += 1;
         }
         if let Some(b) = bug {
-            tally.changes_math += usize::from(b.changes_math(cfg));
+            tally.changes_math += usize::from(crate::plan::bugs::changes_math(b, cfg));
         }
         match outcome {
             Finding::Caught => {

@@ -96,7 +96,7 @@ pub(super) fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Find
         None if diverged && blew_up => Finding::BlewUp,
         None if diverged => Finding::Failure,
         None => Finding::Fine,
-        Some(b) => match (b.effect(cfg), diverged) {
+        Some(b) => match (crate::plan::bugs::effect(b, cfg), diverged) {
             (Effect::Math, true) => Finding::Caught,
             (Effect::Math, false) => Finding::Missed,
             (Effect::None, true) => Finding::FalseAlarm,

@@ -29,7 +29,7 @@ use tch::{Kind, Tensor};
 use crate::error::Result;
 use crate::evidence::Params;
 use crate::spec::DeviceKind;
-use crate::spec::{Dtype, Optimizer, TrainConfig};
+use crate::spec::{Dtype, Optimizer, TchKind, TrainConfig};
 
 /// The factor between what rounding explains and what is allowed.
 pub const HEADROOM: f64 = 2.0;

@@ -12,7 +12,7 @@ pub use tiny_lm::TinyLm;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
-use crate::spec::{ModelKind, TrainConfig};
+use crate::spec::{ModelKind, TchKind, TrainConfig};
 use crate::train::data::Batch;
 
 pub trait Model {

@@ -4,7 +4,7 @@
 //! draws only configurations it accepts.
 
 use crate::error::{Error, Result};
-use crate::spec::{Amp, AmpConfig, Bug, DeviceKind, Dtype, Optimizer, Schedule, TrainConfig};
+use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, Models, TrainConfig};
 
 /// Every check of the training flags that needs nothing but the flags.
 pub fn check_train(t: &TrainConfig) -> Result<()> {
@@ -246,50 +246,29 @@ pub fn check_optim(t: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// A planted bug the configuration has: the token-count bugs need tiny-lm's token-level
-/// loss, the optimizer-step bugs what they misuse.
+/// A planted bug the configuration can carry: a model that has what the bug misdoes, and
+/// what it misuses (`plan::bugs::need`).
 fn check_bug(t: &TrainConfig) -> Result<()> {
-    let o = &t.optim;
-    match t.inject {
-        Some(Bug::AdamwNoLossScale) if o.optimizer != Optimizer::AdamW => Err(Error::bad_flag(
-            "--inject",
-            "adamw-no-loss-scale is the missing 1/K under AdamW",
-            "add --optimizer adamw, or inject no-loss-scale for SGD",
-        )),
-        Some(Bug::DropoutSameSeed) if t.dropout == 0.0 && t.model.token_loss() => Err(Error::bad_flag(
-            "--inject",
-            "dropout-same-seed misdraws dropout masks, and there is no dropout",
-            "add --dropout P",
-        )),
-        Some(b @ (Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch)) if !t.amp.scaled() => {
-            Err(Error::bad_flag(
-                "--inject",
-                format!("{} misuses the float16 loss scaler, and there is none", b.name()),
-                "add --amp float16",
-            ))
-        }
-        Some(Bug::ClipPerMicroBatch) if o.clip_grad_norm.is_none() => Err(Error::bad_flag(
-            "--inject",
-            "clip-per-micro-batch misplaces gradient clipping, and nothing is clipped",
-            "add --clip-grad-norm X",
-        )),
-        Some(Bug::SchedulePerMicroBatch) if o.lr_schedule == Schedule::Constant => Err(Error::bad_flag(
-            "--inject",
-            "schedule-per-micro-batch ticks the learning-rate schedule too often, and a constant one never changes",
-            "add --lr-schedule warmup:N or cosine:N",
-        )),
-        Some(b) if b.needs_token_loss() && !b.applies_to(t.model) => Err(Error::bad_flag(
-            "--inject",
-            format!("{} is a bug of the token-level loss, which only tiny-lm has", b.name()),
-            "add --model tiny-lm",
-        )),
-        Some(b) if !b.applies_to(t.model) => Err(Error::bad_flag(
-            "--inject",
-            format!("{} divides by K, but tiny-lm divides by the step's token count", b.name()),
-            "inject mean-per-micro-batch, count-per-rank or count-before-shift for tiny-lm's scaling mistakes",
-        )),
-        _ => Ok(()),
+    let Some(b) = t.inject else { return Ok(()) };
+    if let Some(need) = super::bugs::need(b).filter(|n| !(n.has)(t)) {
+        return Err(Error::bad_flag("--inject", format!("{} {}", b.name(), need.why), need.fix));
     }
+    if b.applies_to(t.model) {
+        return Ok(());
+    }
+    let (why, fix) = match b.models() {
+        Models::TokenLoss => ("is a bug of the token-level loss, which only tiny-lm has", "add --model tiny-lm"),
+        Models::Dropout => ("misdraws dropout masks, and only tiny-lm has dropout", "add --model tiny-lm --dropout P"),
+        Models::BigBatch => (
+            "is made alike by both runs, which only the big batch shows, and ResNets have none",
+            "inject it with --model linear or tiny-lm",
+        ),
+        Models::DividedByK | Models::All => (
+            "divides by K, but tiny-lm divides by the step's token count",
+            "inject mean-per-micro-batch, count-per-rank or count-before-shift for tiny-lm's scaling mistakes",
+        ),
+    };
+    Err(Error::bad_flag("--inject", format!("{} {why}", b.name()), fix))
 }
 
 /// The checks a sampling plan needs: sizes, and K a multiple of W.

@@ -72,7 +72,8 @@ pub struct Run<'a> {
     /// Its steps and loss normalisation, from `plan::RunPlan`.
     plan: StepPlan,
     norm: Normaliser,
-    /// What a planted bug makes this run do (`plan::Planted`): the one value it consults.
+    /// The planted bug this run carries (`plan::Planted`), asked where the run could do
+    /// otherwise.
     planted: Planted,
     /// Each step's learning rate, and the clipping (see `plan::RunPlan`).
     lrs: Vec<f64>,
@@ -197,7 +198,7 @@ impl<'a> Run<'a> {
         }
         if let Some(d) = &self.ddp {
             // `unsynced-param` leaves out the last parameter PyTorch registers.
-            let left_out = self.torch_order.last().copied().filter(|_| self.planted.unsynced_param);
+            let left_out = self.torch_order.last().copied().filter(|_| self.planted.leaves_out_last_param());
             let params = self.model.parameters().iter().enumerate();
             let grads: Vec<Tensor> = params.filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
             collective::average_gradients(d.comm, &grads)?;
@@ -209,10 +210,10 @@ impl<'a> Run<'a> {
         let params = self.model.parameters();
         let lr = self.lrs[s];
         if self.clip.is_some() {
-            self.clips.push(if self.planted.clip_each_micro_batch { group.len() as i64 } else { 1 });
+            self.clips.push(if self.planted.clips_each_micro_batch() { group.len() as i64 } else { 1 });
         }
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-        let clip = match (self.clip, self.planted.clip_each_micro_batch) {
+        let clip = match (self.clip, self.planted.clips_each_micro_batch()) {
             (Some(max), false) => {
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| tensors[i].grad()).collect();
                 let (total, coef) = optim::clip_coefficient(&grads, max)?;
@@ -229,7 +230,7 @@ impl<'a> Run<'a> {
         if let Some((_, coef)) = &clip {
             optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
         }
-        let grads = match (self.traced, !self.planted.stale_grads && self.model_device() == tch::Device::Cpu) {
+        let grads = match (self.traced, self.planted.zeroes_grads() && self.model_device() == tch::Device::Cpu) {
             (false, _) => Params::new(),
             // zero_grad drops these tensors for new ones and SGD only reads them, so
             // holding them is as good as a copy of 45 MB a step for resnet18.
@@ -247,7 +248,7 @@ impl<'a> Run<'a> {
         }
         self.compare_ranks(s)?;
         self.track_peaks();
-        if !self.planted.stale_grads {
+        if self.planted.zeroes_grads() {
             self.opt.zero_grad()?;
         }
         Ok(grads)
@@ -262,15 +263,15 @@ impl<'a> Run<'a> {
             return Ok(false);
         }
         let mut found = std::mem::take(&mut self.found_in_window);
-        if !self.planted.unscale_each_micro_batch {
+        if !self.planted.unscales_each_micro_batch() {
             found |= self.unscale_grads()?;
         }
         let r = &mut self.scaler_record;
         let n = n as i64;
         r.scales.push(start);
         r.found_inf.push(found);
-        r.unscales.push(if self.planted.unscale_each_micro_batch { n } else { 1 });
-        r.updates.push(if self.planted.scaler_update_each_micro_batch { n } else { 1 });
+        r.unscales.push(if self.planted.unscales_each_micro_batch() { n } else { 1 });
+        r.updates.push(if self.planted.updates_scale_each_micro_batch() { n } else { 1 });
         if let Some(parts) = self.range_parts.as_mut() {
             // Free-running runs part for good at the first: later predictions start from
             // other weights.
@@ -452,7 +453,7 @@ impl<'a> Run<'a> {
                 if self.counter.0 != Some(epoch) {
                     self.counter = (Some(epoch), 0);
                 }
-                let keys: Vec<i64> = match self.planted.dropout_same_seed {
+                let keys: Vec<i64> = match self.planted.keys_dropout_by_counter() {
                     // Every rank's n-th sample of the epoch draws the n-th masks.
                     true => (self.counter.1..self.counter.1 + idx.len() as i64).collect(),
                     false => idx.clone(),
@@ -473,15 +474,15 @@ impl<'a> Run<'a> {
             let scale = self.scaler.as_ref().map(|s| s.scale().shallow_clone());
             let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
             self.listener.backward(&loss, divisor, batch_rows(&batch), &params, scale.as_ref())?;
-            if self.planted.unscale_each_micro_batch {
+            if self.planted.unscales_each_micro_batch() {
                 self.found_in_window |= self.unscale_grads()?;
             }
-            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.planted.scaler_update_each_micro_batch) {
+            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.planted.updates_scale_each_micro_batch()) {
                 if j + 1 < group.len() {
                     scaler.update(false)?;
                 }
             }
-            if let (true, Some(max)) = (self.planted.clip_each_micro_batch, self.clip) {
+            if let (true, Some(max)) = (self.planted.clips_each_micro_batch(), self.clip) {
                 let params = self.model.parameters();
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| params[i].1.grad()).collect();
                 let coef = optim::clip_grad_norm(&grads, max)?;

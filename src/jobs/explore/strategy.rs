@@ -82,44 +82,21 @@ pub fn optim_strategy() -> impl Strategy<Value = OptimConfig> {
         })
 }
 
-/// Plants `bug` in a drawn configuration, with what it misuses: clipping that always
-/// engages (1e-4; float16 1e-2) for clip-per-micro-batch, a warmup for schedule-per-micro-batch, AdamW
-/// for adamw-no-loss-scale, dropout for dropout-same-seed. The other bugs are drawn without clipping: clipping that
-/// engages at every step renormalises a wrongly scaled gradient, which hides a scaling bug
-/// in a way no plan can foresee (it depends on the gradients' norms).
+/// Plants `bug` in a drawn configuration, with what it misuses (`plan::bugs::need`: clipping
+/// that always engages, a warmup, AdamW, dropout, a loss scaler). The other bugs are drawn
+/// without clipping: clipping that engages at every step renormalises a wrongly scaled
+/// gradient, which hides a scaling bug in a way no plan can foresee (it depends on the
+/// gradients' norms).
 pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
     cfg.inject = bug;
-    // Bugs that only the big batch shows (both runs make them; dropout-same-seed at W = 1)
-    // need it, and --amp turns it off.
-    if bug.is_some_and(|b| b.in_both_runs() || b == Bug::DropoutSameSeed) {
+    let Some(b) = bug else { return };
+    // Bugs that only the big batch shows (both runs make them) need it, and --amp turns it off.
+    if crate::plan::planted::in_both_runs(b) {
         cfg.amp = AmpConfig::default();
     }
-    let dtype = cfg.dtype;
-    let o = &mut cfg.optim;
-    match bug {
-        None => {}
-        // float16's clipped gradients would be subnormal at 1e-4, rounded to a few bits.
-        Some(Bug::ClipPerMicroBatch) => o.clip_grad_norm = Some(if dtype == Dtype::Float16 { 1e-2 } else { 1e-4 }),
-        Some(b) => {
-            o.clip_grad_norm = None;
-            match b {
-                Bug::SchedulePerMicroBatch if o.lr_schedule == Schedule::Constant => {
-                    o.lr_schedule = Schedule::Warmup(4)
-                }
-                Bug::AdamwNoLossScale => o.optimizer = Optimizer::AdamW,
-                Bug::DropoutSameSeed if cfg.dropout == 0.0 => cfg.dropout = 0.1,
-                // The loss scaler's bugs need one; a growth interval of 1 makes the
-                // per-micro-batch updates grow the scale inside a window.
-                Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
-                    cfg.dtype = Dtype::Float32;
-                    cfg.amp.amp = Some(Amp::Float16);
-                    if b == Bug::ScalerUpdatePerMicroBatch {
-                        cfg.amp.growth_interval = 1;
-                    }
-                }
-                _ => {}
-            }
-        }
+    cfg.optim.clip_grad_norm = None;
+    if let Some(need) = crate::plan::bugs::need(b) {
+        (need.give)(cfg);
     }
 }
 

@@ -148,17 +148,6 @@ impl Bug {
     pub fn applies_to(self, model: ModelKind) -> bool {
         self.models().include(model)
     }
-
-    /// Bugs of the token-level loss, which only tiny-lm has.
-    pub fn needs_token_loss(self) -> bool {
-        self.models() == Models::TokenLoss
-    }
-
-    /// Bugs both runs make alike, as shared training code would: only the big batch,
-    /// which normalises its one batch correctly, can show them.
-    pub fn in_both_runs(self) -> bool {
-        self.side() == Side::Both
-    }
 }
 
 /// The models a bug can be planted in.

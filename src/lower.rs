@@ -18,8 +18,9 @@ use crate::error::{Error, Result};
 use crate::evidence::{golden, SAVED_FILES};
 use crate::plan;
 use crate::spec::{
-    AmpConfig, Bug, CompareOptions, Config, Dtype, ExploreOptions, Format, KernelMode, ModelKind, OptimConfig,
-    PartialWindow, ReportTarget, ScriptOptions, Suite, SuiteCase, Tolerance, ToleranceOverrides, TrainConfig,
+    AmpConfig, Bug, CompareOptions, Config, Dtype, ExploreOptions, Format, KernelMode, LinearConfig, LmConfig,
+    ModelConfig, ModelKind, OptimConfig, PartialWindow, Precision, ReportTarget, ResnetConfig, RunShape, ScriptOptions,
+    Shape, Suite, SuiteCase, Tolerance, ToleranceOverrides, TrainConfig,
 };
 use crate::train::fits;
 
@@ -56,35 +57,33 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             "drop --sync-bn; plain BatchNorm with DDP is what accumulation reproduces",
         ));
     }
-    let model = n.model;
-    let train = TrainConfig {
-        inject: args.inject,
-        model,
-        image_size: n.image_size,
-        classes: n.classes,
-        weight_decay: n.weight_decay,
-        max_steps: n.max_steps,
-        dtype: n.dtype,
-        // Deep nets carry rounding from step to step: lockstep unless asked otherwise.
-        lockstep: n.lockstep || (model.is_deep() && !n.free_running),
+    let shape = shape(&args.shape);
+    let model = ModelConfig {
+        kind: n.model,
         init: n.init.clone(),
-        vocab: n.vocab,
-        seq_len: n.seq_len,
-        min_len: n.min_len,
-        partial_window: n.partial_window.unwrap_or(PartialWindow::default_for(model)),
-        big_batch: !n.no_big_batch,
-        dropout: n.dropout,
-        optim: optim(&args.optim)?,
-        amp: amp(&args.amp),
-        ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
+        linear: LinearConfig { features: args.features.unwrap_or(shape.data_size) },
+        resnet: ResnetConfig { image_size: n.image_size, classes: n.classes },
+        lm: LmConfig { vocab: n.vocab, seq_len: n.seq_len, min_len: n.min_len, dropout: n.dropout },
     };
+    let optim = optim(&args.optim)?;
     // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
-    let local_ranks = if world::inside_mpi_world() { device::local_size().unwrap_or(1) } else { train.gpus };
+    let local_ranks = if world::inside_mpi_world() { device::local_size().unwrap_or(1) } else { shape.gpus };
     let device = device::resolve(n.device, local_ranks)?;
-    let train = TrainConfig { device: device.kind, shared_gpus: device.shared_gpus, ..train };
+    let run = RunShape {
+        epochs: args.epochs,
+        max_steps: n.max_steps,
+        // Deep nets carry rounding from step to step: lockstep unless asked otherwise.
+        lockstep: n.lockstep || (n.model.is_deep() && !n.free_running),
+        partial_window: n.partial_window.unwrap_or(PartialWindow::default_for(n.model)),
+        big_batch: !n.no_big_batch,
+        device: device.kind,
+        shared_gpus: device.shared_gpus,
+    };
+    let precision = Precision { dtype: n.dtype, amp: amp(&args.amp) };
+    let train = TrainConfig { shape, model, optim, precision, run, inject: args.inject };
     let overrides = overrides(&args.tolerance);
     let cfg = Config {
-        tolerance: overrides.tolerance(train.dtype, train.lockstep),
+        tolerance: overrides.tolerance(train.precision.dtype, train.run.lockstep),
         derive_bounds: overrides.derive(&train),
         train,
         save_trace: args.save_trace.clone(),
@@ -98,7 +97,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         device_note: device.note,
         kernels: kernel_mode(&args.kernels, args.golden.as_deref().filter(|_| !args.bless))?,
     };
-    if n.big_batch && cfg.train.amp.amp.is_some() {
+    if n.big_batch && cfg.train.precision.amp.amp.is_some() {
         return Err(Error::bad_flag(
             "--big-batch",
             "under --amp the big batch rounds its matrix products to the autocast dtype over K·B samples at \
@@ -106,7 +105,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             "drop --big-batch; accumulation vs DDP is the comparison under --amp",
         ));
     }
-    if n.big_batch && !model.has_big_batch() {
+    if n.big_batch && !n.model.has_big_batch() {
         return Err(Error::bad_flag(
             "--big-batch",
             "a ResNet's BatchNorm normalises each micro-batch by its own statistics, so one batch of K·B \
@@ -346,7 +345,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
             "give every case the same kernels (their goldens' mode), or run them as separate suites",
         ));
     }
-    let device = cases.first().map(|c| c.config.train.device).unwrap_or_default();
+    let device = cases.first().map(|c| c.config.train.run.device).unwrap_or_default();
     crate::dist::kernels::apply(mode, device)?;
     for case in &cases {
         crate::jobs::preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
@@ -358,7 +357,8 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
 
 /// `split`'s flags: the sampling shape and the epoch, checked, and the plan's size.
 pub fn split(args: &SplitArgs) -> Result<(TrainConfig, u64)> {
-    let train = shape(&args.shape, None, 1, defaults::LR, defaults::MOMENTUM);
+    let mut train = TrainConfig { shape: shape(&args.shape), ..TrainConfig::article() };
+    (train.model.linear.features, train.run.epochs) = (args.shape.data_size, 1);
     plan::checks::check_split(&train)?;
     fits::check_split_fits(&train, fits::available_bytes)?;
     Ok((train, args.epoch))
@@ -430,8 +430,8 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
     })
 }
 
-/// `--optimizer`, `--betas`, `--eps`, `--clip-grad-norm`, `--lr-schedule` (their ranges are
-/// `plan::checks`').
+/// `--lr`, `--momentum`, `--weight-decay`, `--optimizer`, `--betas`, `--eps`,
+/// `--clip-grad-norm`, `--lr-schedule` (their ranges are `plan::checks`').
 fn optim(o: &OptimArgs) -> Result<OptimConfig> {
     let betas = match o.betas.as_deref() {
         None => defaults::BETAS,
@@ -439,6 +439,9 @@ fn optim(o: &OptimArgs) -> Result<OptimConfig> {
         Some(_) => return Err(Error::bad_flag("--betas", "takes two numbers", "pass e.g. --betas 0.9 0.999")),
     };
     Ok(OptimConfig {
+        lr: o.lr,
+        momentum: o.momentum,
+        weight_decay: o.weight_decay,
         optimizer: o.optimizer,
         betas,
         eps: o.eps,
@@ -471,20 +474,15 @@ fn checked_overrides(t: &ToleranceArgs) -> Result<ToleranceOverrides> {
     Ok(o)
 }
 
-fn shape(s: &SplitShape, features: Option<usize>, epochs: usize, lr: f64, momentum: f64) -> TrainConfig {
-    TrainConfig {
+fn shape(s: &SplitShape) -> Shape {
+    Shape {
         data_size: s.data_size,
-        features: features.unwrap_or(s.data_size),
         seed: s.seed,
-        epochs,
         batch_size: s.batch_size,
         acc_steps: s.acc_steps,
         gpus: s.gpus,
-        lr,
-        momentum,
         shuffle: s.shuffle,
         drop_last: s.drop_last,
-        ..TrainConfig::article()
     }
 }
 

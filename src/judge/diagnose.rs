@@ -46,7 +46,7 @@ impl Context {
     pub fn of_run(t: &TrainConfig) -> Self {
         use crate::plan::StepPlan;
         let acc = StepPlan::accumulation(t, t.inject);
-        let ranks: Vec<StepPlan> = (0..t.gpus).map(|r| StepPlan::rank(t, r, t.inject)).collect();
+        let ranks: Vec<StepPlan> = (0..t.shape.gpus).map(|r| StepPlan::rank(t, r, t.inject)).collect();
         let same_samples = acc.steps.len() == ranks[0].steps.len()
             && acc.steps.iter().enumerate().all(|(s, step)| {
                 let mut mine: Vec<i64> = step.concat();
@@ -58,17 +58,17 @@ impl Context {
         let correct = StepPlan::accumulation(t, None);
         Context {
             steps_per_epoch: Some(crate::plan::sampler::steps_per_epoch(t)),
-            eps: t.dtype.epsilon(),
-            chaos_possible: t.model.is_deep() && !t.lockstep,
+            eps: t.precision.dtype.epsilon(),
+            chaos_possible: t.model.kind.is_deep() && !t.run.lockstep,
             ours: true,
-            token_loss: t.model.token_loss(),
+            token_loss: t.model.kind.token_loss(),
             same_samples: Some(same_samples),
             framework: None,
             first_short: correct
                 .steps
                 .iter()
-                .position(|s| s.len() < t.acc_steps)
-                .map(|i| (i, correct.steps[i].len() as f64 / t.acc_steps as f64)),
+                .position(|s| s.len() < t.shape.acc_steps)
+                .map(|i| (i, correct.steps[i].len() as f64 / t.shape.acc_steps as f64)),
             adamw: t.optim.optimizer == crate::spec::Optimizer::AdamW,
         }
     }

@@ -23,17 +23,23 @@ pub fn effect(bug: Bug, cfg: &TrainConfig) -> Effect {
         // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
         // windows stepping on their own).
         Bug::NoLossScale | Bug::AdamwNoLossScale => {
-            let step = cfg.partial_window == crate::spec::PartialWindow::Step;
-            let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
+            let step = cfg.run.partial_window == crate::spec::PartialWindow::Step;
+            let divisor =
+                |s: &Vec<Vec<i64>>| if step && s.len() < cfg.shape.acc_steps { s.len() } else { cfg.shape.acc_steps };
             return whether(correct.steps.iter().any(|s| divisor(s) > 1));
         }
-        Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.gpus > 1),
+        Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.shape.gpus > 1),
         Bug::DropoutSameSeed => {
-            return whether(cfg.dropout > 0.0 && (0..cfg.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))))
+            return whether(
+                cfg.model.lm.dropout > 0.0
+                    && (0..cfg.shape.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))),
+            )
         }
         // Whether a gradient reaches the max norm is the data's to say: assumed.
         // Under a loss scaler it clips the scaled gradient, even one micro-batch's.
-        Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.amp.scaled()),
+        Bug::ClipPerMicroBatch => {
+            return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.precision.amp.scaled())
+        }
         Bug::SchedulePerMicroBatch => {
             let factors = |p| super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), p);
             return whether(factors(Planted::default()) != factors(Planted::accumulation(Some(bug))));
@@ -44,15 +50,17 @@ pub fn effect(bug: Bug, cfg: &TrainConfig) -> Effect {
         Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
             return whether(correct.steps.iter().any(|s| s.len() > 1))
         }
-        Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),
+        Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.shape.acc_steps)),
         // Token counts differ between micro-batches (or ranks) unless every sequence has
         // the same length and every micro-batch as many sequences.
         Bug::MeanPerMicroBatch => return whether(!same_counts(cfg, &correct.steps, |j| j)),
-        Bug::CountPerRank => return whether(cfg.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.gpus)),
+        Bug::CountPerRank => {
+            return whether(cfg.shape.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.shape.gpus))
+        }
         Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(bug)),
         // What the W ranks see together: epoch 0's split every epoch.
         Bug::NoSetEpoch => {
-            StepPlan::walk(cfg, |_| indices(Planted::default().accumulation_micro_batches(cfg, 0)), cfg.acc_steps)
+            StepPlan::walk(cfg, |_| indices(Planted::default().accumulation_micro_batches(cfg, 0)), cfg.shape.acc_steps)
         }
         // Never harmless (count-before-shift: every sample has one more input token than
         // targets), nor any bug not listed above: explore then calls a draw where it is
@@ -119,18 +127,18 @@ fn indices(order: Vec<MicroBatch>) -> Vec<Vec<i64>> {
 /// With BatchNorm it also depends on how they are grouped into micro-batches, so for
 /// ResNets each step is its sorted list of sorted micro-batches.
 fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
-    let targets = if cfg.model.token_loss() { super::tokens::targets(cfg) } else { Vec::new() };
-    let step_mode = cfg.partial_window == crate::spec::PartialWindow::Step;
+    let targets = if cfg.model.kind.token_loss() { super::tokens::targets(cfg) } else { Vec::new() };
+    let step_mode = cfg.run.partial_window == crate::spec::PartialWindow::Step;
     steps
         .iter()
         .map(|step| {
             let mut step: Vec<Vec<i64>> = step.clone();
             step.iter_mut().for_each(|m| m.sort_unstable());
-            if !cfg.model.is_resnet() {
-                let divisor = match cfg.model.token_loss() {
+            if !cfg.model.kind.is_resnet() {
+                let divisor = match cfg.model.kind.token_loss() {
                     true => step.iter().flatten().map(|&i| targets.get(i as usize).copied().unwrap_or(0)).sum::<i64>(),
-                    false if step_mode && step.len() < cfg.acc_steps => step.len() as i64,
-                    false => cfg.acc_steps as i64,
+                    false if step_mode && step.len() < cfg.shape.acc_steps => step.len() as i64,
+                    false => cfg.shape.acc_steps as i64,
                 };
                 let mut counts = std::collections::BTreeMap::<i64, i64>::new();
                 for &i in step.iter().flatten() {
@@ -151,7 +159,8 @@ fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
 /// `least` samples: train-mode BatchNorm refuses one value per channel.
 pub fn micro_batches_hold(cfg: &TrainConfig, bug: Option<Bug>, least: usize) -> bool {
     let planted = Planted::accumulation(bug);
-    (0..cfg.epochs as u64).all(|e| planted.accumulation_micro_batches(cfg, e).iter().all(|m| m.indices.len() >= least))
+    (0..cfg.run.epochs as u64)
+        .all(|e| planted.accumulation_micro_batches(cfg, e).iter().all(|m| m.indices.len() >= least))
 }
 
 /// What a bug misuses, which a configuration must have for the bug to act at all:
@@ -179,12 +188,12 @@ pub fn need(bug: Bug) -> Option<Need> {
         ),
         // Only tiny-lm has dropout layers; other models are refused for the model.
         Bug::DropoutSameSeed => need(
-            |t| t.dropout != 0.0 || !t.model.token_loss(),
+            |t| t.model.lm.dropout != 0.0 || !t.model.kind.token_loss(),
             "misdraws dropout masks, and there is no dropout",
             "add --dropout P",
             |t| {
-                if t.dropout == 0.0 {
-                    t.dropout = 0.1
+                if t.model.lm.dropout == 0.0 {
+                    t.model.lm.dropout = 0.1
                 }
             },
         ),
@@ -192,7 +201,7 @@ pub fn need(bug: Bug) -> Option<Need> {
         // A growth interval of 1 makes per-micro-batch updates grow the scale inside a window.
         Bug::ScalerUpdatePerMicroBatch => need(scaled, SCALER.0, SCALER.1, |t| {
             give_scaler(t);
-            t.amp.growth_interval = 1;
+            t.precision.amp.growth_interval = 1;
         }),
         // Clipping that always engages; float16's clipped gradients would be subnormal at
         // 1e-4, rounded to a few bits.
@@ -200,7 +209,7 @@ pub fn need(bug: Bug) -> Option<Need> {
             |t| t.optim.clip_grad_norm.is_some(),
             "misplaces gradient clipping, and nothing is clipped",
             "add --clip-grad-norm X",
-            |t| t.optim.clip_grad_norm = Some(if t.dtype == Dtype::Float16 { 1e-2 } else { 1e-4 }),
+            |t| t.optim.clip_grad_norm = Some(if t.precision.dtype == Dtype::Float16 { 1e-2 } else { 1e-4 }),
         ),
         Bug::SchedulePerMicroBatch => need(
             |t| t.optim.lr_schedule != Schedule::Constant,
@@ -220,11 +229,11 @@ pub fn need(bug: Bug) -> Option<Need> {
 const SCALER: (&str, &str) = ("misuses the float16 loss scaler, and there is none", "add --amp float16");
 
 fn scaled(t: &TrainConfig) -> bool {
-    t.amp.scaled()
+    t.precision.amp.scaled()
 }
 
 /// float32 weights under float16 autocast: a GradScaler.
 fn give_scaler(t: &mut TrainConfig) {
-    t.dtype = Dtype::Float32;
-    t.amp.amp = Some(Amp::Float16);
+    t.precision.dtype = Dtype::Float32;
+    t.precision.amp.amp = Some(Amp::Float16);
 }

@@ -57,7 +57,7 @@ impl Planted {
             Some(Bug::NoPadding) if !spec.drop_last => unpadded_shards(&spec, epoch),
             _ => spec.shards(epoch),
         };
-        accumulation_order(&shards, cfg.batch_size)
+        accumulation_order(&shards, cfg.shape.batch_size)
     }
 
     // The loss's divisor (`plan::norm`).

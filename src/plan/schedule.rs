@@ -23,11 +23,13 @@ pub fn factors(cfg: &TrainConfig, micro_batches: impl IntoIterator<Item = usize>
 mod tests {
     use super::*;
     use crate::plan::StepPlan;
-    use crate::spec::{Bug, Schedule};
+    use crate::spec::{Bug, Schedule, Shape};
 
     #[test]
     fn per_micro_batch_ticks_run_k_times_faster() {
-        let mut cfg = TrainConfig { data_size: 16, batch_size: 2, acc_steps: 4, epochs: 2, ..TrainConfig::article() };
+        let mut cfg = TrainConfig::article();
+        cfg.shape = Shape { data_size: 16, batch_size: 2, acc_steps: 4, ..cfg.shape };
+        cfg.run.epochs = 2;
         cfg.optim.lr_schedule = Schedule::Warmup(4);
         let plan = StepPlan::accumulation(&cfg, None);
         assert_eq!(factors(&cfg, plan.steps.iter().map(Vec::len), Planted::default()), [0.25, 0.5, 0.75, 1.0]);

@@ -44,8 +44,8 @@ impl StepPlan {
     /// after `--max-steps` steps.
     pub fn walk(cfg: &TrainConfig, micro_batches: impl Fn(u64) -> Vec<Vec<i64>>, window: usize) -> StepPlan {
         let (mut steps, mut open, mut epochs, mut tail_epoch) = (Vec::new(), Vec::new(), Vec::new(), 0);
-        let step_short = cfg.partial_window == PartialWindow::Step;
-        'epochs: for epoch in 0..cfg.epochs as u64 {
+        let step_short = cfg.run.partial_window == PartialWindow::Step;
+        'epochs: for epoch in 0..cfg.run.epochs as u64 {
             tail_epoch = epoch;
             let epoch_batches = micro_batches(epoch);
             let n = epoch_batches.len();
@@ -54,7 +54,7 @@ impl StepPlan {
                 if (i + 1) % window == 0 || (step_short && i + 1 == n) {
                     steps.push(std::mem::take(&mut open));
                     epochs.push(epoch);
-                    if Some(steps.len()) == cfg.max_steps {
+                    if Some(steps.len()) == cfg.run.max_steps {
                         break 'epochs;
                     }
                 }
@@ -77,14 +77,14 @@ impl StepPlan {
     pub fn accumulation(cfg: &TrainConfig, bug: Option<Bug>) -> StepPlan {
         let planted = Planted::accumulation(bug);
         let order = |e| planted.accumulation_micro_batches(cfg, e).into_iter().map(|m| m.indices).collect();
-        StepPlan::walk(cfg, order, cfg.acc_steps)
+        StepPlan::walk(cfg, order, cfg.shape.acc_steps)
     }
 
     /// DDP rank `rank`: K/W micro-batches per step from its own DistributedSampler shard,
     /// after `set_epoch` as `bug` calls it, where a rank carries it.
     pub fn rank(cfg: &TrainConfig, rank: usize, bug: Option<Bug>) -> StepPlan {
         let (spec, planted) = (SamplerSpec::from_train(cfg), Planted::rank(bug));
-        let order = |e| rank_batches(&spec.shards(planted.set_epoch(e))[rank], cfg.batch_size);
+        let order = |e| rank_batches(&spec.shards(planted.set_epoch(e))[rank], cfg.shape.batch_size);
         StepPlan::walk(cfg, order, cfg.local_acc_steps())
     }
 }
@@ -94,7 +94,7 @@ impl RunPlan {
     fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, planted: Planted) -> RunPlan {
         let lrs = super::schedule::factors(cfg, steps.steps.iter().map(Vec::len), planted)
             .iter()
-            .map(|f| cfg.lr * f)
+            .map(|f| cfg.optim.lr * f)
             .collect();
         RunPlan { steps, norm, lrs, clip: cfg.optim.clip_grad_norm, overflow: None, planted }
     }
@@ -103,13 +103,13 @@ impl RunPlan {
         let steps = StepPlan::accumulation(cfg, cfg.inject);
         let plan = RunPlan::new(cfg, steps, Normaliser::accumulation(cfg), Planted::accumulation(cfg.inject));
         // Windows interleave the ranks' micro-batches: the last rank's first is the W-th.
-        RunPlan { overflow: cfg.amp.overflow_step.map(|s| (s, cfg.gpus - 1)), ..plan }
+        RunPlan { overflow: cfg.precision.amp.overflow_step.map(|s| (s, cfg.shape.gpus - 1)), ..plan }
     }
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
         let steps = StepPlan::rank(cfg, rank, cfg.inject);
         let plan = RunPlan::new(cfg, steps, Normaliser::rank(cfg), Planted::rank(cfg.inject));
-        let overflow = cfg.amp.overflow_step.filter(|_| rank + 1 == cfg.gpus).map(|s| (s, 0));
+        let overflow = cfg.precision.amp.overflow_step.filter(|_| rank + 1 == cfg.shape.gpus).map(|s| (s, 0));
         RunPlan { overflow, ..plan }
     }
 
@@ -124,9 +124,11 @@ impl RunPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::{RunShape, Shape};
 
     fn article(epochs: usize, max_steps: Option<usize>) -> TrainConfig {
-        TrainConfig { data_size: 6, gpus: 2, batch_size: 1, acc_steps: 4, epochs, max_steps, ..TrainConfig::article() }
+        let shape = Shape { data_size: 6, gpus: 2, batch_size: 1, acc_steps: 4, ..Shape::article() };
+        TrainConfig { shape, run: RunShape { epochs, max_steps, ..RunShape::article() }, ..TrainConfig::article() }
     }
 
     #[test]
@@ -148,9 +150,10 @@ mod tests {
 
     #[test]
     fn the_ranks_plans_cover_the_accumulation_plan_step_by_step() {
-        let cfg = TrainConfig { shuffle: true, data_size: 11, gpus: 3, acc_steps: 6, epochs: 3, ..article(3, None) };
+        let mut cfg = article(3, None);
+        cfg.shape = Shape { shuffle: true, data_size: 11, gpus: 3, acc_steps: 6, ..cfg.shape };
         let acc = StepPlan::accumulation(&cfg, None);
-        let ranks: Vec<StepPlan> = (0..cfg.gpus).map(|r| StepPlan::rank(&cfg, r, None)).collect();
+        let ranks: Vec<StepPlan> = (0..cfg.shape.gpus).map(|r| StepPlan::rank(&cfg, r, None)).collect();
         assert!(!acc.steps.is_empty());
         for (s, step) in acc.steps.iter().enumerate() {
             let mut mine: Vec<Vec<i64>> = step.clone();

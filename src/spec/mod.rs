@@ -3,19 +3,21 @@
 //! values come from `lower.rs`, which checks them all once. The named values (models,
 //! dtypes, bugs...) are `crates/cli`'s, re-exported; their libtorch side is here.
 
-mod amp;
 mod config;
 mod device;
 mod dtype;
 mod kernels;
 mod launcher;
+mod model;
 mod optim;
 mod options;
+mod precision;
 mod report;
+mod run;
+mod shape;
 mod tolerance;
 mod train;
 
-pub use amp::{AmpConfig, OVERFLOW_FACTOR};
 pub use config::Config;
 /// The values flags name, defined once with their names in `crates/cli`.
 pub use ddp_verify_cli::values::{
@@ -26,8 +28,17 @@ pub use device::accumulation_device;
 pub use dtype::TchKind;
 pub use kernels::{KernelFacts, Machine, Platform};
 pub use launcher::{Launcher, LauncherKind};
+pub use model::{LinearConfig, LmConfig, ModelConfig, ResnetConfig};
 pub use optim::OptimConfig;
 pub use options::{CompareOptions, ExploreOptions, ScriptOptions, Suite, SuiteCase};
+pub use precision::{AmpConfig, Precision, OVERFLOW_FACTOR};
 pub use report::ReportTarget;
+pub use run::RunShape;
+pub use shape::Shape;
 pub use tolerance::{Tolerance, ToleranceOverrides};
 pub use train::TrainConfig;
+
+/// `skip_serializing_if` for a key at its type's default (0, false, None, the first value).
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}

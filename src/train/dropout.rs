@@ -23,11 +23,11 @@ pub struct Dropout {
 impl Dropout {
     /// None without dropout.
     pub fn new(cfg: &TrainConfig, device: Device) -> Option<Self> {
-        (cfg.dropout > 0.0).then(|| Dropout {
-            p: cfg.dropout,
-            seed: cfg.seed,
-            seq_len: cfg.seq_len as i64,
-            kind: cfg.dtype.kind(),
+        (cfg.model.lm.dropout > 0.0).then(|| Dropout {
+            p: cfg.model.lm.dropout,
+            seed: cfg.shape.seed,
+            seq_len: cfg.model.lm.seq_len as i64,
+            kind: cfg.precision.dtype.kind(),
             device,
         })
     }

@@ -122,7 +122,7 @@ impl<'a> Run<'a> {
     fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, derives: Derives) -> Result<Self> {
         let RunPlan { steps: plan, norm, lrs, clip, overflow, planted } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
-        let device = ddp.as_ref().map_or(crate::spec::accumulation_device(cfg.device), |d| d.comm.device());
+        let device = ddp.as_ref().map_or(crate::spec::accumulation_device(cfg.run.device), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
         let model = models::build(cfg, device, blank)?;
         let torch_order = models::torch_order(model.as_ref());
@@ -160,8 +160,8 @@ impl<'a> Run<'a> {
             scaler_record: ScalerRecord::default(),
             overflow,
             found_in_window: false,
-            range_parts: (derives == Derives::Bounds && cfg.amp.scaled())
-                .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.lockstep }),
+            range_parts: (derives == Derives::Bounds && cfg.precision.amp.scaled())
+                .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.run.lockstep }),
             ddp,
             peaks,
             traced,

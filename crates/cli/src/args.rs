@@ -82,10 +82,6 @@ pub struct RunArgs {
     pub features: Option<usize>,
     #[arg(long, default_value_t = d::EPOCHS)]
     pub epochs: usize,
-    #[arg(long, default_value_t = d::LR)]
-    pub lr: f64,
-    #[arg(long, default_value_t = d::MOMENTUM)]
-    pub momentum: f64,
     #[command(flatten)]
     pub net: NetArgs,
     #[command(flatten)]
@@ -162,8 +158,6 @@ pub struct NetArgs {
     /// (seed, epoch, sample, layer) so every run draws the same ones.
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
     pub dropout: f64,
-    #[arg(long, default_value_t = d::WEIGHT_DECAY)]
-    pub weight_decay: f64,
     /// Stop both runs after this many optimizer steps.
     #[arg(long, value_name = "M")]
     pub max_steps: Option<usize>,
@@ -190,10 +184,15 @@ pub struct NetArgs {
     pub device: DeviceRequest,
 }
 
-/// What the optimizer step does, once per step in every run (--lr, --momentum and
-/// --weight-decay are its too).
+/// What the optimizer step does, once per step in every run.
 #[derive(Args)]
 pub struct OptimArgs {
+    #[arg(long, default_value_t = d::LR)]
+    pub lr: f64,
+    #[arg(long, default_value_t = d::MOMENTUM)]
+    pub momentum: f64,
+    #[arg(long, default_value_t = d::WEIGHT_DECAY)]
+    pub weight_decay: f64,
     /// The optimizer both runs step with.
     #[arg(long, value_name = "OPTIMIZER", default_value_t = d::OPTIMIZER, value_parser = named::<Optimizer>("optimizer"))]
     pub optimizer: Optimizer,

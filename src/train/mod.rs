@@ -64,6 +64,22 @@ enum Derives {
     Nothing,
 }
 
+/// What a run records for its trace beside each step's gradients.
+#[derive(Default)]
+struct Recorded {
+    /// Clipping calls each step made.
+    clips: Vec<i64>,
+    /// A DDP rank: the first step at which some rank held another model than rank 0.
+    rank_drift: Option<crate::evidence::RankDrift>,
+    /// Each step's digest of the keys its dropout masks were drawn from (all ranks'
+    /// together in DDP).
+    dropout_keys: Vec<f64>,
+    /// What the loss scaler did each step.
+    scaler: ScalerRecord,
+    /// The accumulation run's prediction of where float16's range parts it from DDP.
+    range_parts: Option<RangePrediction>,
+}
+
 /// One run in one process: model, data, optimizer, and the steps it will take.
 pub struct Run<'a> {
     model: Box<dyn Model>,
@@ -80,27 +96,20 @@ pub struct Run<'a> {
     clip: Option<f64>,
     /// A schedule other than constant was asked for.
     lr_scheduled: bool,
-    /// Clipping calls each step made so far, and the parameters in PyTorch's order, in
-    /// which clipping sums their norms.
-    clips: Vec<i64>,
+    /// What the run records for its trace, step by step, beside the gradients.
+    recorded: Recorded,
+    /// The parameters in PyTorch's order, in which clipping sums their norms.
     torch_order: Vec<usize>,
-    /// A DDP rank: the first step at which some rank held another model than rank 0.
-    drift: Option<crate::evidence::RankDrift>,
-    /// tiny-lm's dropout; the sample counter a rank keys it by under `dropout-same-seed`
-    /// (epoch, samples so far), and each step's digest
-    /// of the keys its masks were drawn from (all ranks' together in DDP).
+    /// tiny-lm's dropout, and the sample counter a run keys it by under `dropout-same-seed`
+    /// (epoch, samples so far).
     dropout: Option<dropout::Dropout>,
     counter: (Option<u64>, i64),
-    dropout_keys: Vec<f64>,
-    /// `--amp float16`'s GradScaler and what it did each step; the micro-batch made to
-    /// overflow (step, index in the window); and whether a micro-batch
-    /// unscaled so far this window (`unscale-per-micro-batch`) found inf/NaN.
+    /// `--amp float16`'s GradScaler; the micro-batch made to overflow (step, index in the
+    /// window); and whether a micro-batch unscaled so far this window
+    /// (`unscale-per-micro-batch`) found inf/NaN.
     scaler: Option<Scaler>,
-    scaler_record: ScalerRecord,
     overflow: Option<(usize, usize)>,
     found_in_window: bool,
-    /// The accumulation run's prediction of where float16's range parts it from DDP.
-    range_parts: Option<RangePrediction>,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
     peaks: Vec<Tensor>,
@@ -150,18 +159,17 @@ impl<'a> Run<'a> {
             lrs,
             clip,
             lr_scheduled: cfg.optim.lr_schedule != crate::spec::Schedule::Constant,
-            clips: Vec::new(),
+            recorded: Recorded {
+                range_parts: (derives == Derives::Bounds && cfg.precision.amp.scaled())
+                    .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.run.lockstep }),
+                ..Recorded::default()
+            },
             torch_order,
-            drift: None,
             dropout: dropout::Dropout::new(cfg, device),
             counter: (None, 0),
-            dropout_keys: Vec::new(),
             scaler: Scaler::new(cfg, device),
-            scaler_record: ScalerRecord::default(),
             overflow,
             found_in_window: false,
-            range_parts: (derives == Derives::Bounds && cfg.precision.amp.scaled())
-                .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.run.lockstep }),
             ddp,
             peaks,
             traced,
@@ -194,7 +202,7 @@ impl<'a> Run<'a> {
             if let Some(d) = &self.ddp {
                 d.comm.all_reduce_sum_f64(&mut keys)?;
             }
-            self.dropout_keys.push(keys[0]);
+            self.recorded.dropout_keys.push(keys[0]);
         }
         if let Some(d) = &self.ddp {
             // `unsynced-param` leaves out the last parameter PyTorch registers.
@@ -210,7 +218,7 @@ impl<'a> Run<'a> {
         let params = self.model.parameters();
         let lr = self.lrs[s];
         if self.clip.is_some() {
-            self.clips.push(if self.planted.clips_each_micro_batch() { group.len() as i64 } else { 1 });
+            self.recorded.clips.push(if self.planted.clips_each_micro_batch() { group.len() as i64 } else { 1 });
         }
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
         let clip = match (self.clip, self.planted.clips_each_micro_batch()) {
@@ -266,13 +274,13 @@ impl<'a> Run<'a> {
         if !self.planted.unscales_each_micro_batch() {
             found |= self.unscale_grads()?;
         }
-        let r = &mut self.scaler_record;
+        let r = &mut self.recorded.scaler;
         let n = n as i64;
         r.scales.push(start);
         r.found_inf.push(found);
         r.unscales.push(if self.planted.unscales_each_micro_batch() { n } else { 1 });
         r.updates.push(if self.planted.updates_scale_each_micro_batch() { n } else { 1 });
-        if let Some(parts) = self.range_parts.as_mut() {
+        if let Some(parts) = self.recorded.range_parts.as_mut() {
             // Free-running runs part for good at the first: later predictions start from
             // other weights.
             let ddp_found = self.listener.ddp_found_inf();
@@ -331,11 +339,11 @@ impl<'a> Run<'a> {
             ),
             // Recorded where they change (as the reference scripts do): compared exactly.
             lrs: if self.lr_scheduled { self.lrs[..self.plan.steps.len()].to_vec() } else { Vec::new() },
-            clips: self.clips,
-            rank_drift: self.drift,
-            dropout_keys: self.dropout_keys,
-            scaler: self.scaler_record,
-            range_parts: self.range_parts,
+            clips: self.recorded.clips,
+            rank_drift: self.recorded.rank_drift,
+            dropout_keys: self.recorded.dropout_keys,
+            scaler: self.recorded.scaler,
+            range_parts: self.recorded.range_parts,
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
             peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
             ..Trace::default()
@@ -400,7 +408,7 @@ impl<'a> Run<'a> {
     /// gradients and optimizer state as rank 0 (`dist::fingerprint`); the first difference is
     /// kept. Every rank learns the same answer, so all stop comparing together.
     fn compare_ranks(&mut self, s: usize) -> Result<()> {
-        let Some(d) = self.ddp.as_ref().filter(|_| self.drift.is_none()) else { return Ok(()) };
+        let Some(d) = self.ddp.as_ref().filter(|_| self.recorded.rank_drift.is_none()) else { return Ok(()) };
         let params = self.model.parameters();
         let named: Vec<(String, Tensor)> = params
             .iter()
@@ -408,7 +416,7 @@ impl<'a> Run<'a> {
             .chain(params.iter().map(|(n, p)| (format!("grad {n}"), p.grad())))
             .chain(self.opt.state())
             .collect();
-        self.drift = collective::fingerprint::compare_ranks(d.comm, s, &named)?;
+        self.recorded.rank_drift = collective::fingerprint::compare_ranks(d.comm, s, &named)?;
         Ok(())
     }
 

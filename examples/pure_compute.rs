@@ -27,8 +27,8 @@ fn main() -> anyhow::Result<()> {
     tch::set_num_threads(1);
     let accumulation = steps(accumulation_run(&cfg)?)?;
     let mut ranks = Vec::new();
-    for rank in 0..cfg.gpus {
-        ranks.push(steps(ddp_run(&cfg, &Idle { rank, world: cfg.gpus }, DdpStart::Broadcast)?)?);
+    for rank in 0..cfg.shape.gpus {
+        ranks.push(steps(ddp_run(&cfg, &Idle { rank, world: cfg.shape.gpus }, DdpStart::Broadcast)?)?);
     }
     let ddp: f64 = ranks.iter().sum();
     println!(

@@ -1,4 +1,5 @@
-//! Flags → one validated configuration. Every check of the input happens here, once:
+//! Flags → one validated configuration. Values' names and `--timeout` are checked while
+//! parsing (`crates/cli`); every other check of the input happens here, once:
 //! [`verification`], [`split`] and [`explore`] check what needs nothing but the flags (every
 //! rank may run them: they fail alike everywhere); [`crate::jobs::preflight`] checks what depends on the
 //! machine (files, memory, the CI variable) and runs in one process only, before any
@@ -6,9 +7,10 @@
 
 use std::path::Path;
 
+use ddp_verify_cli::values::Pick;
 use ddp_verify_cli::{
-    defaults, names, parse_case, AmpArgs, CaseValue, CompareArgs, ExploreArgs, KernelArgs, OptimArgs, ReportArgs,
-    RunArgs, SplitArgs, SplitShape, SuiteArgs, ToleranceArgs,
+    defaults, parse_case, AmpArgs, CaseValue, CompareArgs, ExploreArgs, KernelArgs, OptimArgs, ReportArgs, RunArgs,
+    SplitArgs, SplitShape, SuiteArgs, ToleranceArgs,
 };
 
 use crate::dist::{device, world};
@@ -16,9 +18,9 @@ use crate::error::{Error, Result};
 use crate::evidence::{golden, SAVED_FILES};
 use crate::plan;
 use crate::spec::{
-    Amp, AmpConfig, Bug, CompareOptions, Config, DeviceRequest, Dtype, ExploreOptions, Format, KernelMode, ModelKind,
-    OptimConfig, Optimizer, PartialWindow, ReportTarget, Schedule, ScriptOptions, Suite, SuiteCase, Tolerance,
-    ToleranceOverrides, TrainConfig,
+    AmpConfig, Bug, CompareOptions, Config, Dtype, ExploreOptions, Format, KernelMode, LinearConfig, LmConfig,
+    ModelConfig, ModelKind, OptimConfig, PartialWindow, Precision, ReportTarget, ResnetConfig, RunShape, ScriptOptions,
+    Shape, Suite, SuiteCase, Tolerance, ToleranceOverrides, TrainConfig,
 };
 use crate::train::fits;
 
@@ -33,7 +35,7 @@ pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {
     }
     let formats = match args.report.is_empty() {
         true => vec![Format::Table],
-        false => args.report.iter().map(|f| known("--report", f, Format::parse)).collect::<Result<_>>()?,
+        false => args.report.clone(),
     };
     Ok(formats
         .iter()
@@ -55,38 +57,33 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             "drop --sync-bn; plain BatchNorm with DDP is what accumulation reproduces",
         ));
     }
-    let model = known("--model", &n.model, ModelKind::parse)?;
-    let train = TrainConfig {
-        inject: args.inject.as_deref().map(|b| known("--inject", b, Bug::parse)).transpose()?,
-        model,
-        image_size: n.image_size,
-        classes: n.classes,
-        weight_decay: n.weight_decay,
-        max_steps: n.max_steps,
-        dtype: known("--dtype", &n.dtype, Dtype::parse)?,
-        // Deep nets carry rounding from step to step: lockstep unless asked otherwise.
-        lockstep: n.lockstep || (model.is_deep() && !n.free_running),
+    let shape = shape(&args.shape);
+    let model = ModelConfig {
+        kind: n.model,
         init: n.init.clone(),
-        vocab: n.vocab,
-        seq_len: n.seq_len,
-        min_len: n.min_len,
-        partial_window: match &n.partial_window {
-            Some(p) => known("--partial-window", p, PartialWindow::parse)?,
-            None => PartialWindow::default_for(model),
-        },
-        big_batch: !n.no_big_batch,
-        dropout: n.dropout,
-        optim: optim(&args.optim)?,
-        amp: amp(&args.amp)?,
-        ..shape(&args.shape, args.features, args.epochs, args.lr, args.momentum)
+        linear: LinearConfig { features: args.features.unwrap_or(shape.data_size) },
+        resnet: ResnetConfig { image_size: n.image_size, classes: n.classes },
+        lm: LmConfig { vocab: n.vocab, seq_len: n.seq_len, min_len: n.min_len, dropout: n.dropout },
     };
+    let optim = optim(&args.optim)?;
     // Our own launcher puts all W ranks on this machine; a user's mpirun says how many.
-    let local_ranks = if world::inside_mpi_world() { device::local_size().unwrap_or(1) } else { train.gpus };
-    let device = device::resolve(known("--device", &n.device, DeviceRequest::parse)?, local_ranks)?;
-    let train = TrainConfig { device: device.kind, shared_gpus: device.shared_gpus, ..train };
+    let local_ranks = if world::inside_mpi_world() { device::local_size().unwrap_or(1) } else { shape.gpus };
+    let device = device::resolve(n.device, local_ranks)?;
+    let run = RunShape {
+        epochs: args.epochs,
+        max_steps: n.max_steps,
+        // Deep nets carry rounding from step to step: lockstep unless asked otherwise.
+        lockstep: n.lockstep || (n.model.is_deep() && !n.free_running),
+        partial_window: n.partial_window.unwrap_or(PartialWindow::default_for(n.model)),
+        big_batch: !n.no_big_batch,
+        device: device.kind,
+        shared_gpus: device.shared_gpus,
+    };
+    let precision = Precision { dtype: n.dtype, amp: amp(&args.amp) };
+    let train = TrainConfig { shape, model, optim, precision, run, inject: args.inject };
     let overrides = overrides(&args.tolerance);
     let cfg = Config {
-        tolerance: overrides.tolerance(train.dtype, train.lockstep),
+        tolerance: overrides.tolerance(train.precision.dtype, train.run.lockstep),
         derive_bounds: overrides.derive(&train),
         train,
         save_trace: args.save_trace.clone(),
@@ -100,8 +97,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
         device_note: device.note,
         kernels: kernel_mode(&args.kernels, args.golden.as_deref().filter(|_| !args.bless))?,
     };
-    check_timeout(cfg.timeout_s)?;
-    if n.big_batch && cfg.train.amp.amp.is_some() {
+    if n.big_batch && cfg.train.precision.amp.amp.is_some() {
         return Err(Error::bad_flag(
             "--big-batch",
             "under --amp the big batch rounds its matrix products to the autocast dtype over K·B samples at \
@@ -109,7 +105,7 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             "drop --big-batch; accumulation vs DDP is the comparison under --amp",
         ));
     }
-    if n.big_batch && !model.has_big_batch() {
+    if n.big_batch && !n.model.has_big_batch() {
         return Err(Error::bad_flag(
             "--big-batch",
             "a ResNet's BatchNorm normalises each micro-batch by its own statistics, so one batch of K·B \
@@ -139,7 +135,7 @@ fn in_case(file: &Path, name: &str, e: Error) -> Error {
 /// tensor, which fixes the kernels for the process), else portable. A golden that cannot
 /// be read here is refused later, by the run that loads it.
 pub fn kernel_mode(args: &KernelArgs, golden: Option<&Path>) -> Result<KernelMode> {
-    let asked = args.kernels.as_deref().map(|k| known("--kernels", k, KernelMode::parse)).transpose()?;
+    let asked = args.kernels;
     let vendor = || crate::dist::kernels::machine(crate::spec::DeviceKind::Cpu).vendor;
     let made = golden.and_then(|dir| golden::read_meta(&golden::for_vendor(dir, &vendor()).ok()?).ok());
     let made = made.and_then(|m| m.kernels).map(|k| k.mode);
@@ -223,9 +219,6 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             "give -- python train.py ARGS, -- torchrun [OPTIONS] train.py ARGS or -- accelerate launch [OPTIONS] train.py ARGS",
         )
     })?;
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        return Err(Error::bad_flag("--timeout", "must be a positive number of seconds", "e.g. --timeout 600"));
-    }
     let out = match &args.save_trace {
         Some(dir) => {
             // Writable (or creatable) before any leg runs: bad output is exit 2, not a failed run.
@@ -332,14 +325,14 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
             refuse(&key, e.problem, "see ddp-verify --help for the flag's values".into())
         })?;
         // The suite's --kernels is every case's, unless the case names its own.
-        run.kernels.kernels = run.kernels.kernels.or_else(|| args.kernels.kernels.clone());
+        run.kernels.kernels = run.kernels.kernels.or(args.kernels.kernels);
         let config = verification(&run).map_err(|e| in_case(file, &name, e))?;
         cases.push(SuiteCase { name, config });
     }
     // One process computes every case: one kernel mode, pinned before any case's preflight
     // reads a tensor.
-    let mode = match args.kernels.kernels.as_deref() {
-        Some(k) => known("--kernels", k, KernelMode::parse)?,
+    let mode = match args.kernels.kernels {
+        Some(k) => k,
         None => cases.first().map(|c| c.config.kernels).unwrap_or_default(),
     };
     if let Some(c) = cases.iter().find(|c| c.config.kernels != mode) {
@@ -354,20 +347,20 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
             "give every case the same kernels (their goldens' mode), or run them as separate suites",
         ));
     }
-    let device = cases.first().map(|c| c.config.train.device).unwrap_or_default();
+    let device = cases.first().map(|c| c.config.train.run.device).unwrap_or_default();
     crate::dist::kernels::apply(mode, device)?;
     for case in &cases {
         crate::jobs::preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
     }
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
-    check_timeout(args.timeout)?;
     Ok(Suite { file: file.clone(), cases, reports, timeout_s: args.timeout, progress: world::progress_wanted() })
 }
 
 /// `split`'s flags: the sampling shape and the epoch, checked, and the plan's size.
 pub fn split(args: &SplitArgs) -> Result<(TrainConfig, u64)> {
-    let train = shape(&args.shape, None, 1, defaults::LR, defaults::MOMENTUM);
+    let mut train = TrainConfig { shape: shape(&args.shape), ..TrainConfig::article() };
+    (train.model.linear.features, train.run.epochs) = (args.shape.data_size, 1);
     plan::checks::check_split(&train)?;
     fits::check_split_fits(&train, fits::available_bytes)?;
     Ok((train, args.epoch))
@@ -381,14 +374,10 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
     if args.max_gpus == 0 {
         return Err(Error::bad_flag("--max-gpus", "must be at least 1", "pass e.g. --max-gpus 3"));
     }
-    let bugs = match args.inject.as_deref() {
+    let bugs = match args.inject {
         None => vec![None],
-        Some("all") => Bug::ALL.into_iter().map(Some).collect(),
-        Some(name) => {
-            let name = names::check("bug", name, &names::BUGS)
-                .map_err(|e| Error::bad_flag("--inject", e, "pass one of those, or all"))?;
-            vec![Some(known("--inject", &name, Bug::parse)?)]
-        }
+        Some(Pick::All) => Bug::ALL.into_iter().map(Some).collect(),
+        Some(Pick::One(bug)) => vec![Some(bug)],
     };
     // Read and writable before any rank starts: a finding must not be lost at the end.
     crate::jobs::explore::read_regressions(Some(&args.regressions))?;
@@ -408,12 +397,11 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
     });
-    let models = match args.model.as_str() {
-        "all" => vec![ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::TinyLm],
-        "linear" => vec![ModelKind::Linear],
-        "resnet-tiny" => vec![ModelKind::ResnetTiny],
-        "tiny-lm" => vec![ModelKind::TinyLm],
-        other => {
+    let drawn = [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::TinyLm];
+    let models = match args.model {
+        Pick::All => drawn.to_vec(),
+        Pick::One(m) if drawn.contains(&m) => vec![m],
+        Pick::One(other) => {
             return Err(Error::bad_flag(
                 "--model",
                 format!("explore draws linear, resnet-tiny or tiny-lm configurations, not '{other}'"),
@@ -422,7 +410,7 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
         }
     };
     // `--inject all` passes over each bug on the models that can carry it; one named must fit.
-    let named = args.inject.as_deref() != Some("all");
+    let named = args.inject != Some(Pick::All);
     if let Some(b) = bugs.iter().flatten().find(|b| named && !models.iter().any(|&m| b.applies_to(m))) {
         return Err(Error::bad_flag(
             "--inject",
@@ -444,10 +432,8 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
     })
 }
 
-/// A named value the flag's parser already checked against the same names; an error
-/// rather than a panic should the two ever disagree.
-/// `--optimizer`, `--betas`, `--eps`, `--clip-grad-norm`, `--lr-schedule` (their ranges are
-/// `plan::checks`').
+/// `--lr`, `--momentum`, `--weight-decay`, `--optimizer`, `--betas`, `--eps`,
+/// `--clip-grad-norm`, `--lr-schedule` (their ranges are `plan::checks`').
 fn optim(o: &OptimArgs) -> Result<OptimConfig> {
     let betas = match o.betas.as_deref() {
         None => defaults::BETAS,
@@ -455,33 +441,26 @@ fn optim(o: &OptimArgs) -> Result<OptimConfig> {
         Some(_) => return Err(Error::bad_flag("--betas", "takes two numbers", "pass e.g. --betas 0.9 0.999")),
     };
     Ok(OptimConfig {
-        optimizer: known("--optimizer", &o.optimizer, Optimizer::parse)?,
+        lr: o.lr,
+        momentum: o.momentum,
+        weight_decay: o.weight_decay,
+        optimizer: o.optimizer,
         betas,
         eps: o.eps,
         clip_grad_norm: o.clip_grad_norm,
-        lr_schedule: Schedule::parse(&o.lr_schedule).ok_or_else(|| {
-            Error::bad_flag(
-                "--lr-schedule",
-                format!("unknown schedule '{}'", o.lr_schedule),
-                "pass constant, warmup:N or cosine:N with N >= 1",
-            )
-        })?,
+        lr_schedule: o.lr_schedule,
     })
 }
 
 /// `--amp`, `--init-scale`, `--growth-interval`, `--overflow-step` (their ranges and what
 /// they need are `plan::checks`').
-fn amp(a: &AmpArgs) -> Result<AmpConfig> {
-    Ok(AmpConfig {
-        amp: a.amp.as_deref().map(|s| known("--amp", s, Amp::parse)).transpose()?,
+fn amp(a: &AmpArgs) -> AmpConfig {
+    AmpConfig {
+        amp: a.amp,
         init_scale: a.init_scale,
         growth_interval: a.growth_interval,
         overflow_step: a.overflow_step,
-    })
-}
-
-fn known<T>(flag: &'static str, value: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T> {
-    parse(value).ok_or_else(|| Error::bad_flag(flag, format!("unknown value '{value}'"), "see ddp-verify --help"))
+    }
 }
 
 fn overrides(t: &ToleranceArgs) -> ToleranceOverrides {
@@ -497,31 +476,15 @@ fn checked_overrides(t: &ToleranceArgs) -> Result<ToleranceOverrides> {
     Ok(o)
 }
 
-fn check_timeout(seconds: f64) -> Result<()> {
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(Error::bad_flag(
-            "--timeout",
-            format!("{seconds} is not a positive number of seconds"),
-            "pass e.g. --timeout 600",
-        ));
-    }
-    Ok(())
-}
-
-fn shape(s: &SplitShape, features: Option<usize>, epochs: usize, lr: f64, momentum: f64) -> TrainConfig {
-    TrainConfig {
+fn shape(s: &SplitShape) -> Shape {
+    Shape {
         data_size: s.data_size,
-        features: features.unwrap_or(s.data_size),
         seed: s.seed,
-        epochs,
         batch_size: s.batch_size,
         acc_steps: s.acc_steps,
         gpus: s.gpus,
-        lr,
-        momentum,
         shuffle: s.shuffle,
         drop_last: s.drop_last,
-        ..TrainConfig::article()
     }
 }
 

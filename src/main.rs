@@ -78,7 +78,7 @@ fn run(cli: Cli) -> Result<Exit> {
         None => {
             let cfg = lower::verification(&cli.run)?;
             // Before anything makes a tensor: that fixes libtorch's kernels for the process.
-            kernels::apply(cfg.kernels, cfg.train.device)?;
+            kernels::apply(cfg.kernels, cfg.train.run.device)?;
             if !world::inside_mpi_world() {
                 // Both runs happen inside one MPI world of W ranks: refuse bad input here,
                 // before starting them.

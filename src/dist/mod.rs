@@ -19,6 +19,7 @@ pub use self::nccl::Nccl;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
+use crate::spec::TchKind;
 
 pub trait Collective {
     fn rank(&self) -> usize;

@@ -68,14 +68,14 @@ pub fn pin_threads() {
 /// What a DDP rank trains with: for CUDA runs NCCL on its own GPU (`cuda:<local rank>`),
 /// its id sent over `mpi`; else `mpi` itself.
 pub fn rank_collective<'a>(cfg: &TrainConfig, mpi: &'a Mpi) -> Result<Box<dyn Collective + 'a>> {
-    if cfg.device == DeviceKind::Cpu {
+    if cfg.run.device == DeviceKind::Cpu {
         return Ok(Box::new(mpi));
     }
     let rank = mpi.rank();
     crate::dist::device::deterministic_kernels();
     let gpus = crate::dist::device::cuda_gpus().map_err(|problem| Error::Rank { rank, problem })?;
     let local = crate::dist::device::local_rank().unwrap_or(rank);
-    if let Some(shared) = cfg.shared_gpus {
+    if let Some(shared) = cfg.run.shared_gpus {
         let device = tch::Device::Cuda(local % shared.clamp(1, gpus));
         return Ok(Box::new(super::mpi::OnDevice { mpi, device }));
     }

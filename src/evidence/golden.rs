@@ -131,7 +131,7 @@ impl Golden {
             ));
         }
         check_compatible(dir, &meta, train)?;
-        check_platform(&meta, ours, train.device).map_err(|problem| {
+        check_platform(&meta, ours, train.run.device).map_err(|problem| {
             Error::bad_file(
                 dir,
                 problem,
@@ -214,13 +214,13 @@ fn check_compatible(dir: &Path, meta: &GoldenMeta, train: &TrainConfig) -> Resul
         Err(Error::bad_file(dir, what, "re-record the golden with this build (--bless), or use the build that made it"))
     };
     // Another precision or device rounds differently: its numbers prove nothing here.
-    if meta.dtype != train.dtype.name() || meta.device != train.device.name() {
+    if meta.dtype != train.precision.dtype.name() || meta.device != train.run.device.name() {
         return refuse(format!(
             "golden is {} on {}, this run is {} on {}",
             meta.dtype,
             meta.device,
-            train.dtype.name(),
-            train.device.name()
+            train.precision.dtype.name(),
+            train.run.device.name()
         ));
     }
     let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
@@ -304,8 +304,8 @@ pub fn bless(dir: &Path, train: &TrainConfig, accumulation: &Trace, ddp: &Trace,
     let meta = GoldenMeta {
         train: TrainConfig { inject: None, ..train.clone() },
         torch_version: LIBTORCH_VERSION.into(),
-        dtype: train.dtype.name().into(),
-        device: train.device.name().into(),
+        dtype: train.precision.dtype.name().into(),
+        device: train.run.device.name().into(),
         tool_version: Some(TOOL_VERSION.into()),
         made_by: "ddp-verify --bless".into(),
         date: Some(utc_now()),

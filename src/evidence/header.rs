@@ -214,7 +214,7 @@ impl TraceHeader {
             acc_steps: count(schema::ACC_STEPS),
             steps_per_epoch: count(schema::STEPS_PER_EPOCH),
             steps: count(schema::STEPS),
-            dtype: text(schema::DTYPE).and_then(|v| Dtype::parse(&v)),
+            dtype: text(schema::DTYPE).and_then(|v| Dtype::ALL.into_iter().find(|d| d.name() == v)),
             magnitudes: text(schema::MAGNITUDES).and_then(|v| Magnitudes::parse(&v)),
             framework: text(schema::FRAMEWORK).and_then(|v| Framework::parse(&v)),
             optimizer: OptimizerRecord {

@@ -439,6 +439,13 @@ mod tests {
         assert!(parse_name("final.").unwrap_err().contains("names no parameter"));
     }
 
+    /// The schema's dtypes are `--dtype`'s, by the same names.
+    #[test]
+    fn the_trace_dtypes_are_the_flags() {
+        let flags: Vec<&str> = crate::spec::Dtype::ALL.iter().map(|d| d.name()).collect();
+        assert_eq!(DTYPES, flags.as_slice());
+    }
+
     #[test]
     fn every_key_is_listed_once() {
         let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();

@@ -7,7 +7,7 @@ use crate::error::{Error, Exit, Result};
 use crate::evidence::{share, Params, Trace};
 use crate::judge::{caution, diagnose, Agreement, BigBatch, Comparer, Context, Outcome, Subject, TracePair};
 pub use crate::spec::CompareOptions;
-use crate::spec::Dtype;
+use crate::spec::{Dtype, TchKind};
 
 pub fn command(opts: &CompareOptions) -> Result<Exit> {
     let outcome = judge_traces(opts)?;

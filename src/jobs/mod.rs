@@ -15,7 +15,7 @@ pub use preflight::preflight;
 
 use crate::error::{Exit, Result};
 use crate::plan::SplitPlan;
-use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, KernelMode, ModelKind, TrainConfig};
+use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, KernelMode, ModelKind, Precision, Shape, TrainConfig};
 
 /// `ddp-verify split`: each rank's shard and the accumulation order, as text or JSON.
 pub fn split(train: &TrainConfig, epoch: u64, json: bool) -> Result<Exit> {
@@ -49,9 +49,9 @@ pub fn devices(gpus: usize, mode: KernelMode) -> Result<Exit> {
         for cfg in self_test_configs(device) {
             let started = std::time::Instant::now();
             checks += 1;
-            let what = match cfg.amp.amp {
+            let what = match cfg.precision.amp.amp {
                 Some(amp) => format!("--amp {}", amp.name()),
-                None => cfg.dtype.name().to_string(),
+                None => cfg.precision.dtype.name().to_string(),
             };
             let result = match crate::train::repeat_check(&cfg, platform)? {
                 None => "repeats".to_string(),
@@ -61,7 +61,7 @@ pub fn devices(gpus: usize, mode: KernelMode) -> Result<Exit> {
                 }
             };
             let ms = started.elapsed().as_secs_f64() * 1e3;
-            println!("  {:<4}  {:<11}  {what:<16}  {result} ({ms:.0} ms)", device.name(), cfg.model.name());
+            println!("  {:<4}  {:<11}  {what:<16}  {result} ({ms:.0} ms)", device.name(), cfg.model.kind.name());
         }
     }
     if failed > 0 {
@@ -79,17 +79,12 @@ fn self_test_configs(device: DeviceKind) -> Vec<TrainConfig> {
     use ddp_verify_cli::defaults as d;
     let models = [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::TinyLm];
     let dtypes = [Dtype::Float32, Dtype::Float64, Dtype::Bfloat16, Dtype::Float16];
-    let small = |model| TrainConfig {
-        model,
-        data_size: 4,
-        features: 4,
-        batch_size: 2,
-        acc_steps: 2,
-        gpus: 1,
-        epochs: 1,
-        image_size: 8,
-        device,
-        ..TrainConfig::article()
+    let small = |model| {
+        let mut t = TrainConfig::article();
+        t.shape = Shape { data_size: 4, batch_size: 2, acc_steps: 2, gpus: 1, ..t.shape };
+        (t.model.kind, t.model.linear.features, t.model.resnet.image_size) = (model, 4, 8);
+        (t.run.epochs, t.run.device) = (1, device);
+        t
     };
     let amp = |a| AmpConfig {
         amp: Some(a),
@@ -100,8 +95,11 @@ fn self_test_configs(device: DeviceKind) -> Vec<TrainConfig> {
     models
         .iter()
         .flat_map(|&m| {
-            let plain = dtypes.iter().map(move |&dtype| TrainConfig { dtype, ..small(m) });
-            let cast = [Amp::Bfloat16, Amp::Float16].into_iter().map(move |a| TrainConfig { amp: amp(a), ..small(m) });
+            let with = move |precision: Precision| TrainConfig { precision, ..small(m) };
+            let plain = dtypes.iter().map(move |&dtype| with(Precision { dtype, ..Precision::default() }));
+            let cast = [Amp::Bfloat16, Amp::Float16]
+                .into_iter()
+                .map(move |a| with(Precision { amp: amp(a), ..Precision::default() }));
             plain.chain(cast)
         })
         .collect()

@@ -51,10 +51,10 @@ impl RankPool {
     /// Rank 0: hands `cfg` to the ranks and runs rank 0's share; returns the DDP trace, and
     /// for a lockstep job also the accumulation run's (which lockstep runs beside it).
     pub fn lead(&self, cfg: &TrainConfig) -> Result<Share> {
-        if cfg.gpus > self.size() {
+        if cfg.shape.gpus > self.size() {
             return Err(Error::bad_flag(
                 "--max-gpus",
-                format!("a case needs {} ranks but {} were started", cfg.gpus, self.size()),
+                format!("a case needs {} ranks but {} were started", cfg.shape.gpus, self.size()),
                 "raise --max-gpus",
             ));
         }
@@ -94,8 +94,8 @@ impl RankPool {
     }
 
     fn run_share(&self, cfg: &TrainConfig) -> Result<Option<Share>> {
-        let Some(comm) = &self.subs[cfg.gpus - 1] else { return Ok(None) };
-        if !cfg.lockstep {
+        let Some(comm) = &self.subs[cfg.shape.gpus - 1] else { return Ok(None) };
+        if !cfg.run.lockstep {
             return crate::train::ddp_rank(cfg, comm).map(|ddp| Some((None, ddp)));
         }
         let (mut acc_steps, mut ddp_steps, mut allowed) = (Vec::new(), Vec::new(), Vec::new());

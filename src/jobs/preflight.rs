@@ -14,7 +14,7 @@ use crate::train::{fits, models};
 /// --force, and --bless's rules.
 pub fn preflight(cfg: &Config) -> Result<()> {
     let t = &cfg.train;
-    if let Some(path) = t.init.as_deref().filter(|p| !p.is_file()) {
+    if let Some(path) = t.model.init.as_deref().filter(|p| !p.is_file()) {
         return Err(Error::bad_file(
             path,
             format!("--init {}", crate::error::what_is(path)),

@@ -16,7 +16,7 @@ use crate::train::{self, models, StepGrads};
 pub fn command(cfg: &Config) -> Result<Exit> {
     if !world::inside_mpi_world() {
         let timeout = Duration::try_from_secs_f64(cfg.timeout_s).unwrap_or(Duration::MAX);
-        return world::relaunch(cfg.train.gpus, std::env::args_os().skip(1), Some(timeout));
+        return world::relaunch(cfg.train.shape.gpus, std::env::args_os().skip(1), Some(timeout));
     }
     let Some(outcome) = verify_in_world(cfg)? else {
         return Ok(Exit::Equivalent);
@@ -68,7 +68,7 @@ const NO_VERDICT: f32 = 2.0;
 
 /// This process's kernels, as `main` pinned them ([`crate::dist::kernels::apply`]).
 pub(crate) fn platform(cfg: &Config) -> Result<&'static crate::spec::Platform> {
-    crate::dist::kernels::apply(cfg.kernels, cfg.train.device)
+    crate::dist::kernels::apply(cfg.kernels, cfg.train.run.device)
 }
 
 /// Whether the kernels repeat themselves for this run (`train::repeat_check`).
@@ -93,7 +93,7 @@ fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Resu
     let comm = world::rank_collective(&cfg.train, &rank.comm)?;
     world::failure_hook(rank.comm.rank())?;
     crate::profile::mark("prepared");
-    if cfg.train.lockstep {
+    if cfg.train.run.lockstep {
         return judge_in_lockstep(cfg, comm.as_ref(), Judging::new(cfg, golden));
     }
     if !is_root {
@@ -120,14 +120,14 @@ fn go_ahead(cfg: &Config, rank: &world::MpiRank, golden: Option<Golden>) -> Resu
 /// The header `--save-trace` files carry, so `compare` can say what each trace is.
 pub(crate) fn stamp(t: &crate::spec::TrainConfig, accumulation: &mut Trace, ddp: &mut Trace) {
     use crate::evidence::{schema, RunKind, TraceHeader};
-    for (trace, run, world) in [(accumulation, RunKind::Accumulation, 1), (ddp, RunKind::Ddp, t.gpus)] {
+    for (trace, run, world) in [(accumulation, RunKind::Accumulation, 1), (ddp, RunKind::Ddp, t.shape.gpus)] {
         trace.header = TraceHeader {
             version: Some(schema::VERSION),
             run: Some(run),
             world_size: Some(world),
-            acc_steps: Some(t.acc_steps),
+            acc_steps: Some(t.shape.acc_steps),
             steps_per_epoch: Some(crate::plan::sampler::steps_per_epoch(t)),
-            dtype: Some(t.dtype),
+            dtype: Some(t.precision.dtype),
             written_by: Some(format!("ddp-verify {}", env!("CARGO_PKG_VERSION"))),
             torch_version: Some(crate::evidence::golden::LIBTORCH_VERSION.to_string()),
             ..TraceHeader::default()

@@ -107,7 +107,7 @@ fn compare_tensor(
     if x.size() != y.size() {
         return missing(name, Problem::Shape { left: x.size(), right: y.size() });
     }
-    use crate::spec::Dtype;
+    use crate::spec::{Dtype, TchKind};
     let precision = match (Dtype::of_kind(x.kind()), Dtype::of_kind(y.kind())) {
         (Some(Dtype::Float64), Some(Dtype::Float64)) => Precision::F64,
         (Some(d), Some(e)) if d == e && d.is_narrow() => Precision::Narrow { digits: d.digits(), min_exp: d.min_exp() },

@@ -1,74 +1,76 @@
-//! Known, realistic mistakes that can be planted in one of the two runs, so users (and our
-//! tests) can watch the gate fire. Each bug also says whether it can change the mathematics
-//! of a given configuration, from the sampling plans themselves, so a config it cannot
-//! change is reported as such instead of as a miss.
+//! When a planted bug matters, and what it needs. Each bug says whether it can change the
+//! mathematics of a given configuration, from the plans themselves, so a config it cannot
+//! change is reported as such instead of as a miss; and what it misuses (AdamW, clipping, a
+//! loss scaler...), which `--inject` requires and explore provides. What each bug does is
+//! `plan::planted`.
 
+use super::planted::Planted;
 use super::sampler::MicroBatch;
-use super::steps::{accumulation_micro_batches, StepPlan};
-use crate::spec::{Bug, TrainConfig};
+use super::steps::StepPlan;
+use crate::spec::{Amp, Bug, Dtype, Optimizer, Schedule, TrainConfig};
 
-impl Bug {
-    /// True when the buggy run sees other samples per step, or other scaling, than the
-    /// correct one: only then must the gate fire.
-    pub fn changes_math(self, cfg: &TrainConfig) -> bool {
-        self.effect(cfg) == Effect::Math
-    }
+/// True when the buggy run sees other samples per step, or other scaling, than the
+/// correct one: only then must the gate fire.
+pub fn changes_math(bug: Bug, cfg: &TrainConfig) -> bool {
+    effect(bug, cfg) == Effect::Math
+}
 
-    /// What the bug does to this configuration's computation, from the step plans.
-    pub fn effect(self, cfg: &TrainConfig) -> Effect {
-        let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
-        let correct = StepPlan::accumulation(cfg, None);
-        let buggy = match self {
-            // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
-            // windows stepping on their own).
-            Bug::NoLossScale | Bug::AdamwNoLossScale => {
-                let step = cfg.partial_window == crate::spec::PartialWindow::Step;
-                let divisor = |s: &Vec<Vec<i64>>| if step && s.len() < cfg.acc_steps { s.len() } else { cfg.acc_steps };
-                return whether(correct.steps.iter().any(|s| divisor(s) > 1));
-            }
-            Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.gpus > 1),
-            Bug::DropoutSameSeed => {
-                return whether(
-                    cfg.dropout > 0.0 && (0..cfg.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))),
-                )
-            }
-            // Whether a gradient reaches the max norm is the data's to say: assumed.
-            // Under a loss scaler it clips the scaled gradient, even one micro-batch's.
-            Bug::ClipPerMicroBatch => return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.amp.scaled()),
-            Bug::SchedulePerMicroBatch => {
-                return whether(
-                    super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), None)
-                        != super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), Some(self)),
-                )
-            }
-            Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
-            // Each step records how often it unscaled and updated the scale: a window of
-            // several micro-batches shows the bug there, whatever the numbers do.
-            Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
-                return whether(correct.steps.iter().any(|s| s.len() > 1))
-            }
-            Bug::CountBeforeShift => return Effect::Math,
-            Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.acc_steps)),
-            // Token counts differ between micro-batches (or ranks) unless every sequence has
-            // the same length and every micro-batch as many sequences.
-            Bug::MeanPerMicroBatch => return whether(!same_counts(cfg, &correct.steps, |j| j)),
-            Bug::CountPerRank => return whether(cfg.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.gpus)),
-            Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(self)),
-            // What the W ranks see together: epoch 0's split every epoch.
-            Bug::NoSetEpoch => {
-                StepPlan::walk(cfg, |_| indices(accumulation_micro_batches(cfg, None, 0)), cfg.acc_steps)
-            }
-        };
-        match (as_math(cfg, &correct.steps) != as_math(cfg, &buggy.steps), correct.steps != buggy.steps) {
-            (true, _) => Effect::Math,
-            (false, true) => Effect::Order,
-            (false, false) => Effect::None,
+/// What `bug` does to this configuration's computation, from the step plans.
+pub fn effect(bug: Bug, cfg: &TrainConfig) -> Effect {
+    let whether = |changes: bool| if changes { Effect::Math } else { Effect::None };
+    let correct = StepPlan::accumulation(cfg, None);
+    let buggy = match bug {
+        // Harmless where every window's divisor is 1 (K = 1, or only one-micro-batch
+        // windows stepping on their own).
+        Bug::NoLossScale | Bug::AdamwNoLossScale => {
+            let step = cfg.run.partial_window == crate::spec::PartialWindow::Step;
+            let divisor =
+                |s: &Vec<Vec<i64>>| if step && s.len() < cfg.shape.acc_steps { s.len() } else { cfg.shape.acc_steps };
+            return whether(correct.steps.iter().any(|s| divisor(s) > 1));
         }
-    }
-
-    /// Whether DDP ranks zero their gradients after a step under this bug.
-    pub fn zeroes_grad(self) -> bool {
-        self != Bug::StaleZeroGrad
+        Bug::DoubleScale | Bug::UnsyncedParam => return whether(cfg.shape.gpus > 1),
+        Bug::DropoutSameSeed => {
+            return whether(
+                cfg.model.lm.dropout > 0.0
+                    && (0..cfg.shape.gpus).any(|r| counters_differ(&StepPlan::rank(cfg, r, None))),
+            )
+        }
+        // Whether a gradient reaches the max norm is the data's to say: assumed.
+        // Under a loss scaler it clips the scaled gradient, even one micro-batch's.
+        Bug::ClipPerMicroBatch => {
+            return whether(correct.steps.iter().any(|s| s.len() > 1) || cfg.precision.amp.scaled())
+        }
+        Bug::SchedulePerMicroBatch => {
+            let factors = |p| super::schedule::factors(cfg, correct.steps.iter().map(Vec::len), p);
+            return whether(factors(Planted::default()) != factors(Planted::accumulation(Some(bug))));
+        }
+        Bug::StaleZeroGrad => return whether(correct.steps.len() > 1),
+        // Each step records how often it unscaled and updated the scale: a window of
+        // several micro-batches shows the bug there, whatever the numbers do.
+        Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
+            return whether(correct.steps.iter().any(|s| s.len() > 1))
+        }
+        Bug::LastWindowByK => return whether(correct.steps.iter().any(|s| s.len() < cfg.shape.acc_steps)),
+        // Token counts differ between micro-batches (or ranks) unless every sequence has
+        // the same length and every micro-batch as many sequences.
+        Bug::MeanPerMicroBatch => return whether(!same_counts(cfg, &correct.steps, |j| j)),
+        Bug::CountPerRank => {
+            return whether(cfg.shape.gpus > 1 && !same_counts(cfg, &correct.steps, |j| j % cfg.shape.gpus))
+        }
+        Bug::ContiguousSplit | Bug::NoPadding => StepPlan::accumulation(cfg, Some(bug)),
+        // What the W ranks see together: epoch 0's split every epoch.
+        Bug::NoSetEpoch => {
+            StepPlan::walk(cfg, |_| indices(Planted::default().accumulation_micro_batches(cfg, 0)), cfg.shape.acc_steps)
+        }
+        // Never harmless (count-before-shift: every sample has one more input token than
+        // targets), nor any bug not listed above: explore then calls a draw where it is
+        // harmless a miss, which says to list it, and never hides one.
+        _ => return Effect::Math,
+    };
+    match (as_math(cfg, &correct.steps) != as_math(cfg, &buggy.steps), correct.steps != buggy.steps) {
+        (true, _) => Effect::Math,
+        (false, true) => Effect::Order,
+        (false, false) => Effect::None,
     }
 }
 
@@ -125,18 +127,18 @@ fn indices(order: Vec<MicroBatch>) -> Vec<Vec<i64>> {
 /// With BatchNorm it also depends on how they are grouped into micro-batches, so for
 /// ResNets each step is its sorted list of sorted micro-batches.
 fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
-    let targets = if cfg.model.token_loss() { super::tokens::targets(cfg) } else { Vec::new() };
-    let step_mode = cfg.partial_window == crate::spec::PartialWindow::Step;
+    let targets = if cfg.model.kind.token_loss() { super::tokens::targets(cfg) } else { Vec::new() };
+    let step_mode = cfg.run.partial_window == crate::spec::PartialWindow::Step;
     steps
         .iter()
         .map(|step| {
             let mut step: Vec<Vec<i64>> = step.clone();
             step.iter_mut().for_each(|m| m.sort_unstable());
-            if !cfg.model.is_resnet() {
-                let divisor = match cfg.model.token_loss() {
+            if !cfg.model.kind.is_resnet() {
+                let divisor = match cfg.model.kind.token_loss() {
                     true => step.iter().flatten().map(|&i| targets.get(i as usize).copied().unwrap_or(0)).sum::<i64>(),
-                    false if step_mode && step.len() < cfg.acc_steps => step.len() as i64,
-                    false => cfg.acc_steps as i64,
+                    false if step_mode && step.len() < cfg.shape.acc_steps => step.len() as i64,
+                    false => cfg.shape.acc_steps as i64,
                 };
                 let mut counts = std::collections::BTreeMap::<i64, i64>::new();
                 for &i in step.iter().flatten() {
@@ -156,5 +158,82 @@ fn as_math(cfg: &TrainConfig, steps: &[Vec<Vec<i64>>]) -> Vec<Vec<Vec<i64>>> {
 /// Whether every micro-batch either run would see under `bug` (or none) holds at least
 /// `least` samples: train-mode BatchNorm refuses one value per channel.
 pub fn micro_batches_hold(cfg: &TrainConfig, bug: Option<Bug>, least: usize) -> bool {
-    (0..cfg.epochs as u64).all(|e| accumulation_micro_batches(cfg, bug, e).iter().all(|m| m.indices.len() >= least))
+    let planted = Planted::accumulation(bug);
+    (0..cfg.run.epochs as u64)
+        .all(|e| planted.accumulation_micro_batches(cfg, e).iter().all(|m| m.indices.len() >= least))
+}
+
+/// What a bug misuses, which a configuration must have for the bug to act at all:
+/// `--inject` refuses a configuration without it (`plan::checks`), and explore gives it to
+/// the configurations it draws (`jobs::explore::plant`).
+pub struct Need {
+    /// Whether a configuration has it.
+    pub has: fn(&TrainConfig) -> bool,
+    /// Why the bug cannot act without it, after the bug's name.
+    pub why: &'static str,
+    pub fix: &'static str,
+    /// Gives it to a drawn configuration, so that the bug changes the mathematics.
+    pub give: fn(&mut TrainConfig),
+}
+
+/// What `bug` needs, if anything.
+pub fn need(bug: Bug) -> Option<Need> {
+    let need = |has, why, fix, give| Some(Need { has, why, fix, give });
+    match bug {
+        Bug::AdamwNoLossScale => need(
+            |t| t.optim.optimizer == Optimizer::AdamW,
+            "is the missing 1/K under AdamW",
+            "add --optimizer adamw, or inject no-loss-scale for SGD",
+            |t| t.optim.optimizer = Optimizer::AdamW,
+        ),
+        // Only tiny-lm has dropout layers; other models are refused for the model.
+        Bug::DropoutSameSeed => need(
+            |t| t.model.lm.dropout != 0.0 || !t.model.kind.token_loss(),
+            "misdraws dropout masks, and there is no dropout",
+            "add --dropout P",
+            |t| {
+                if t.model.lm.dropout == 0.0 {
+                    t.model.lm.dropout = 0.1
+                }
+            },
+        ),
+        Bug::UnscalePerMicroBatch => need(scaled, SCALER.0, SCALER.1, give_scaler),
+        // A growth interval of 1 makes per-micro-batch updates grow the scale inside a window.
+        Bug::ScalerUpdatePerMicroBatch => need(scaled, SCALER.0, SCALER.1, |t| {
+            give_scaler(t);
+            t.precision.amp.growth_interval = 1;
+        }),
+        // Clipping that always engages; float16's clipped gradients would be subnormal at
+        // 1e-4, rounded to a few bits.
+        Bug::ClipPerMicroBatch => need(
+            |t| t.optim.clip_grad_norm.is_some(),
+            "misplaces gradient clipping, and nothing is clipped",
+            "add --clip-grad-norm X",
+            |t| t.optim.clip_grad_norm = Some(if t.precision.dtype == Dtype::Float16 { 1e-2 } else { 1e-4 }),
+        ),
+        Bug::SchedulePerMicroBatch => need(
+            |t| t.optim.lr_schedule != Schedule::Constant,
+            "ticks the learning-rate schedule too often, and a constant one never changes",
+            "add --lr-schedule warmup:N or cosine:N",
+            |t| {
+                if t.optim.lr_schedule == Schedule::Constant {
+                    t.optim.lr_schedule = Schedule::Warmup(4)
+                }
+            },
+        ),
+        _ => None,
+    }
+}
+
+/// The loss scaler's bugs' why and fix.
+const SCALER: (&str, &str) = ("misuses the float16 loss scaler, and there is none", "add --amp float16");
+
+fn scaled(t: &TrainConfig) -> bool {
+    t.precision.amp.scaled()
+}
+
+/// float32 weights under float16 autocast: a GradScaler.
+fn give_scaler(t: &mut TrainConfig) {
+    t.precision.dtype = Dtype::Float32;
+    t.precision.amp.amp = Some(Amp::Float16);
 }

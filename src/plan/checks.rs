@@ -4,7 +4,7 @@
 //! draws only configurations it accepts.
 
 use crate::error::{Error, Result};
-use crate::spec::{Amp, AmpConfig, Bug, DeviceKind, Dtype, Optimizer, Schedule, TrainConfig};
+use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, Models, TrainConfig};
 
 /// Every check of the training flags that needs nothing but the flags.
 pub fn check_train(t: &TrainConfig) -> Result<()> {
@@ -15,20 +15,20 @@ pub fn check_train(t: &TrainConfig) -> Result<()> {
     check_dropout(t)?;
     check_amp(t)?;
     check_bug(t)?;
-    if t.max_steps == Some(0) {
+    if t.run.max_steps == Some(0) {
         return Err(Error::bad_flag("--max-steps", "must be at least 1", "pass e.g. --max-steps 3, or leave it out"));
     }
-    if t.init.is_some() && !t.model.is_resnet() {
+    if t.model.init.is_some() && !t.model.kind.is_resnet() {
         return Err(Error::bad_flag("--init", "only the ResNets take an initial state", "drop --init or pass --model"));
     }
-    if t.drop_last && t.data_size < t.gpus {
+    if t.shape.drop_last && t.shape.data_size < t.shape.gpus {
         return Err(Error::bad_flag(
             "--drop-last",
             format!(
                 "with --data-size {} below --gpus {} every rank's shard is empty (DistributedSampler drops all samples), so no optimizer step would run",
-                t.data_size, t.gpus
+                t.shape.data_size, t.shape.gpus
             ),
-            format!("drop --drop-last (torch then pads by repetition), or pass --data-size {} or more", t.gpus),
+            format!("drop --drop-last (torch then pads by repetition), or pass --data-size {} or more", t.shape.gpus),
         ));
     }
     let steps = super::optimizer_steps(t);
@@ -38,7 +38,7 @@ pub fn check_train(t: &TrainConfig) -> Result<()> {
             format!(
                 "no optimizer step would run: each rank gets {} micro-batch(es) per epoch over {} epoch(s), fewer than K/W = {}",
                 super::batches_per_rank(t),
-                t.epochs,
+                t.run.epochs,
                 t.local_acc_steps()
             ),
             "lower --acc-steps or --batch-size, or raise --data-size or --epochs",
@@ -51,40 +51,41 @@ pub fn check_train(t: &TrainConfig) -> Result<()> {
 /// single value per channel through train-mode BatchNorm (PyTorch raises "Expected more
 /// than 1 value per channel when training").
 fn check_resnet(t: &TrainConfig) -> Result<()> {
-    if !t.model.is_resnet() {
+    if !t.model.kind.is_resnet() {
         return Ok(());
     }
-    if t.image_size == 0 {
+    let r = &t.model.resnet;
+    if r.image_size == 0 {
         return Err(Error::bad_flag("--image-size", "must be at least 1", "pass e.g. --image-size 32"));
     }
-    if t.classes < 2 {
+    if r.classes < 2 {
         return Err(Error::bad_flag("--classes", "must be at least 2", "pass e.g. --classes 10"));
     }
     // Tensor sizes are i64: a count past that would wrap (and slip past the memory check).
-    if i64::try_from(t.classes).is_err() || i64::try_from(t.image_size).is_err() {
-        let flag = if i64::try_from(t.classes).is_err() { "--classes" } else { "--image-size" };
+    if i64::try_from(r.classes).is_err() || i64::try_from(r.image_size).is_err() {
+        let flag = if i64::try_from(r.classes).is_err() { "--classes" } else { "--image-size" };
         return Err(Error::bad_flag(flag, "is larger than any tensor can be", "pass a realistic size"));
     }
-    let side = smallest_feature_map(t.image_size);
+    let side = smallest_feature_map(r.image_size);
     let shard = super::SamplerSpec::from_train(t).num_samples();
-    let smallest = match shard % t.batch_size {
-        0 => t.batch_size.min(shard),
-        r => r,
+    let smallest = match shard % t.shape.batch_size {
+        0 => t.shape.batch_size.min(shard),
+        short => short,
     };
     if smallest.saturating_mul(side).saturating_mul(side) == 1 {
-        let why = if smallest == t.batch_size {
+        let why = if smallest == t.shape.batch_size {
             format!("each micro-batch holds {smallest} sample")
         } else {
             format!(
                 "each rank's shard of {shard} samples ends in a micro-batch of 1 (--data-size {} over --gpus {} in batches of {})",
-                t.data_size, t.gpus, t.batch_size
+                t.shape.data_size, t.shape.gpus, t.shape.batch_size
             )
         };
         return Err(Error::bad_flag(
             "--batch-size",
             format!(
                 "{why} and at --image-size {} the last stage is 1x1, so train-mode BatchNorm would see one value per channel",
-                t.image_size
+                r.image_size
             ),
             "use micro-batches of 2 or more (change --batch-size or --data-size, or --drop-last), or a larger --image-size",
         ));
@@ -96,37 +97,38 @@ fn check_resnet(t: &TrainConfig) -> Result<()> {
 /// and a window policy its token-level loss can normalise.
 fn check_tiny_lm(t: &TrainConfig) -> Result<()> {
     use crate::spec::{ModelKind, PartialWindow};
-    if t.model != ModelKind::TinyLm {
+    if t.model.kind != ModelKind::TinyLm {
         return Ok(());
     }
-    if !(2..=1 << 20).contains(&t.vocab) {
-        return Err(Error::bad_flag("--vocab", format!("{} is not in 2..=1048576", t.vocab), "pass e.g. --vocab 64"));
+    let lm = &t.model.lm;
+    if !(2..=1 << 20).contains(&lm.vocab) {
+        return Err(Error::bad_flag("--vocab", format!("{} is not in 2..=1048576", lm.vocab), "pass e.g. --vocab 64"));
     }
-    if !(2..=4096).contains(&t.seq_len) {
+    if !(2..=4096).contains(&lm.seq_len) {
         return Err(Error::bad_flag(
             "--seq-len",
-            format!("{} is not in 2..=4096", t.seq_len),
+            format!("{} is not in 2..=4096", lm.seq_len),
             "pass e.g. --seq-len 16",
         ));
     }
-    if t.min_len < 2 || t.min_len > t.seq_len {
+    if lm.min_len < 2 || lm.min_len > lm.seq_len {
         return Err(Error::bad_flag(
             "--min-len",
             format!(
                 "{} is not in 2..={} (every sequence needs a next token to predict, and fits in --seq-len)",
-                t.min_len, t.seq_len
+                lm.min_len, lm.seq_len
             ),
-            format!("pass --min-len between 2 and {}", t.seq_len),
+            format!("pass --min-len between 2 and {}", lm.seq_len),
         ));
     }
-    if !matches!(t.dtype, Dtype::Float32 | Dtype::Float64) {
+    if !matches!(t.precision.dtype, Dtype::Float32 | Dtype::Float64) {
         return Err(Error::bad_flag(
             "--dtype",
-            format!("tiny-lm trains in float32 or float64, not {}", t.dtype.name()),
+            format!("tiny-lm trains in float32 or float64, not {}", t.precision.dtype.name()),
             "pass --dtype float32 or float64",
         ));
     }
-    if t.partial_window == PartialWindow::Carry {
+    if t.run.partial_window == PartialWindow::Carry {
         return Err(Error::bad_flag(
             "--partial-window",
             "tiny-lm divides a step's loss by the step's token count before the first backward, which a window \
@@ -139,10 +141,14 @@ fn check_tiny_lm(t: &TrainConfig) -> Result<()> {
 
 /// Dropout in [0, 1), and only where there are dropout layers.
 fn check_dropout(t: &TrainConfig) -> Result<()> {
-    if !(0.0..1.0).contains(&t.dropout) {
-        return Err(Error::bad_flag("--dropout", format!("{} is not in [0, 1)", t.dropout), "pass e.g. --dropout 0.1"));
+    if !(0.0..1.0).contains(&t.model.lm.dropout) {
+        return Err(Error::bad_flag(
+            "--dropout",
+            format!("{} is not in [0, 1)", t.model.lm.dropout),
+            "pass e.g. --dropout 0.1",
+        ));
     }
-    if t.dropout > 0.0 && !t.model.token_loss() {
+    if t.model.lm.dropout > 0.0 && !t.model.kind.token_loss() {
         return Err(Error::bad_flag(
             "--dropout",
             "only tiny-lm has dropout layers",
@@ -155,7 +161,7 @@ fn check_dropout(t: &TrainConfig) -> Result<()> {
 /// `--amp` over float32 weights on the CPU; the GradScaler's settings positive and only with
 /// float16, the step made to overflow one that runs.
 fn check_amp(t: &TrainConfig) -> Result<()> {
-    let a = &t.amp;
+    let a = &t.precision.amp;
     let scaler_flag = [
         (a.init_scale != AmpConfig::default().init_scale, "--init-scale"),
         (a.growth_interval != AmpConfig::default().growth_interval, "--growth-interval"),
@@ -171,17 +177,17 @@ fn check_amp(t: &TrainConfig) -> Result<()> {
             None => Ok(()),
         };
     };
-    if t.dtype != Dtype::Float32 {
+    if t.precision.dtype != Dtype::Float32 {
         return Err(Error::bad_flag(
             "--amp",
             format!(
                 "autocast keeps weights, gradients and optimizer state in float32, but --dtype is {}",
-                t.dtype.name()
+                t.precision.dtype.name()
             ),
             "drop --dtype (whole-model casts) or --amp (autocast)",
         ));
     }
-    if t.device == DeviceKind::Cuda {
+    if t.run.device == DeviceKind::Cuda {
         return Err(Error::bad_flag(
             "--amp",
             "ddp-verify casts as torch.autocast does on the CPU; CUDA's autocast also runs softmax, layer_norm and \
@@ -246,50 +252,29 @@ pub fn check_optim(t: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// A planted bug the configuration has: the token-count bugs need tiny-lm's token-level
-/// loss, the optimizer-step bugs what they misuse.
+/// A planted bug the configuration can carry: a model that has what the bug misdoes, and
+/// what it misuses (`plan::bugs::need`).
 fn check_bug(t: &TrainConfig) -> Result<()> {
-    let o = &t.optim;
-    match t.inject {
-        Some(Bug::AdamwNoLossScale) if o.optimizer != Optimizer::AdamW => Err(Error::bad_flag(
-            "--inject",
-            "adamw-no-loss-scale is the missing 1/K under AdamW",
-            "add --optimizer adamw, or inject no-loss-scale for SGD",
-        )),
-        Some(Bug::DropoutSameSeed) if t.dropout == 0.0 && t.model.token_loss() => Err(Error::bad_flag(
-            "--inject",
-            "dropout-same-seed misdraws dropout masks, and there is no dropout",
-            "add --dropout P",
-        )),
-        Some(b @ (Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch)) if !t.amp.scaled() => {
-            Err(Error::bad_flag(
-                "--inject",
-                format!("{} misuses the float16 loss scaler, and there is none", b.name()),
-                "add --amp float16",
-            ))
-        }
-        Some(Bug::ClipPerMicroBatch) if o.clip_grad_norm.is_none() => Err(Error::bad_flag(
-            "--inject",
-            "clip-per-micro-batch misplaces gradient clipping, and nothing is clipped",
-            "add --clip-grad-norm X",
-        )),
-        Some(Bug::SchedulePerMicroBatch) if o.lr_schedule == Schedule::Constant => Err(Error::bad_flag(
-            "--inject",
-            "schedule-per-micro-batch ticks the learning-rate schedule too often, and a constant one never changes",
-            "add --lr-schedule warmup:N or cosine:N",
-        )),
-        Some(b) if b.needs_token_loss() && !b.applies_to(t.model) => Err(Error::bad_flag(
-            "--inject",
-            format!("{} is a bug of the token-level loss, which only tiny-lm has", b.name()),
-            "add --model tiny-lm",
-        )),
-        Some(b) if !b.applies_to(t.model) => Err(Error::bad_flag(
-            "--inject",
-            format!("{} divides by K, but tiny-lm divides by the step's token count", b.name()),
-            "inject mean-per-micro-batch, count-per-rank or count-before-shift for tiny-lm's scaling mistakes",
-        )),
-        _ => Ok(()),
+    let Some(b) = t.inject else { return Ok(()) };
+    if let Some(need) = super::bugs::need(b).filter(|n| !(n.has)(t)) {
+        return Err(Error::bad_flag("--inject", format!("{} {}", b.name(), need.why), need.fix));
     }
+    if b.applies_to(t.model.kind) {
+        return Ok(());
+    }
+    let (why, fix) = match b.models() {
+        Models::TokenLoss => ("is a bug of the token-level loss, which only tiny-lm has", "add --model tiny-lm"),
+        Models::Dropout => ("misdraws dropout masks, and only tiny-lm has dropout", "add --model tiny-lm --dropout P"),
+        Models::BigBatch => (
+            "is made alike by both runs, which only the big batch shows, and ResNets have none",
+            "inject it with --model linear or tiny-lm",
+        ),
+        Models::DividedByK | Models::All => (
+            "divides by K, but tiny-lm divides by the step's token count",
+            "inject mean-per-micro-batch, count-per-rank or count-before-shift for tiny-lm's scaling mistakes",
+        ),
+    };
+    Err(Error::bad_flag("--inject", format!("{} {why}", b.name()), fix))
 }
 
 /// The checks a sampling plan needs: sizes, and K a multiple of W.
@@ -301,23 +286,27 @@ pub fn check_split(t: &TrainConfig) -> Result<()> {
             Ok(())
         }
     };
-    positive("--gpus", t.gpus)?;
-    positive("--acc-steps", t.acc_steps)?;
-    positive("--batch-size", t.batch_size)?;
-    positive("--epochs", t.epochs)?;
-    positive("--data-size", t.data_size)?;
-    positive("--features", t.features)?;
-    if !t.acc_steps.is_multiple_of(t.gpus) {
-        let lo = (t.acc_steps / t.gpus).max(1).saturating_mul(t.gpus);
+    positive("--gpus", t.shape.gpus)?;
+    positive("--acc-steps", t.shape.acc_steps)?;
+    positive("--batch-size", t.shape.batch_size)?;
+    positive("--epochs", t.run.epochs)?;
+    positive("--data-size", t.shape.data_size)?;
+    positive("--features", t.model.linear.features)?;
+    if !t.shape.acc_steps.is_multiple_of(t.shape.gpus) {
+        let lo = (t.shape.acc_steps / t.shape.gpus).max(1).saturating_mul(t.shape.gpus);
         return Err(Error::bad_flag(
             "--acc-steps",
-            format!("{} is not a multiple of --gpus {} (each rank accumulates K/W micro-batches)", t.acc_steps, t.gpus),
-            format!("use --acc-steps {lo} or {}", lo.saturating_add(t.gpus)),
+            format!(
+                "{} is not a multiple of --gpus {} (each rank accumulates K/W micro-batches)",
+                t.shape.acc_steps, t.shape.gpus
+            ),
+            format!("use --acc-steps {lo} or {}", lo.saturating_add(t.shape.gpus)),
         ));
     }
     // N < W is fine, as in torch: DistributedSampler pads by repeating the indices (or,
     // with drop_last, leaves every shard empty, which `validate` refuses as no step).
-    for (flag, v) in [("--lr", t.lr), ("--momentum", t.momentum), ("--weight-decay", t.weight_decay)] {
+    for (flag, v) in [("--lr", t.optim.lr), ("--momentum", t.optim.momentum), ("--weight-decay", t.optim.weight_decay)]
+    {
         if !v.is_finite() || v < 0.0 {
             return Err(Error::bad_flag(flag, format!("{v} is not a finite non-negative number"), "pass e.g. 0.01"));
         }

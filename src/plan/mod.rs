@@ -2,11 +2,11 @@
 //! mimics it, each run's step plan (windows, carry-over, --max-steps), the split that
 //! `ddp-verify split` prints, and what a planted bug changes.
 
-pub mod bug_samplers;
 pub mod bugs;
 pub mod checks;
 pub mod dropout;
 pub mod norm;
+pub mod planted;
 pub mod rng;
 pub mod sampler;
 pub mod schedule;
@@ -16,6 +16,7 @@ pub mod tokens;
 
 pub use bugs::Effect;
 pub use norm::{Counts, Normaliser};
+pub use planted::Planted;
 pub use sampler::{batches_per_rank, optimizer_steps, steps_per_epoch, SamplerSpec};
 pub use split::SplitPlan;
-pub use steps::{Planted, RunPlan, StepPlan};
+pub use steps::{RunPlan, StepPlan};

@@ -1,9 +1,11 @@
 //! What each micro-batch's loss is divided by, per run: K micro-batches (K/W on a rank)
 //! for the linear model and ResNets, or the step's target tokens for tiny-lm. The rule is
 //! written here once; a run applies it to the counts it finds (a DDP rank after
-//! all-reducing its count, as current trainers do). Planted bugs change the rule.
+//! all-reducing its count, as current trainers do). Planted bugs change the rule, as
+//! `plan::planted` says.
 
-use crate::spec::{Bug, PartialWindow, TrainConfig};
+use super::planted::Planted;
+use crate::spec::{PartialWindow, TrainConfig};
 
 /// How one run normalises its losses.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,31 +57,30 @@ pub struct Counts {
 }
 
 impl Normaliser {
-    /// The accumulation run's, with `bug` planted where it belongs to that side.
+    /// The accumulation run's, with the planted bug where that run carries it.
     pub fn accumulation(cfg: &TrainConfig) -> Normaliser {
-        Normaliser::of(cfg, cfg.acc_steps, 1, cfg.inject.filter(|b| b.side().in_accumulation()))
+        Normaliser::of(cfg, cfg.shape.acc_steps, 1, Planted::accumulation(cfg.inject))
     }
 
     /// A DDP rank's.
     pub fn rank(cfg: &TrainConfig) -> Normaliser {
-        let bug = cfg.inject.filter(|b| b.side().in_ddp());
-        Normaliser::of(cfg, cfg.local_acc_steps(), cfg.gpus, bug)
+        Normaliser::of(cfg, cfg.local_acc_steps(), cfg.shape.gpus, Planted::rank(cfg.inject))
     }
 
-    fn of(cfg: &TrainConfig, full: usize, world: usize, bug: Option<Bug>) -> Normaliser {
-        let short_by_full = bug == Some(Bug::LastWindowByK);
-        if !cfg.model.token_loss() {
-            let fixed = matches!(bug, Some(Bug::NoLossScale | Bug::AdamwNoLossScale)).then_some(1);
-            let times = if bug == Some(Bug::DoubleScale) { cfg.gpus } else { 1 };
-            let steps_short = cfg.partial_window == PartialWindow::Step;
+    fn of(cfg: &TrainConfig, full: usize, world: usize, planted: Planted) -> Normaliser {
+        let short_by_full = planted.divides_short_window_by_full();
+        if !cfg.model.kind.token_loss() {
+            let fixed = planted.divides_by_one().then_some(1);
+            let times = if planted.divides_again_by_world() { cfg.shape.gpus } else { 1 };
+            let steps_short = cfg.run.partial_window == PartialWindow::Step;
             return Normaliser::MicroBatches { full, times, fixed, steps_short, short_by_full };
         }
-        let scope = match bug {
-            Some(Bug::CountPerRank) => Scope::Rank,
-            Some(Bug::MeanPerMicroBatch) => Scope::MicroBatch,
+        let scope = match (planted.counts_rank_tokens(), planted.counts_micro_batch_tokens()) {
+            (true, _) => Scope::Rank,
+            (_, true) => Scope::MicroBatch,
             _ => Scope::Step,
         };
-        let before_shift = bug == Some(Bug::CountBeforeShift);
+        let before_shift = planted.counts_before_shift();
         Normaliser::Tokens(TokenNorm { full, world, scope, before_shift, short_by_full })
     }
 
@@ -87,12 +88,12 @@ impl Normaliser {
     /// each step of `held` micro-batches (K for a full or carried window, its count for a
     /// short one).
     pub fn big_batch(cfg: &TrainConfig, held: &[usize]) -> Normaliser {
-        if cfg.model.token_loss() {
+        if cfg.model.kind.token_loss() {
             let t = TokenNorm { full: 1, world: 1, scope: Scope::Step, before_shift: false, short_by_full: false };
             return Normaliser::Tokens(t);
         }
-        let k = cfg.acc_steps;
-        let step = cfg.partial_window == PartialWindow::Step;
+        let k = cfg.shape.acc_steps;
+        let step = cfg.run.partial_window == PartialWindow::Step;
         Normaliser::PerStep(held.iter().map(|&h| if step && h < k { h } else { k } as f64).collect())
     }
 
@@ -137,11 +138,13 @@ impl Normaliser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::ModelKind;
+    use crate::spec::{Bug, ModelKind};
 
     fn lm(inject: Option<Bug>) -> TrainConfig {
-        let t = TrainConfig { model: ModelKind::TinyLm, acc_steps: 4, gpus: 2, inject, ..TrainConfig::article() };
-        TrainConfig { partial_window: PartialWindow::Step, ..t }
+        let mut t = TrainConfig { inject, ..TrainConfig::article() };
+        (t.model.kind, t.shape.acc_steps, t.shape.gpus) = (ModelKind::TinyLm, 4, 2);
+        t.run.partial_window = PartialWindow::Step;
+        t
     }
 
     /// The step's 30 tokens, this rank's 12, this micro-batch's 5.
@@ -168,12 +171,10 @@ mod tests {
 
     #[test]
     fn micro_batch_divisors_follow_the_window_policy() {
-        let linear = |partial_window, inject| TrainConfig {
-            acc_steps: 4,
-            gpus: 2,
-            partial_window,
-            inject,
-            ..TrainConfig::article()
+        let linear = |partial_window, inject| {
+            let mut t = TrainConfig { inject, ..TrainConfig::article() };
+            (t.shape.acc_steps, t.shape.gpus, t.run.partial_window) = (4, 2, partial_window);
+            t
         };
         let acc = |c| Normaliser::accumulation(&c);
         assert_eq!(acc(linear(PartialWindow::Carry, None)).divisor(0, 6, COUNTS), 4.0);

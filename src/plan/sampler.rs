@@ -19,11 +19,11 @@ pub struct SamplerSpec {
 impl SamplerSpec {
     pub fn from_train(cfg: &TrainConfig) -> Self {
         SamplerSpec {
-            data_size: cfg.data_size,
-            world: cfg.gpus,
-            shuffle: cfg.shuffle,
-            seed: cfg.seed,
-            drop_last: cfg.drop_last,
+            data_size: cfg.shape.data_size,
+            world: cfg.shape.gpus,
+            shuffle: cfg.shape.shuffle,
+            seed: cfg.shape.seed,
+            drop_last: cfg.shape.drop_last,
         }
     }
 
@@ -100,17 +100,17 @@ pub fn accumulation_order(shards: &[Vec<i64>], batch_size: usize) -> Vec<MicroBa
 
 /// Micro-batches each rank runs per epoch.
 pub fn batches_per_rank(cfg: &TrainConfig) -> usize {
-    SamplerSpec::from_train(cfg).num_samples().div_ceil(cfg.batch_size)
+    SamplerSpec::from_train(cfg).num_samples().div_ceil(cfg.shape.batch_size)
 }
 
 /// Optimizer steps per epoch: the micro-batch counter restarts each epoch, so a partial
 /// window at an epoch's end steps only later, when the next window completes, or at the
 /// epoch's end with `--partial-window step`.
 pub fn steps_per_epoch(cfg: &TrainConfig) -> usize {
-    if cfg.gpus == 0 || cfg.acc_steps < cfg.gpus {
+    if cfg.shape.gpus == 0 || cfg.shape.acc_steps < cfg.shape.gpus {
         return 0;
     }
-    match cfg.partial_window {
+    match cfg.run.partial_window {
         crate::spec::PartialWindow::Carry => batches_per_rank(cfg) / cfg.local_acc_steps(),
         crate::spec::PartialWindow::Step => batches_per_rank(cfg).div_ceil(cfg.local_acc_steps()),
     }
@@ -118,8 +118,8 @@ pub fn steps_per_epoch(cfg: &TrainConfig) -> usize {
 
 /// Optimizer steps over the whole run.
 pub fn optimizer_steps(cfg: &TrainConfig) -> usize {
-    let all = cfg.epochs * steps_per_epoch(cfg);
-    cfg.max_steps.map_or(all, |m| all.min(m))
+    let all = cfg.run.epochs * steps_per_epoch(cfg);
+    cfg.run.max_steps.map_or(all, |m| all.min(m))
 }
 
 #[cfg(test)]

@@ -27,16 +27,16 @@ pub struct SplitPlan {
 impl SplitPlan {
     pub fn new(cfg: &TrainConfig, epoch: u64) -> Self {
         let shards = SamplerSpec::from_train(cfg).shards(epoch);
-        let order = accumulation_order(&shards, cfg.batch_size);
+        let order = accumulation_order(&shards, cfg.shape.batch_size);
         SplitPlan {
-            data_size: cfg.data_size,
-            gpus: cfg.gpus,
-            batch_size: cfg.batch_size,
-            acc_steps: cfg.acc_steps,
-            shuffle: cfg.shuffle,
-            seed: cfg.seed,
+            data_size: cfg.shape.data_size,
+            gpus: cfg.shape.gpus,
+            batch_size: cfg.shape.batch_size,
+            acc_steps: cfg.shape.acc_steps,
+            shuffle: cfg.shape.shuffle,
+            seed: cfg.shape.seed,
             epoch,
-            drop_last: cfg.drop_last,
+            drop_last: cfg.shape.drop_last,
             micro_batch_ranks: order.iter().map(|m| m.rank).collect(),
             accumulation_order: order.into_iter().map(|m| m.indices).collect(),
             shards,

@@ -4,9 +4,9 @@
 //! does with the same loop; `--max-steps` stops it. Written once here: the runs train from
 //! it, and a planted bug's effect is judged by comparing plans.
 
-use super::bug_samplers;
 use super::norm::Normaliser;
-use super::sampler::{accumulation_order, rank_batches, MicroBatch, SamplerSpec};
+use super::planted::Planted;
+use super::sampler::{rank_batches, SamplerSpec};
 use crate::spec::{Bug, PartialWindow, TrainConfig};
 
 /// The micro-batches (sample indices) of every optimizer step, in order, and those run
@@ -38,48 +38,14 @@ pub struct RunPlan {
     pub planted: Planted,
 }
 
-/// What a planted bug makes a run do at run time, in one value the run consults (the
-/// sampler's and the normalisation's bugs are in its steps and normaliser already).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Planted {
-    /// Never zeroes its gradients after a step (`stale-zero-grad`).
-    pub stale_grads: bool,
-    /// Clips after every micro-batch instead of once per step (`clip-per-micro-batch`).
-    pub clip_each_micro_batch: bool,
-    /// A DDP rank leaves its last registered parameter out of the all-reduce
-    /// (`unsynced-param`).
-    pub unsynced_param: bool,
-    /// A DDP rank keys dropout by its own sample counter, so every rank draws one mask
-    /// stream (`dropout-same-seed`).
-    pub dropout_same_seed: bool,
-    /// Under a loss scaler, unscales after every micro-batch (`unscale-per-micro-batch`),
-    /// or updates the scale after every one (`scaler-update-per-micro-batch`).
-    pub unscale_each_micro_batch: bool,
-    pub scaler_update_each_micro_batch: bool,
-}
-
-impl Planted {
-    /// The run-time switches of `bug`, planted in a run whose gradients are zeroed or not.
-    fn of(bug: Option<Bug>, zero_grad: bool) -> Planted {
-        Planted {
-            stale_grads: !zero_grad,
-            clip_each_micro_batch: bug == Some(Bug::ClipPerMicroBatch),
-            unsynced_param: bug == Some(Bug::UnsyncedParam),
-            dropout_same_seed: bug == Some(Bug::DropoutSameSeed),
-            unscale_each_micro_batch: bug == Some(Bug::UnscalePerMicroBatch),
-            scaler_update_each_micro_batch: bug == Some(Bug::ScalerUpdatePerMicroBatch),
-        }
-    }
-}
-
 impl StepPlan {
     /// `micro_batches(epoch)` in windows of `window`, the counter restarting each epoch; a
     /// short window at an epoch's end carries or steps (`--partial-window`); stops right
     /// after `--max-steps` steps.
     pub fn walk(cfg: &TrainConfig, micro_batches: impl Fn(u64) -> Vec<Vec<i64>>, window: usize) -> StepPlan {
         let (mut steps, mut open, mut epochs, mut tail_epoch) = (Vec::new(), Vec::new(), Vec::new(), 0);
-        let step_short = cfg.partial_window == PartialWindow::Step;
-        'epochs: for epoch in 0..cfg.epochs as u64 {
+        let step_short = cfg.run.partial_window == PartialWindow::Step;
+        'epochs: for epoch in 0..cfg.run.epochs as u64 {
             tail_epoch = epoch;
             let epoch_batches = micro_batches(epoch);
             let n = epoch_batches.len();
@@ -88,7 +54,7 @@ impl StepPlan {
                 if (i + 1) % window == 0 || (step_short && i + 1 == n) {
                     steps.push(std::mem::take(&mut open));
                     epochs.push(epoch);
-                    if Some(steps.len()) == cfg.max_steps {
+                    if Some(steps.len()) == cfg.run.max_steps {
                         break 'epochs;
                     }
                 }
@@ -107,58 +73,43 @@ impl StepPlan {
     }
 
     /// The single-device run: K micro-batches per step from the sampler that mimics the W
-    /// ranks' split, with `bug` planted when it is one of that sampler's.
+    /// ranks' split, with `bug` planted where that run carries it.
     pub fn accumulation(cfg: &TrainConfig, bug: Option<Bug>) -> StepPlan {
-        let order = |e| accumulation_micro_batches(cfg, bug, e).into_iter().map(|m| m.indices).collect();
-        StepPlan::walk(cfg, order, cfg.acc_steps)
+        let planted = Planted::accumulation(bug);
+        let order = |e| planted.accumulation_micro_batches(cfg, e).into_iter().map(|m| m.indices).collect();
+        StepPlan::walk(cfg, order, cfg.shape.acc_steps)
     }
 
     /// DDP rank `rank`: K/W micro-batches per step from its own DistributedSampler shard,
-    /// `set_epoch` called each epoch unless `bug` forgets it.
+    /// after `set_epoch` as `bug` calls it, where a rank carries it.
     pub fn rank(cfg: &TrainConfig, rank: usize, bug: Option<Bug>) -> StepPlan {
-        let spec = SamplerSpec::from_train(cfg);
-        let order = |e| rank_batches(&spec.shards(bug_samplers::sampler_epoch(bug, e))[rank], cfg.batch_size);
+        let (spec, planted) = (SamplerSpec::from_train(cfg), Planted::rank(bug));
+        let order = |e| rank_batches(&spec.shards(planted.set_epoch(e))[rank], cfg.shape.batch_size);
         StepPlan::walk(cfg, order, cfg.local_acc_steps())
     }
 }
 
-/// The accumulation run's micro-batches for one epoch, with `bug` planted if it is a
-/// sampler bug of that side.
-pub fn accumulation_micro_batches(cfg: &TrainConfig, bug: Option<Bug>, epoch: u64) -> Vec<MicroBatch> {
-    let spec = SamplerSpec::from_train(cfg);
-    match bug {
-        Some(Bug::ContiguousSplit) => {
-            accumulation_order(&bug_samplers::contiguous_blocks(&spec.shards(epoch)), cfg.batch_size)
-        }
-        // With drop_last there is no padding to ignore.
-        Some(Bug::NoPadding) if !spec.drop_last => {
-            accumulation_order(&bug_samplers::unpadded_shards(&spec, epoch), cfg.batch_size)
-        }
-        _ => accumulation_order(&spec.shards(epoch), cfg.batch_size),
-    }
-}
-
 impl RunPlan {
-    /// A run's plan from its steps; `bug` is the planted bug where this run carries it.
-    fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, zero_grad: bool, bug: Option<Bug>) -> RunPlan {
-        let lrs =
-            super::schedule::factors(cfg, steps.steps.iter().map(Vec::len), bug).iter().map(|f| cfg.lr * f).collect();
-        let (clip, planted) = (cfg.optim.clip_grad_norm, Planted::of(bug, zero_grad));
-        RunPlan { steps, norm, lrs, clip, overflow: None, planted }
+    /// A run's plan from its steps, carrying `planted`.
+    fn new(cfg: &TrainConfig, steps: StepPlan, norm: Normaliser, planted: Planted) -> RunPlan {
+        let lrs = super::schedule::factors(cfg, steps.steps.iter().map(Vec::len), planted)
+            .iter()
+            .map(|f| cfg.optim.lr * f)
+            .collect();
+        RunPlan { steps, norm, lrs, clip: cfg.optim.clip_grad_norm, overflow: None, planted }
     }
 
     pub fn accumulation(cfg: &TrainConfig) -> RunPlan {
         let steps = StepPlan::accumulation(cfg, cfg.inject);
-        let plan = RunPlan::new(cfg, steps, Normaliser::accumulation(cfg), true, cfg.inject);
+        let plan = RunPlan::new(cfg, steps, Normaliser::accumulation(cfg), Planted::accumulation(cfg.inject));
         // Windows interleave the ranks' micro-batches: the last rank's first is the W-th.
-        RunPlan { overflow: cfg.amp.overflow_step.map(|s| (s, cfg.gpus - 1)), ..plan }
+        RunPlan { overflow: cfg.precision.amp.overflow_step.map(|s| (s, cfg.shape.gpus - 1)), ..plan }
     }
 
     pub fn ddp_rank(cfg: &TrainConfig, rank: usize) -> RunPlan {
-        let zero_grad = cfg.inject.is_none_or(Bug::zeroes_grad);
-        let bug = cfg.inject.filter(|&b| matches!(b, Bug::UnsyncedParam | Bug::DropoutSameSeed));
-        let plan = RunPlan::new(cfg, StepPlan::rank(cfg, rank, cfg.inject), Normaliser::rank(cfg), zero_grad, bug);
-        let overflow = cfg.amp.overflow_step.filter(|_| rank + 1 == cfg.gpus).map(|s| (s, 0));
+        let steps = StepPlan::rank(cfg, rank, cfg.inject);
+        let plan = RunPlan::new(cfg, steps, Normaliser::rank(cfg), Planted::rank(cfg.inject));
+        let overflow = cfg.precision.amp.overflow_step.filter(|_| rank + 1 == cfg.shape.gpus).map(|s| (s, 0));
         RunPlan { overflow, ..plan }
     }
 
@@ -166,16 +117,18 @@ impl RunPlan {
     /// reference that catches a normalisation both other runs get wrong alike.
     pub fn big_batch(cfg: &TrainConfig) -> RunPlan {
         let held: Vec<usize> = StepPlan::accumulation(cfg, None).steps.iter().map(Vec::len).collect();
-        RunPlan::new(cfg, StepPlan::big_batch(cfg), Normaliser::big_batch(cfg, &held), true, None)
+        RunPlan::new(cfg, StepPlan::big_batch(cfg), Normaliser::big_batch(cfg, &held), Planted::default())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::{RunShape, Shape};
 
     fn article(epochs: usize, max_steps: Option<usize>) -> TrainConfig {
-        TrainConfig { data_size: 6, gpus: 2, batch_size: 1, acc_steps: 4, epochs, max_steps, ..TrainConfig::article() }
+        let shape = Shape { data_size: 6, gpus: 2, batch_size: 1, acc_steps: 4, ..Shape::article() };
+        TrainConfig { shape, run: RunShape { epochs, max_steps, ..RunShape::article() }, ..TrainConfig::article() }
     }
 
     #[test]
@@ -197,9 +150,10 @@ mod tests {
 
     #[test]
     fn the_ranks_plans_cover_the_accumulation_plan_step_by_step() {
-        let cfg = TrainConfig { shuffle: true, data_size: 11, gpus: 3, acc_steps: 6, epochs: 3, ..article(3, None) };
+        let mut cfg = article(3, None);
+        cfg.shape = Shape { shuffle: true, data_size: 11, gpus: 3, acc_steps: 6, ..cfg.shape };
         let acc = StepPlan::accumulation(&cfg, None);
-        let ranks: Vec<StepPlan> = (0..cfg.gpus).map(|r| StepPlan::rank(&cfg, r, None)).collect();
+        let ranks: Vec<StepPlan> = (0..cfg.shape.gpus).map(|r| StepPlan::rank(&cfg, r, None)).collect();
         assert!(!acc.steps.is_empty());
         for (s, step) in acc.steps.iter().enumerate() {
             let mut mine: Vec<Vec<i64>> = step.clone();

@@ -9,11 +9,11 @@ use crate::spec::TrainConfig;
 
 /// Token ids `[N, T]` and each sequence's length before padding.
 pub fn draw(cfg: &TrainConfig) -> Result<(Tensor, Vec<i64>), tch::TchError> {
-    let (n, t) = (cfg.data_size as i64, cfg.seq_len as i64);
+    let (n, t) = (cfg.shape.data_size as i64, cfg.model.lm.seq_len as i64);
     let ints = (Kind::Int64, Device::Cpu);
-    let (tokens, lengths) = super::rng::seeded(cfg.seed, || -> Result<_, tch::TchError> {
-        let tokens = Tensor::f_randint(cfg.vocab as i64, [n, t], ints)?;
-        let lengths = Tensor::f_randint_low(cfg.min_len as i64, t + 1, [n], ints)?;
+    let (tokens, lengths) = super::rng::seeded(cfg.shape.seed, || -> Result<_, tch::TchError> {
+        let tokens = Tensor::f_randint(cfg.model.lm.vocab as i64, [n, t], ints)?;
+        let lengths = Tensor::f_randint_low(cfg.model.lm.min_len as i64, t + 1, [n], ints)?;
         Ok((tokens, lengths))
     })?;
     Ok((tokens, Vec::<i64>::try_from(&lengths)?))

@@ -11,7 +11,7 @@ use crate::spec::{Config, DeviceKind, Dtype, TrainConfig};
 /// linear model, or a trace of at most two small tensors).
 pub(crate) fn wide(o: &Outcome) -> bool {
     match o.config() {
-        Some(cfg) => cfg.train.model.is_deep(),
+        Some(cfg) => cfg.train.model.kind.is_deep(),
         None => o.accumulation.finals.len() > 2 || o.accumulation.finals.iter().any(|(_, t)| t.numel() > 16),
     }
 }
@@ -33,13 +33,13 @@ fn onoff(b: bool) -> &'static str {
 fn schedule(t: &TrainConfig) -> String {
     format!(
         "{} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}",
-        t.epochs,
-        t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-        t.lr,
-        t.momentum,
-        t.weight_decay,
-        onoff(t.shuffle),
-        onoff(t.drop_last)
+        t.run.epochs,
+        t.run.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+        t.optim.lr,
+        t.optim.momentum,
+        t.optim.weight_decay,
+        onoff(t.shape.shuffle),
+        onoff(t.shape.drop_last)
     )
 }
 
@@ -47,16 +47,18 @@ fn schedule(t: &TrainConfig) -> String {
 /// clipping), else None.
 pub(crate) fn optimizer_step(t: &TrainConfig) -> Option<String> {
     let o = &t.optim;
-    if o == &crate::spec::OptimConfig::default() {
+    if o.is_plain_sgd() {
         return None;
     }
     let mut words = match o.optimizer {
         crate::spec::Optimizer::AdamW => {
-            format!("AdamW (betas {} {}, eps {}, weight decay {})", o.betas.0, o.betas.1, o.eps, t.weight_decay)
+            format!("AdamW (betas {} {}, eps {}, weight decay {})", o.betas.0, o.betas.1, o.eps, t.optim.weight_decay)
         }
-        crate::spec::Optimizer::Sgd => format!("SGD (momentum {}, weight decay {})", t.momentum, t.weight_decay),
+        crate::spec::Optimizer::Sgd => {
+            format!("SGD (momentum {}, weight decay {})", t.optim.momentum, t.optim.weight_decay)
+        }
     };
-    words.push_str(&format!(", lr {} {}", t.lr, o.lr_schedule));
+    words.push_str(&format!(", lr {} {}", t.optim.lr, o.lr_schedule));
     if let Some(x) = o.clip_grad_norm {
         words.push_str(&format!(", gradients clipped to norm {x} once per step"));
     }
@@ -71,46 +73,46 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side().name());
         }
     };
-    if t.model.is_resnet() {
+    if t.model.kind.is_resnet() {
         let _ = writeln!(
             s,
             "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
              K={} micro-batches per step vs W={} DDP ranks ({}), {}, seed {}, init {}",
-            t.model.name(),
+            t.model.kind.name(),
             parameter_tensors(o),
-            t.dtype.name(),
-            t.data_size,
-            t.image_size,
-            t.image_size,
-            t.classes,
-            t.batch_size,
-            t.acc_steps,
-            t.gpus,
+            t.precision.dtype.name(),
+            t.shape.data_size,
+            t.model.resnet.image_size,
+            t.model.resnet.image_size,
+            t.model.resnet.classes,
+            t.shape.batch_size,
+            t.shape.acc_steps,
+            t.shape.gpus,
             engine(t),
             schedule(t),
-            t.seed,
-            t.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
+            t.shape.seed,
+            t.model.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
         );
         injected(s);
         let _ = writeln!(s, "mode: {}", mode(t));
-    } else if t.model.token_loss() {
+    } else if t.model.kind.token_loss() {
         let _ = writeln!(
             s,
             "ddp-verify: tiny-lm ({} parameter tensors, {}), N={} sequences of {}..={} tokens (vocab {}), batch {}, \
              K={} micro-batches per step vs W={} DDP ranks ({}), {}, partial window {}, seed {}",
             parameter_tensors(o),
-            t.dtype.name(),
-            t.data_size,
-            t.min_len,
-            t.seq_len,
-            t.vocab,
-            t.batch_size,
-            t.acc_steps,
-            t.gpus,
+            t.precision.dtype.name(),
+            t.shape.data_size,
+            t.model.lm.min_len,
+            t.model.lm.seq_len,
+            t.model.lm.vocab,
+            t.shape.batch_size,
+            t.shape.acc_steps,
+            t.shape.gpus,
             engine(t),
             schedule(t),
-            t.partial_window.name(),
-            t.seed,
+            t.run.partial_window.name(),
+            t.shape.seed,
         );
         injected(s);
         let _ = writeln!(s, "loss: {}", LOSS_WORDS);
@@ -121,21 +123,21 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             "ddp-verify: linear model{}, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
              {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}",
             dtype_note(t),
-            t.data_size,
-            t.features,
-            t.batch_size,
-            t.acc_steps,
-            t.gpus,
+            t.shape.data_size,
+            t.model.linear.features,
+            t.shape.batch_size,
+            t.shape.acc_steps,
+            t.shape.gpus,
             engine(t),
-            t.epochs,
-            t.lr,
-            t.momentum,
-            onoff(t.shuffle),
-            onoff(t.drop_last),
-            t.seed,
+            t.run.epochs,
+            t.optim.lr,
+            t.optim.momentum,
+            onoff(t.shape.shuffle),
+            onoff(t.shape.drop_last),
+            t.shape.seed,
         );
         injected(s);
-        if t.lockstep {
+        if t.run.lockstep {
             let _ = writeln!(s, "mode: {}", mode(t));
         }
     }
@@ -151,7 +153,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     if !cfg.device_note.is_empty() {
         let _ = writeln!(s, "device: {}, {} kernels", cfg.device_note, cfg.kernels.name());
     }
-    if t.device == DeviceKind::Cuda {
+    if t.run.device == DeviceKind::Cuda {
         let _ = writeln!(s, "DDP collective: {}", engine(t));
     }
 }
@@ -159,29 +161,29 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
 /// The Markdown header for a run.
 pub(crate) fn run_markdown(s: &mut String, cfg: &Config) {
     let t = &cfg.train;
-    if t.model.is_resnet() {
+    if t.model.kind.is_resnet() {
         let _ = writeln!(
             s,
             "{} ({}), N={} images {}x{}, {} classes, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}, seed {}.\n",
-            t.model.name(), t.dtype.name(), t.data_size, t.image_size, t.image_size, t.classes, t.batch_size,
-            t.acc_steps, t.gpus, t.epochs, t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-            t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.seed
+            t.model.kind.name(), t.precision.dtype.name(), t.shape.data_size, t.model.resnet.image_size, t.model.resnet.image_size, t.model.resnet.classes, t.shape.batch_size,
+            t.shape.acc_steps, t.shape.gpus, t.run.epochs, t.run.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+            t.optim.lr, t.optim.momentum, t.optim.weight_decay, t.shape.shuffle, t.shape.drop_last, t.shape.seed
         );
         let _ = writeln!(s, "Mode: {}.\n", mode(t));
-    } else if t.model.token_loss() {
+    } else if t.model.kind.token_loss() {
         let _ = writeln!(
             s,
             "tiny-lm ({}), N={} sequences of {}..={} tokens (vocab {}), batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs{}, lr {}, momentum {}, weight decay {}, shuffle {}, drop_last {}, partial window {}, seed {}.\n",
-            t.dtype.name(), t.data_size, t.min_len, t.seq_len, t.vocab, t.batch_size, t.acc_steps, t.gpus, t.epochs,
-            t.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
-            t.lr, t.momentum, t.weight_decay, t.shuffle, t.drop_last, t.partial_window.name(), t.seed
+            t.precision.dtype.name(), t.shape.data_size, t.model.lm.min_len, t.model.lm.seq_len, t.model.lm.vocab, t.shape.batch_size, t.shape.acc_steps, t.shape.gpus, t.run.epochs,
+            t.run.max_steps.map_or(String::new(), |m| format!(" (at most {m} steps)")),
+            t.optim.lr, t.optim.momentum, t.optim.weight_decay, t.shape.shuffle, t.shape.drop_last, t.run.partial_window.name(), t.shape.seed
         );
         let _ = writeln!(s, "Loss: {LOSS_WORDS}. Mode: {}.\n", mode(t));
     } else {
         let _ = writeln!(
             s,
             "Linear model{}, N={} D={}, batch {}: K={} accumulation steps vs W={} DDP ranks, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}.\n",
-            dtype_note(t), t.data_size, t.features, t.batch_size, t.acc_steps, t.gpus, t.epochs, t.lr, t.momentum, t.shuffle, t.drop_last, t.seed
+            dtype_note(t), t.shape.data_size, t.model.linear.features, t.shape.batch_size, t.shape.acc_steps, t.shape.gpus, t.run.epochs, t.optim.lr, t.optim.momentum, t.shape.shuffle, t.shape.drop_last, t.shape.seed
         );
     }
     if let Some(words) = optimizer_step(t) {
@@ -270,7 +272,7 @@ const LOSS_WORDS: &str = "token-level: the sum of per-token cross-entropy over t
 /// The third run, in words: what it is, or why there is none.
 /// `--amp` in words, None without it.
 pub(crate) fn amp_words(t: &TrainConfig) -> Option<String> {
-    let a = &t.amp;
+    let a = &t.precision.amp;
     let amp = a.amp?;
     let mut w = format!(
         "forward passes under autocast {0} (matrix products and convolutions in {0}, as torch.autocast on the CPU; \
@@ -284,7 +286,7 @@ pub(crate) fn amp_words(t: &TrainConfig) -> Option<String> {
         ));
     }
     if let Some(step) = a.overflow_step {
-        w.push_str(&format!(", step {step}: DDP rank {}'s first micro-batch made to overflow", t.gpus - 1));
+        w.push_str(&format!(", step {step}: DDP rank {}'s first micro-batch made to overflow", t.shape.gpus - 1));
     }
     Some(w)
 }
@@ -305,11 +307,11 @@ fn scaler_words(r: &crate::evidence::ScalerRecord) -> Option<String> {
 }
 
 pub(crate) fn big_batch_words(t: &TrainConfig) -> &'static str {
-    if t.amp.amp.is_some() && t.model.has_big_batch() {
+    if t.precision.amp.amp.is_some() && t.model.kind.has_big_batch() {
         return "not run under --amp: its one batch rounds matrix products to the autocast dtype over K·B samples at \
                 once, where accumulation rounds each micro-batch's, and no bound follows that";
     }
-    match (t.model.has_big_batch(), t.big_batch) {
+    match (t.model.kind.has_big_batch(), t.run.big_batch) {
         (true, true) => "one process, one micro-batch of each step's K·B samples, normalised over the whole step",
         (true, false) => "not run (--no-big-batch)",
         (false, _) => {
@@ -321,23 +323,23 @@ pub(crate) fn big_batch_words(t: &TrainConfig) -> &'static str {
 
 /// Which mode the runs used, and why.
 fn mode(t: &TrainConfig) -> String {
-    if t.lockstep {
-        let why = if t.model.is_resnet() {
+    if t.run.lockstep {
+        let why = if t.model.kind.is_resnet() {
             "the default for ResNets: a deep BatchNorm net amplifies float32 rounding about a million-fold per step, \
              so free-running runs drift apart although they are equivalent; --free-running shows that drift"
-        } else if t.model.is_deep() {
+        } else if t.model.kind.is_deep() {
             "the default for deep nets: rounding carries from step to step in a free-running run; --free-running shows it"
         } else {
             "asked for with --lockstep"
         };
         let who = if t.with_big_batch() { "DDP (and the big batch)" } else { "DDP" };
-        let what = if t.model.is_resnet() { "weights and BatchNorm buffers" } else { "weights" };
+        let what = if t.model.kind.is_resnet() { "weights and BatchNorm buffers" } else { "weights" };
         format!(
             "lockstep: before every optimizer step {who} restarts from the accumulation run's {what}, so each step's \
              difference is that step's arithmetic alone ({why})"
         )
-    } else if t.model.is_deep() {
-        let note = if t.dtype == Dtype::Float64 {
+    } else if t.model.kind.is_deep() {
+        let note = if t.precision.dtype == Dtype::Float64 {
             "float64 rounding is 2^29 times finer than float32's, so equivalent runs stay close"
         } else {
             "in float32 rounding differences grow step by step, so later steps may drift (use --lockstep or --dtype float64)"
@@ -350,20 +352,20 @@ fn mode(t: &TrainConfig) -> String {
 
 /// " (bfloat16)" after the linear model's name; nothing for its float32 default.
 fn dtype_note(t: &TrainConfig) -> String {
-    if t.dtype == Dtype::Float32 {
+    if t.precision.dtype == Dtype::Float32 {
         String::new()
     } else {
-        format!(" ({})", t.dtype.name())
+        format!(" ({})", t.precision.dtype.name())
     }
 }
 
 /// The collective engine the DDP ranks used.
 fn engine(t: &TrainConfig) -> String {
-    match (t.device, t.shared_gpus) {
+    match (t.run.device, t.run.shared_gpus) {
         (DeviceKind::Cpu, _) => "Open MPI".into(),
         (DeviceKind::Cuda, None) => "NCCL".into(),
         (DeviceKind::Cuda, Some(g)) => {
-            format!("Open MPI over host memory, {} ranks on {g} GPU{}", t.gpus, if g == 1 { "" } else { "s" })
+            format!("Open MPI over host memory, {} ranks on {g} GPU{}", t.shape.gpus, if g == 1 { "" } else { "s" })
         }
     }
 }

@@ -34,7 +34,7 @@ pub fn json(o: &Outcome) -> Value {
     match &o.subject {
         Subject::Run(cfg) => {
             v["config"] = json!(cfg.train);
-            v["device"] = json!(cfg.train.device.name());
+            v["device"] = json!(cfg.train.run.device.name());
             v["device_note"] = json!(cfg.device_note);
             v["kernels"] = json!(cfg.kernels);
         }

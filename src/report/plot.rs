@@ -50,7 +50,7 @@ pub fn svg(o: &Outcome) -> String {
     let what = match o.config() {
         Some(cfg) => {
             let t = &cfg.train;
-            format!("K={} vs W={}, N={}, B={}", t.acc_steps, t.gpus, t.data_size, t.batch_size)
+            format!("K={} vs W={}, N={}, B={}", t.shape.acc_steps, t.shape.gpus, t.shape.data_size, t.shape.batch_size)
         }
         None => "recorded traces".to_string(),
     };

@@ -44,7 +44,7 @@ impl CaseResult {
         CaseResult {
             name: name.into(),
             command: train.command(),
-            gpus: train.gpus,
+            gpus: train.shape.gpus,
             verdict: o.verdict(),
             summary: verdict_line(o),
             diagnosis: o.diagnosis.clone(),

@@ -1,5 +1,5 @@
-//! Which CPU kernels libtorch computes with (`--kernels`), and the facts a golden header
-//! records about the kernels and machine that made its numbers.
+//! The facts a golden header records about the kernels (`--kernels`) and machine that
+//! made its numbers.
 //!
 //! libtorch picks its kernels per CPU: ATen's vectorised loops by CPU capability (AVX2,
 //! AVX-512), MKL's GEMM by code path, oneDNN's convolutions by ISA (AMX on new Intel CPUs).
@@ -9,50 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `--kernels`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KernelMode {
-    /// ATen's AVX2 kernels, MKL's COMPATIBLE code path (SSE2 without the approximate
-    /// reciprocals that differ between vendors), oneDNN off, one thread: the same bits on
-    /// every x86-64 CPU with AVX2 and FMA of one vendor, and across Intel and AMD but for
-    /// MKL's vector math (`sqrt`, `exp`, ...: `evidence::golden::for_vendor`).
-    #[default]
-    Portable,
-    /// What this machine picks, one thread: faster, and bound to its CPU model.
-    Native,
-}
-
-impl KernelMode {
-    pub const ALL: [KernelMode; 2] = [KernelMode::Portable, KernelMode::Native];
-
-    pub fn parse(s: &str) -> Option<Self> {
-        KernelMode::ALL.into_iter().find(|k| k.name() == s)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelMode::Portable => "portable",
-            KernelMode::Native => "native",
-        }
-    }
-
-    /// The variables libtorch reads when it first dispatches, as this mode sets them.
-    pub fn env(self) -> &'static [(&'static str, &'static str)] {
-        match self {
-            KernelMode::Portable => &[("ATEN_CPU_CAPABILITY", "avx2"), ("MKL_CBWR", "COMPATIBLE")],
-            KernelMode::Native => &[],
-        }
-    }
-
-    /// The ATen CPU capability this mode requires, if it pins one.
-    pub fn capability(self) -> Option<&'static str> {
-        match self {
-            KernelMode::Portable => Some("AVX2"),
-            KernelMode::Native => None,
-        }
-    }
-}
+use super::KernelMode;
 
 /// How a process computed: a golden header's `kernels`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,16 +67,6 @@ impl Platform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddp_verify_cli::names;
-
-    #[test]
-    fn modes_take_their_names_from_the_cli() {
-        for (i, name) in names::KERNELS.iter().enumerate() {
-            let mode = KernelMode::parse(name).unwrap();
-            assert_eq!((mode as usize, mode.name()), (i, *name));
-        }
-        assert_eq!(KernelMode::parse("fast"), None);
-    }
 
     /// The header keys the reference scripts write (fixtures/kernels.py) read back.
     #[test]

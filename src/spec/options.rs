@@ -58,7 +58,7 @@ pub struct SuiteCase {
 impl Suite {
     /// The ranks the suite starts: the most any case needs.
     pub fn ranks(&self) -> usize {
-        self.cases.iter().map(|c| c.config.train.gpus).max().unwrap_or(1)
+        self.cases.iter().map(|c| c.config.train.shape.gpus).max().unwrap_or(1)
     }
 }
 

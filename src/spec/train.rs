@@ -1,222 +1,118 @@
-//! What to train and how: the sampling shape, the model, the precision. Plain data, from
-//! which every stage below takes what it needs; `lower.rs` fills and validates it.
+//! What to train and how, in parts: the data and its split ([`Shape`]), the model and its
+//! knobs ([`ModelConfig`]), the optimizer step ([`OptimConfig`]), the precision
+//! ([`Precision`]), how the runs go ([`RunShape`]), and the bug planted, if any. Plain data,
+//! from which every stage below takes what it needs; `lower.rs` fills and validates it.
 
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize, Serializer};
 
-use ddp_verify_cli::{defaults, names};
+use super::{Bug, ModelConfig, OptimConfig, Precision, RunShape, Shape};
 
-use super::{AmpConfig, Bug, DeviceKind, Dtype, OptimConfig, Optimizer};
-
-/// What to train and how to split it. Mirrors the seed article's flags.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What to train and how to split it. Written to JSON as one flat object (golden headers,
+/// reports, the cases explore sends to its ranks), its parts' keys side by side.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TrainConfig {
-    /// N: samples in the data set (`torch.rand(N, D)`).
-    pub data_size: usize,
-    /// D: input features of the linear model.
-    pub features: usize,
-    pub seed: u64,
-    pub epochs: usize,
-    /// B: micro-batch size, per rank in DDP and per micro-batch in accumulation.
-    pub batch_size: usize,
-    /// K: micro-batches per optimizer step in the single-device run.
-    pub acc_steps: usize,
-    /// W: DDP ranks.
-    pub gpus: usize,
-    pub lr: f64,
-    pub momentum: f64,
-    pub shuffle: bool,
-    pub drop_last: bool,
-    /// A known mistake planted in one run (`--inject`), to show the gate fires.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inject: Option<Bug>,
-    /// Fields below default to the linear model's values and are left out of JSON then, so
-    /// linear goldens and reports read as before.
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub model: ModelKind,
-    /// S: images are S x S (`torch.rand(N, 3, S, S)`).
-    #[serde(default = "default_image_size", skip_serializing_if = "is_default_image_size")]
-    pub image_size: usize,
-    /// C: classes (`torch.randint(0, C, (N,))`).
-    #[serde(default = "default_classes", skip_serializing_if = "is_default_classes")]
-    pub classes: usize,
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub weight_decay: f64,
-    /// Both runs stop after this many optimizer steps.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_steps: Option<usize>,
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub dtype: Dtype,
-    /// Before every optimizer step the DDP run restarts from the accumulation run's weights
-    /// and buffers, so each step's difference measures that step's arithmetic alone.
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub lockstep: bool,
-    /// Initial state (a PyTorch `state_dict` in safetensors) instead of our seeded init.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub init: Option<PathBuf>,
-    /// Where both runs compute (`--device`, resolved before any rank starts).
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub device: DeviceKind,
-    /// CUDA with fewer GPUs (G) than ranks on a machine: rank r computes on
-    /// `cuda:<local rank mod G>` and the all-reduce goes through host memory with Open MPI.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_gpus: Option<usize>,
-    /// V: tiny-lm's vocabulary (`torch.randint(0, V, (N, T))`).
-    #[serde(default = "default_vocab", skip_serializing_if = "is_default_vocab")]
-    pub vocab: usize,
-    /// T: tiny-lm's sequence length, padding included.
-    #[serde(default = "default_seq_len", skip_serializing_if = "is_default_seq_len")]
-    pub seq_len: usize,
-    /// Each sequence's length is drawn from [min_len, seq_len].
-    #[serde(default = "default_min_len", skip_serializing_if = "is_default_min_len")]
-    pub min_len: usize,
-    /// What a window shorter than K at an epoch's end does.
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub partial_window: PartialWindow,
-    /// Also train the third run, one batch of all a step's samples, and compare
-    /// accumulation with it. Not part of what a golden was made for.
-    #[serde(default = "yes", skip_serializing_if = "is_yes")]
-    pub big_batch: bool,
-    /// tiny-lm's dropout probability at each block's two residual branches, masks keyed by
-    /// sample (`plan::dropout`); 0 is none.
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub dropout: f64,
-    /// The optimizer, clipping and learning-rate schedule (`lr`, `momentum` and
-    /// `weight_decay` above are theirs too).
+    #[serde(flatten)]
+    pub shape: Shape,
+    #[serde(flatten)]
+    pub model: ModelConfig,
+    /// The optimizer, its learning rate, momentum and weight decay, clipping and schedule.
     #[serde(flatten)]
     pub optim: OptimConfig,
-    /// Autocast and loss scaling (`--amp`).
+    /// The dtype, autocast and loss scaling (`--dtype`, `--amp`).
     #[serde(flatten)]
-    pub amp: AmpConfig,
+    pub precision: Precision,
+    #[serde(flatten)]
+    pub run: RunShape,
+    /// A known mistake planted in the runs (`--inject`), to show the gate fires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<Bug>,
 }
 
-/// A window of fewer than K micro-batches at an epoch's end (`--partial-window`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PartialWindow {
-    /// Its gradient is kept and steps with the next epoch's first window (the article's loop).
-    #[default]
-    Carry,
-    /// It takes an optimizer step of its own at the epoch's end, its loss normalised by
-    /// what it holds (transformers' Trainer and most LM trainers).
-    Step,
+/// The order of the keys in JSON: the order they had when the configuration was one flat
+/// struct, which golden headers and regression files were written in. A key left out here
+/// is written after these.
+const KEY_ORDER: [&str; 37] = [
+    "data_size",
+    "features",
+    "seed",
+    "epochs",
+    "batch_size",
+    "acc_steps",
+    "gpus",
+    "lr",
+    "momentum",
+    "shuffle",
+    "drop_last",
+    "inject",
+    "model",
+    "image_size",
+    "classes",
+    "weight_decay",
+    "max_steps",
+    "dtype",
+    "lockstep",
+    "init",
+    "device",
+    "shared_gpus",
+    "vocab",
+    "seq_len",
+    "min_len",
+    "partial_window",
+    "big_batch",
+    "dropout",
+    "optimizer",
+    "betas",
+    "eps",
+    "clip_grad_norm",
+    "lr_schedule",
+    "amp",
+    "init_scale",
+    "growth_interval",
+    "overflow_step",
+];
+
+/// The parts as serde writes them, each part's keys its own way (defaults left out).
+#[derive(Serialize)]
+struct Parts<'a> {
+    #[serde(flatten)]
+    shape: &'a Shape,
+    #[serde(flatten)]
+    model: &'a ModelConfig,
+    #[serde(flatten)]
+    optim: &'a OptimConfig,
+    #[serde(flatten)]
+    precision: &'a Precision,
+    #[serde(flatten)]
+    run: &'a RunShape,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inject: &'a Option<Bug>,
 }
 
-impl PartialWindow {
-    /// tiny-lm's loss needs a window's token count before its first backward, which a
-    /// window carried into the next epoch cannot have: LM trainers step it instead.
-    pub fn default_for(model: ModelKind) -> Self {
-        if model.token_loss() {
-            PartialWindow::Step
-        } else {
-            PartialWindow::Carry
+impl Serialize for TrainConfig {
+    /// The parts' keys, in [`KEY_ORDER`].
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeMap};
+        let parts = Parts {
+            shape: &self.shape,
+            model: &self.model,
+            optim: &self.optim,
+            precision: &self.precision,
+            run: &self.run,
+            inject: &self.inject,
+        };
+        let map = match serde_json::to_value(parts).map_err(S::Error::custom)? {
+            serde_json::Value::Object(map) => map,
+            _ => return Err(S::Error::custom("a configuration is an object")),
+        };
+        let rank = |k: &str| KEY_ORDER.iter().position(|o| *o == k).unwrap_or(KEY_ORDER.len());
+        let mut keys: Vec<&String> = map.keys().collect();
+        keys.sort_by_key(|k| rank(k));
+        let mut out = s.serialize_map(Some(keys.len()))?;
+        for key in keys {
+            out.serialize_entry(key, &map[key])?;
         }
+        out.end()
     }
-
-    pub const ALL: [PartialWindow; 2] = [PartialWindow::Carry, PartialWindow::Step];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PartialWindow::Carry => "carry",
-            PartialWindow::Step => "step",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        PartialWindow::ALL.into_iter().find(|p| p.name() == s)
-    }
-}
-
-/// Which network both runs train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModelKind {
-    /// The seed article's `nn.Linear(D, 1, bias=False)`.
-    #[default]
-    Linear,
-    Resnet18,
-    ResnetTiny,
-    /// A small causal transformer with token-level loss (`train::models::tiny_lm`).
-    TinyLm,
-}
-
-impl ModelKind {
-    pub const ALL: [ModelKind; 4] = [ModelKind::Linear, ModelKind::Resnet18, ModelKind::ResnetTiny, ModelKind::TinyLm];
-    pub const NAMES: [&'static str; 4] = names::MODELS;
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Linear => "linear",
-            ModelKind::Resnet18 => "resnet18",
-            ModelKind::ResnetTiny => "resnet-tiny",
-            ModelKind::TinyLm => "tiny-lm",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        ModelKind::ALL.into_iter().find(|m| m.name() == s)
-    }
-
-    pub fn is_resnet(self) -> bool {
-        matches!(self, ModelKind::Resnet18 | ModelKind::ResnetTiny)
-    }
-
-    /// A deep net, whose gradients depend on its weights: rounding carries from step to
-    /// step, so both runs default to lockstep.
-    pub fn is_deep(self) -> bool {
-        self != ModelKind::Linear
-    }
-
-    /// The loss is normalised by the step's number of target tokens, not by K.
-    pub fn token_loss(self) -> bool {
-        self == ModelKind::TinyLm
-    }
-
-    /// Whether one batch of a step's samples computes the same mathematics as its
-    /// micro-batches: not with BatchNorm, whose statistics depend on the batch.
-    pub fn has_big_batch(self) -> bool {
-        !self.is_resnet()
-    }
-}
-
-fn is_default<T: Default + PartialEq>(v: &T) -> bool {
-    *v == T::default()
-}
-fn default_image_size() -> usize {
-    defaults::IMAGE_SIZE
-}
-fn is_default_image_size(v: &usize) -> bool {
-    *v == default_image_size()
-}
-fn default_classes() -> usize {
-    defaults::CLASSES
-}
-fn is_default_classes(v: &usize) -> bool {
-    *v == default_classes()
-}
-fn yes() -> bool {
-    true
-}
-fn is_yes(v: &bool) -> bool {
-    *v
-}
-fn default_vocab() -> usize {
-    defaults::VOCAB
-}
-fn is_default_vocab(v: &usize) -> bool {
-    *v == defaults::VOCAB
-}
-fn default_seq_len() -> usize {
-    defaults::SEQ_LEN
-}
-fn is_default_seq_len(v: &usize) -> bool {
-    *v == defaults::SEQ_LEN
-}
-fn default_min_len() -> usize {
-    defaults::MIN_LEN
-}
-fn is_default_min_len(v: &usize) -> bool {
-    *v == defaults::MIN_LEN
 }
 
 impl TrainConfig {
@@ -224,121 +120,26 @@ impl TrainConfig {
     /// every flag at its default.
     pub fn article() -> Self {
         TrainConfig {
-            data_size: defaults::DATA_SIZE,
-            // The article's D = N.
-            features: defaults::DATA_SIZE,
-            seed: defaults::SEED,
-            epochs: defaults::EPOCHS,
-            batch_size: defaults::BATCH_SIZE,
-            acc_steps: defaults::ACC_STEPS,
-            gpus: defaults::GPUS,
-            lr: defaults::LR,
-            momentum: defaults::MOMENTUM,
-            shuffle: false,
-            drop_last: false,
-            inject: None,
-            model: ModelKind::parse(defaults::MODEL).unwrap_or_default(),
-            image_size: defaults::IMAGE_SIZE,
-            classes: defaults::CLASSES,
-            weight_decay: defaults::WEIGHT_DECAY,
-            max_steps: None,
-            dtype: Dtype::parse(defaults::DTYPE).unwrap_or_default(),
-            lockstep: false,
-            init: None,
-            device: DeviceKind::Cpu,
-            shared_gpus: None,
-            vocab: defaults::VOCAB,
-            seq_len: defaults::SEQ_LEN,
-            min_len: defaults::MIN_LEN,
-            partial_window: PartialWindow::Carry,
-            big_batch: true,
-            dropout: 0.0,
+            shape: Shape::article(),
+            model: ModelConfig::article(),
             optim: OptimConfig::default(),
-            amp: AmpConfig::default(),
+            precision: Precision::default(),
+            run: RunShape::article(),
+            inject: None,
         }
     }
 
-    /// The `ddp-verify` command that reruns exactly this configuration.
+    /// The `ddp-verify` command that reruns exactly this configuration, each part's flags
+    /// in turn.
     pub fn command(&self) -> String {
-        let mut s = format!(
-            "ddp-verify --data-size {} --features {} --batch-size {} --acc-steps {} --gpus {} --epochs {} --seed {} --lr {} --momentum {}",
-            self.data_size, self.features, self.batch_size, self.acc_steps, self.gpus, self.epochs, self.seed, self.lr, self.momentum
-        );
-        for (on, flag) in [(self.shuffle, " --shuffle"), (self.drop_last, " --drop-last")] {
-            if on {
-                s.push_str(flag);
-            }
-        }
-        if self.model.is_resnet() {
-            s.push_str(&format!(
-                " --model {} --image-size {} --classes {}",
-                self.model.name(),
-                self.image_size,
-                self.classes
-            ));
-        }
-        if self.model == ModelKind::TinyLm {
-            s.push_str(&format!(
-                " --model tiny-lm --vocab {} --seq-len {} --min-len {}",
-                self.vocab, self.seq_len, self.min_len
-            ));
-        }
-        if self.partial_window != PartialWindow::default_for(self.model) {
-            s.push_str(&format!(" --partial-window {}", self.partial_window.name()));
-        }
-        if !self.big_batch && self.model.has_big_batch() {
-            s.push_str(" --no-big-batch");
-        }
-        if self.dropout != 0.0 {
-            s.push_str(&format!(" --dropout {}", self.dropout));
-        }
-        if self.weight_decay != 0.0 {
-            s.push_str(&format!(" --weight-decay {}", self.weight_decay));
-        }
-        let o = &self.optim;
-        if o.optimizer != Optimizer::Sgd {
-            s.push_str(&format!(" --optimizer {}", o.optimizer.name()));
-        }
-        if (o.betas, o.eps) != (OptimConfig::default().betas, OptimConfig::default().eps) {
-            s.push_str(&format!(" --betas {} {} --eps {}", o.betas.0, o.betas.1, o.eps));
-        }
-        if let Some(x) = o.clip_grad_norm {
-            s.push_str(&format!(" --clip-grad-norm {x}"));
-        }
-        if o.lr_schedule != Default::default() {
-            s.push_str(&format!(" --lr-schedule {}", o.lr_schedule));
-        }
-        if let Some(amp) = self.amp.amp {
-            s.push_str(&format!(" --amp {}", amp.name()));
-        }
-        let a = &self.amp;
-        if a.init_scale != AmpConfig::default().init_scale {
-            s.push_str(&format!(" --init-scale {}", a.init_scale));
-        }
-        if a.growth_interval != AmpConfig::default().growth_interval {
-            s.push_str(&format!(" --growth-interval {}", a.growth_interval));
-        }
-        if let Some(step) = a.overflow_step {
-            s.push_str(&format!(" --overflow-step {step}"));
-        }
-        if let Some(m) = self.max_steps {
-            s.push_str(&format!(" --max-steps {m}"));
-        }
-        if self.dtype != Dtype::Float32 {
-            s.push_str(&format!(" --dtype {}", self.dtype.name()));
-        }
-        if self.lockstep != self.model.is_deep() {
-            s.push_str(if self.lockstep { " --lockstep" } else { " --free-running" });
-        }
-        if self.device != DeviceKind::Cpu {
-            s.push_str(&format!(" --device {}", self.device.name()));
-        }
-        if let Some(init) = &self.init {
-            s.push_str(&format!(" --init {}", init.display()));
-        }
+        let mut s = "ddp-verify".to_string();
+        self.shape.flags(&mut s);
+        self.model.flags(&mut s);
+        self.run.flags(self.model.kind, &mut s);
+        self.optim.flags(&mut s);
+        self.precision.flags(&mut s);
         if let Some(bug) = self.inject {
-            s.push_str(" --inject ");
-            s.push_str(bug.name());
+            s.push_str(&format!(" --inject {bug}"));
         }
         s
     }
@@ -348,33 +149,97 @@ impl TrainConfig {
     /// model). A free-running deep net feeds each step's rounding into the next step's
     /// gradients, which no per-step bound follows; it keeps the fixed tolerance.
     pub fn bounds_hold(&self) -> bool {
-        self.lockstep || !self.model.is_deep()
+        self.run.lockstep || !self.model.kind.is_deep()
     }
 
     /// Whether the big-batch run is made and compared.
     pub fn with_big_batch(&self) -> bool {
-        self.big_batch && self.model.has_big_batch() && self.amp.amp.is_none()
+        self.run.big_batch && self.model.kind.has_big_batch() && self.precision.amp.amp.is_none()
     }
 
     /// Micro-batches each rank accumulates under no_sync before an all-reduce.
     pub fn local_acc_steps(&self) -> usize {
-        self.acc_steps / self.gpus
+        self.shape.acc_steps / self.shape.gpus
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, ModelKind, Optimizer, PartialWindow, Schedule};
 
     /// Explore and suites send each case to the ranks as JSON: every float must come back
     /// bit for bit (a learning rate once came back 1 ulp off, and the ranks' models parted).
     #[test]
     fn a_config_survives_json_bit_for_bit() {
-        let mut c = TrainConfig { lr: 0.011312096496120005, momentum: 0.1865353356759756, ..TrainConfig::article() };
-        c.weight_decay = 0.002814535734954946;
+        let mut c = TrainConfig::article();
+        (c.optim.lr, c.optim.momentum) = (0.011312096496120005, 0.1865353356759756);
+        c.optim.weight_decay = 0.002814535734954946;
         c.optim.eps = 1e-6;
         let back: TrainConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
-        assert_eq!((back.lr.to_bits(), back.momentum.to_bits()), (c.lr.to_bits(), c.momentum.to_bits()));
+        assert_eq!(
+            (back.optim.lr.to_bits(), back.optim.momentum.to_bits()),
+            (c.optim.lr.to_bits(), c.optim.momentum.to_bits())
+        );
         assert_eq!(back, c);
+    }
+
+    /// Every key set away from its default: the JSON is the flat configuration's, byte for
+    /// byte (written by the code before the parts), and reads back whole.
+    fn everything() -> TrainConfig {
+        let mut c = TrainConfig::article();
+        c.shape =
+            Shape { data_size: 24, seed: 7, batch_size: 2, acc_steps: 4, gpus: 2, shuffle: true, drop_last: true };
+        c.model.kind = ModelKind::TinyLm;
+        c.model.init = Some("s.safetensors".into());
+        c.model.linear.features = 3;
+        (c.model.resnet.image_size, c.model.resnet.classes) = (16, 5);
+        c.model.lm = crate::spec::LmConfig { vocab: 32, seq_len: 8, min_len: 2, dropout: 0.1 };
+        c.optim = OptimConfig {
+            lr: 0.05,
+            momentum: 0.5,
+            weight_decay: 0.01,
+            optimizer: Optimizer::AdamW,
+            betas: (0.8, 0.9),
+            eps: 1e-6,
+            clip_grad_norm: Some(1.0),
+            lr_schedule: Schedule::Warmup(3),
+        };
+        let amp =
+            AmpConfig { amp: Some(Amp::Float16), init_scale: 1024.0, growth_interval: 10, overflow_step: Some(1) };
+        c.precision = Precision { dtype: Dtype::Float64, amp };
+        c.run = RunShape {
+            epochs: 3,
+            max_steps: Some(5),
+            lockstep: true,
+            partial_window: PartialWindow::Step,
+            big_batch: false,
+            device: DeviceKind::Cuda,
+            shared_gpus: Some(1),
+        };
+        c.inject = Some(Bug::ClipPerMicroBatch);
+        c
+    }
+
+    #[test]
+    fn the_json_is_the_flat_configurations_key_for_key() {
+        let full = r#"{"data_size":24,"features":3,"seed":7,"epochs":3,"batch_size":2,"acc_steps":4,"gpus":2,"lr":0.05,"momentum":0.5,"shuffle":true,"drop_last":true,"inject":"clip-per-micro-batch","model":"tiny-lm","image_size":16,"classes":5,"weight_decay":0.01,"max_steps":5,"dtype":"float64","lockstep":true,"init":"s.safetensors","device":"cuda","shared_gpus":1,"vocab":32,"seq_len":8,"min_len":2,"partial_window":"step","big_batch":false,"dropout":0.1,"optimizer":"adamw","betas":[0.8,0.9],"eps":1e-6,"clip_grad_norm":1.0,"lr_schedule":"warmup:3","amp":"float16","init_scale":1024.0,"growth_interval":10,"overflow_step":1}"#;
+        let article = r#"{"data_size":8,"features":8,"seed":0,"epochs":2,"batch_size":4,"acc_steps":2,"gpus":2,"lr":0.01,"momentum":0.9,"shuffle":false,"drop_last":false}"#;
+        assert_eq!(serde_json::to_string(&everything()).unwrap(), full);
+        assert_eq!(serde_json::to_string(&TrainConfig::article()).unwrap(), article);
+        assert_eq!(serde_json::from_str::<TrainConfig>(full).unwrap(), everything());
+        assert_eq!(serde_json::from_str::<TrainConfig>(article).unwrap(), TrainConfig::article());
+        let keys = full.matches("\":").count();
+        assert_eq!(keys, KEY_ORDER.len(), "a key of the parts is missing from KEY_ORDER");
+    }
+
+    /// A key missing that the flat configuration required is still refused.
+    #[test]
+    fn the_article_keys_are_required() {
+        for key in ["data_size", "features", "epochs", "lr", "momentum", "drop_last"] {
+            let mut v = serde_json::to_value(TrainConfig::article()).unwrap();
+            v.as_object_mut().unwrap().remove(key);
+            assert!(serde_json::from_value::<TrainConfig>(v).is_err(), "{key}");
+        }
     }
 }

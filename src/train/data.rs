@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 use crate::plan::rng::seeded;
-use crate::spec::{Dtype, TrainConfig};
+use crate::spec::{Dtype, TchKind, TrainConfig};
 
 pub fn linear_data(seed: u64, data_size: usize, features: usize) -> Result<Tensor> {
     Ok(seeded(seed, || Tensor::f_rand([data_size as i64, features as i64], (Kind::Float, Device::Cpu)))?)
@@ -36,24 +36,24 @@ impl Data {
     /// The data set `cfg` describes, in its dtype, on `device` (drawn on the CPU first, as
     /// PyTorch's scripts draw it).
     pub fn new(cfg: &TrainConfig, device: Device) -> Result<Data> {
-        let (n, opts) = (cfg.data_size as i64, (Kind::Float, Device::Cpu));
+        let (n, opts) = (cfg.shape.data_size as i64, (Kind::Float, Device::Cpu));
         let on = |t: Tensor| if device == Device::Cpu { t } else { t.to_device(device) };
-        if cfg.model.token_loss() {
+        if cfg.model.kind.token_loss() {
             let (x, y, lengths) = token_data(cfg)?;
             return Ok(Data { x: on(x), y: Some(on(y)), lengths: Some(lengths) });
         }
-        let (x, y) = if cfg.model.is_resnet() {
-            let s = cfg.image_size as i64;
-            let (x, y) = seeded(cfg.seed, || -> Result<_> {
+        let (x, y) = if cfg.model.kind.is_resnet() {
+            let s = cfg.model.resnet.image_size as i64;
+            let (x, y) = seeded(cfg.shape.seed, || -> Result<_> {
                 let x = Tensor::f_rand([n, 3, s, s], opts)?;
-                let y = Tensor::f_randint(cfg.classes as i64, [n], (Kind::Int64, Device::Cpu))?;
+                let y = Tensor::f_randint(cfg.model.resnet.classes as i64, [n], (Kind::Int64, Device::Cpu))?;
                 Ok((x, y))
             })?;
             (x, Some(y))
         } else {
-            (linear_data(cfg.seed, cfg.data_size, cfg.features)?, None)
+            (linear_data(cfg.shape.seed, cfg.shape.data_size, cfg.model.linear.features)?, None)
         };
-        let x = if cfg.dtype == Dtype::Float32 { x } else { x.to_kind(cfg.dtype.kind()) };
+        let x = if cfg.precision.dtype == Dtype::Float32 { x } else { x.to_kind(cfg.precision.dtype.kind()) };
         Ok(Data { x: on(x), y: y.map(on), lengths: None })
     }
 
@@ -74,7 +74,7 @@ impl Data {
 
 /// tiny-lm's ids `[N, T]`, labels `[N, T]` and lengths, as the module doc says.
 fn token_data(cfg: &TrainConfig) -> Result<(Tensor, Tensor, Vec<i64>)> {
-    let t = cfg.seq_len as i64;
+    let t = cfg.model.lm.seq_len as i64;
     let ints = (Kind::Int64, Device::Cpu);
     let (tokens, lengths) = crate::plan::tokens::draw(cfg)?;
     let positions = Tensor::arange(t, ints).unsqueeze(0);

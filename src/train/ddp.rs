@@ -11,11 +11,11 @@ use super::{DdpSide, DdpStart, Derives, Run};
 /// reducer does it. Buffers follow `broadcast_buffers=True`.
 pub fn ddp_run<'a>(cfg: &TrainConfig, comm: &'a dyn Collective, start: DdpStart) -> Result<Run<'a>> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    if world != cfg.gpus {
+    if world != cfg.shape.gpus {
         return Err(Error::bad_flag(
             "--gpus",
-            format!("{} ranks were asked for but the MPI world has {world}", cfg.gpus),
-            format!("launch with mpirun -np {} or pass --gpus {world}", cfg.gpus),
+            format!("{} ranks were asked for but the MPI world has {world}", cfg.shape.gpus),
+            format!("launch with mpirun -np {} or pass --gpus {world}", cfg.shape.gpus),
         ));
     }
     let side = DdpSide { comm, broadcast_buffers: true, start };

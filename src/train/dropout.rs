@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use super::models::tiny_lm::{D_MODEL, LAYERS};
 use crate::error::Result;
 use crate::plan::{dropout, rng};
-use crate::spec::TrainConfig;
+use crate::spec::{TchKind, TrainConfig};
 
 /// Each block's attention and MLP outputs.
 pub const SITES: usize = 2 * LAYERS as usize;
@@ -23,11 +23,11 @@ pub struct Dropout {
 impl Dropout {
     /// None without dropout.
     pub fn new(cfg: &TrainConfig, device: Device) -> Option<Self> {
-        (cfg.dropout > 0.0).then(|| Dropout {
-            p: cfg.dropout,
-            seed: cfg.seed,
-            seq_len: cfg.seq_len as i64,
-            kind: cfg.dtype.kind(),
+        (cfg.model.lm.dropout > 0.0).then(|| Dropout {
+            p: cfg.model.lm.dropout,
+            seed: cfg.shape.seed,
+            seq_len: cfg.model.lm.seq_len as i64,
+            kind: cfg.precision.dtype.kind(),
             device,
         })
     }

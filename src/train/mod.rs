@@ -64,6 +64,22 @@ enum Derives {
     Nothing,
 }
 
+/// What a run records for its trace beside each step's gradients.
+#[derive(Default)]
+struct Recorded {
+    /// Clipping calls each step made.
+    clips: Vec<i64>,
+    /// A DDP rank: the first step at which some rank held another model than rank 0.
+    rank_drift: Option<crate::evidence::RankDrift>,
+    /// Each step's digest of the keys its dropout masks were drawn from (all ranks'
+    /// together in DDP).
+    dropout_keys: Vec<f64>,
+    /// What the loss scaler did each step.
+    scaler: ScalerRecord,
+    /// The accumulation run's prediction of where float16's range parts it from DDP.
+    range_parts: Option<RangePrediction>,
+}
+
 /// One run in one process: model, data, optimizer, and the steps it will take.
 pub struct Run<'a> {
     model: Box<dyn Model>,
@@ -72,34 +88,28 @@ pub struct Run<'a> {
     /// Its steps and loss normalisation, from `plan::RunPlan`.
     plan: StepPlan,
     norm: Normaliser,
-    /// What a planted bug makes this run do (`plan::Planted`): the one value it consults.
+    /// The planted bug this run carries (`plan::Planted`), asked where the run could do
+    /// otherwise.
     planted: Planted,
     /// Each step's learning rate, and the clipping (see `plan::RunPlan`).
     lrs: Vec<f64>,
     clip: Option<f64>,
     /// A schedule other than constant was asked for.
     lr_scheduled: bool,
-    /// Clipping calls each step made so far, and the parameters in PyTorch's order, in
-    /// which clipping sums their norms.
-    clips: Vec<i64>,
+    /// What the run records for its trace, step by step, beside the gradients.
+    recorded: Recorded,
+    /// The parameters in PyTorch's order, in which clipping sums their norms.
     torch_order: Vec<usize>,
-    /// A DDP rank: the first step at which some rank held another model than rank 0.
-    drift: Option<crate::evidence::RankDrift>,
-    /// tiny-lm's dropout; the sample counter a rank keys it by under `dropout-same-seed`
-    /// (epoch, samples so far), and each step's digest
-    /// of the keys its masks were drawn from (all ranks' together in DDP).
+    /// tiny-lm's dropout, and the sample counter a run keys it by under `dropout-same-seed`
+    /// (epoch, samples so far).
     dropout: Option<dropout::Dropout>,
     counter: (Option<u64>, i64),
-    dropout_keys: Vec<f64>,
-    /// `--amp float16`'s GradScaler and what it did each step; the micro-batch made to
-    /// overflow (step, index in the window); and whether a micro-batch
-    /// unscaled so far this window (`unscale-per-micro-batch`) found inf/NaN.
+    /// `--amp float16`'s GradScaler; the micro-batch made to overflow (step, index in the
+    /// window); and whether a micro-batch unscaled so far this window
+    /// (`unscale-per-micro-batch`) found inf/NaN.
     scaler: Option<Scaler>,
-    scaler_record: ScalerRecord,
     overflow: Option<(usize, usize)>,
     found_in_window: bool,
-    /// The accumulation run's prediction of where float16's range parts it from DDP.
-    range_parts: Option<RangePrediction>,
     ddp: Option<DdpSide<'a>>,
     /// Largest |w| seen per weight: SGD rounds a weight at that scale.
     peaks: Vec<Tensor>,
@@ -121,7 +131,7 @@ impl<'a> Run<'a> {
     fn new(cfg: &TrainConfig, plan: RunPlan, ddp: Option<DdpSide<'a>>, derives: Derives) -> Result<Self> {
         let RunPlan { steps: plan, norm, lrs, clip, overflow, planted } = plan;
         // A DDP rank computes where its collective reaches (cuda:<local rank> with NCCL).
-        let device = ddp.as_ref().map_or(cfg.device.accumulation(), |d| d.comm.device());
+        let device = ddp.as_ref().map_or(crate::spec::accumulation_device(cfg.run.device), |d| d.comm.device());
         let blank = ddp.as_ref().is_some_and(|d| d.start == DdpStart::Restarted || d.comm.rank() != 0);
         let model = models::build(cfg, device, blank)?;
         let torch_order = models::torch_order(model.as_ref());
@@ -149,18 +159,17 @@ impl<'a> Run<'a> {
             lrs,
             clip,
             lr_scheduled: cfg.optim.lr_schedule != crate::spec::Schedule::Constant,
-            clips: Vec::new(),
+            recorded: Recorded {
+                range_parts: (derives == Derives::Bounds && cfg.precision.amp.scaled())
+                    .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.run.lockstep }),
+                ..Recorded::default()
+            },
             torch_order,
-            drift: None,
             dropout: dropout::Dropout::new(cfg, device),
             counter: (None, 0),
-            dropout_keys: Vec::new(),
             scaler: Scaler::new(cfg, device),
-            scaler_record: ScalerRecord::default(),
             overflow,
             found_in_window: false,
-            range_parts: (derives == Derives::Bounds && cfg.amp.scaled())
-                .then(|| RangePrediction { steps: Vec::new(), carries: !cfg.lockstep }),
             ddp,
             peaks,
             traced,
@@ -193,11 +202,11 @@ impl<'a> Run<'a> {
             if let Some(d) = &self.ddp {
                 d.comm.all_reduce_sum_f64(&mut keys)?;
             }
-            self.dropout_keys.push(keys[0]);
+            self.recorded.dropout_keys.push(keys[0]);
         }
         if let Some(d) = &self.ddp {
             // `unsynced-param` leaves out the last parameter PyTorch registers.
-            let left_out = self.torch_order.last().copied().filter(|_| self.planted.unsynced_param);
+            let left_out = self.torch_order.last().copied().filter(|_| self.planted.leaves_out_last_param());
             let params = self.model.parameters().iter().enumerate();
             let grads: Vec<Tensor> = params.filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
             collective::average_gradients(d.comm, &grads)?;
@@ -209,10 +218,10 @@ impl<'a> Run<'a> {
         let params = self.model.parameters();
         let lr = self.lrs[s];
         if self.clip.is_some() {
-            self.clips.push(if self.planted.clip_each_micro_batch { group.len() as i64 } else { 1 });
+            self.recorded.clips.push(if self.planted.clips_each_micro_batch() { group.len() as i64 } else { 1 });
         }
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-        let clip = match (self.clip, self.planted.clip_each_micro_batch) {
+        let clip = match (self.clip, self.planted.clips_each_micro_batch()) {
             (Some(max), false) => {
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| tensors[i].grad()).collect();
                 let (total, coef) = optim::clip_coefficient(&grads, max)?;
@@ -229,7 +238,7 @@ impl<'a> Run<'a> {
         if let Some((_, coef)) = &clip {
             optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
         }
-        let grads = match (self.traced, !self.planted.stale_grads && self.model_device() == tch::Device::Cpu) {
+        let grads = match (self.traced, self.planted.zeroes_grads() && self.model_device() == tch::Device::Cpu) {
             (false, _) => Params::new(),
             // zero_grad drops these tensors for new ones and SGD only reads them, so
             // holding them is as good as a copy of 45 MB a step for resnet18.
@@ -247,7 +256,7 @@ impl<'a> Run<'a> {
         }
         self.compare_ranks(s)?;
         self.track_peaks();
-        if !self.planted.stale_grads {
+        if self.planted.zeroes_grads() {
             self.opt.zero_grad()?;
         }
         Ok(grads)
@@ -262,16 +271,16 @@ impl<'a> Run<'a> {
             return Ok(false);
         }
         let mut found = std::mem::take(&mut self.found_in_window);
-        if !self.planted.unscale_each_micro_batch {
+        if !self.planted.unscales_each_micro_batch() {
             found |= self.unscale_grads()?;
         }
-        let r = &mut self.scaler_record;
+        let r = &mut self.recorded.scaler;
         let n = n as i64;
         r.scales.push(start);
         r.found_inf.push(found);
-        r.unscales.push(if self.planted.unscale_each_micro_batch { n } else { 1 });
-        r.updates.push(if self.planted.scaler_update_each_micro_batch { n } else { 1 });
-        if let Some(parts) = self.range_parts.as_mut() {
+        r.unscales.push(if self.planted.unscales_each_micro_batch() { n } else { 1 });
+        r.updates.push(if self.planted.updates_scale_each_micro_batch() { n } else { 1 });
+        if let Some(parts) = self.recorded.range_parts.as_mut() {
             // Free-running runs part for good at the first: later predictions start from
             // other weights.
             let ddp_found = self.listener.ddp_found_inf();
@@ -321,7 +330,7 @@ impl<'a> Run<'a> {
             allowances: Allowances {
                 finals: allowed_finals,
                 big_finals: allowed_finals_big,
-                range_parts: self.range_parts,
+                range_parts: self.recorded.range_parts,
                 ..Allowances::default()
             },
             steps: Vec::new(),
@@ -334,10 +343,10 @@ impl<'a> Run<'a> {
             // Recorded where they change (as the reference scripts do): compared exactly.
             facts: StepFacts {
                 lrs: if self.lr_scheduled { self.lrs[..self.plan.steps.len()].to_vec() } else { Vec::new() },
-                clips: self.clips,
-                rank_drift: self.drift,
-                dropout_keys: self.dropout_keys,
-                scaler: self.scaler_record,
+                clips: self.recorded.clips,
+                rank_drift: self.recorded.rank_drift,
+                dropout_keys: self.recorded.dropout_keys,
+                scaler: self.recorded.scaler,
                 ..StepFacts::default()
             },
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
@@ -407,7 +416,7 @@ impl<'a> Run<'a> {
     /// gradients and optimizer state as rank 0 (`dist::fingerprint`); the first difference is
     /// kept. Every rank learns the same answer, so all stop comparing together.
     fn compare_ranks(&mut self, s: usize) -> Result<()> {
-        let Some(d) = self.ddp.as_ref().filter(|_| self.drift.is_none()) else { return Ok(()) };
+        let Some(d) = self.ddp.as_ref().filter(|_| self.recorded.rank_drift.is_none()) else { return Ok(()) };
         let params = self.model.parameters();
         let named: Vec<(RankHeld, Tensor)> = params
             .iter()
@@ -415,7 +424,7 @@ impl<'a> Run<'a> {
             .chain(params.iter().map(|(n, p)| (RankHeld::Grad(n.clone()), p.grad())))
             .chain(self.opt.state().into_iter().map(|(n, t)| (RankHeld::OptimizerState(n), t)))
             .collect();
-        self.drift = collective::fingerprint::compare_ranks(d.comm, s, &named)?;
+        self.recorded.rank_drift = collective::fingerprint::compare_ranks(d.comm, s, &named)?;
         Ok(())
     }
 
@@ -460,7 +469,7 @@ impl<'a> Run<'a> {
                 if self.counter.0 != Some(epoch) {
                     self.counter = (Some(epoch), 0);
                 }
-                let keys: Vec<i64> = match self.planted.dropout_same_seed {
+                let keys: Vec<i64> = match self.planted.keys_dropout_by_counter() {
                     // Every rank's n-th sample of the epoch draws the n-th masks.
                     true => (self.counter.1..self.counter.1 + idx.len() as i64).collect(),
                     false => idx.clone(),
@@ -481,15 +490,15 @@ impl<'a> Run<'a> {
             let scale = self.scaler.as_ref().map(|s| s.scale().shallow_clone());
             let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
             self.listener.backward(&loss, divisor, batch_rows(&batch), &params, scale.as_ref())?;
-            if self.planted.unscale_each_micro_batch {
+            if self.planted.unscales_each_micro_batch() {
                 self.found_in_window |= self.unscale_grads()?;
             }
-            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.planted.scaler_update_each_micro_batch) {
+            if let Some(scaler) = self.scaler.as_mut().filter(|_| self.planted.updates_scale_each_micro_batch()) {
                 if j + 1 < group.len() {
                     scaler.update(false)?;
                 }
             }
-            if let (true, Some(max)) = (self.planted.clip_each_micro_batch, self.clip) {
+            if let (true, Some(max)) = (self.planted.clips_each_micro_batch(), self.clip) {
                 let params = self.model.parameters();
                 let grads: Vec<Tensor> = self.torch_order.iter().map(|&i| params[i].1.grad()).collect();
                 let coef = optim::clip_grad_norm(&grads, max)?;

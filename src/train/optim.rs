@@ -44,15 +44,15 @@ impl Optimizer {
     /// weight by `1 − lr · wd` first (decoupled), as PyTorch does.
     pub fn new(cfg: &TrainConfig, params: &[(String, Tensor)]) -> Result<Self> {
         let OptimConfig { optimizer, betas, eps, .. } = cfg.optim;
-        let mut sgd = COptimizer::sgd(cfg.lr, cfg.momentum, 0.0, cfg.weight_decay, false)?;
+        let mut sgd = COptimizer::sgd(cfg.optim.lr, cfg.optim.momentum, 0.0, cfg.optim.weight_decay, false)?;
         for (_, p) in params {
             sgd.add_parameters(p, 0)?;
         }
         let adamw = (optimizer == Kind_::AdamW).then(|| AdamW {
             betas,
             eps,
-            weight_decay: cfg.weight_decay,
-            lr: cfg.lr,
+            weight_decay: cfg.optim.weight_decay,
+            lr: cfg.optim.lr,
             step: 0,
             moments: params.iter().map(|_| None).collect(),
         });

@@ -69,16 +69,16 @@ pub fn repeat_check(cfg: &TrainConfig, platform: &Platform) -> Result<Option<Unr
         }
     }
     Ok(differences(&twice[0], &twice[1]).map(|(tensor, jump, differing)| Unrepeatable {
-        dtype: match cfg.amp.amp {
-            Some(amp) => format!("{} under --amp {}", cfg.dtype.name(), amp.name()),
-            None => cfg.dtype.name().to_string(),
+        dtype: match cfg.precision.amp.amp {
+            Some(amp) => format!("{} under --amp {}", cfg.precision.dtype.name(), amp.name()),
+            None => cfg.precision.dtype.name().to_string(),
         },
         tensor,
         jump,
         differing,
         gradients: twice[0].len(),
         platform: platform.describe(),
-        fix: fix(cfg.device, platform.kernels.mode),
+        fix: fix(cfg.run.device, platform.kernels.mode),
     }))
 }
 

@@ -25,10 +25,10 @@ pub struct Scaler {
 impl Scaler {
     /// A scaler when `cfg` asks for float16 AMP.
     pub fn new(cfg: &TrainConfig, device: Device) -> Option<Self> {
-        cfg.amp.scaled().then(|| Scaler {
-            scale: Tensor::full([] as [i64; 0], cfg.amp.init_scale, (Kind::Float, device)),
+        cfg.precision.amp.scaled().then(|| Scaler {
+            scale: Tensor::full([] as [i64; 0], cfg.precision.amp.init_scale, (Kind::Float, device)),
             growth_tracker: Tensor::zeros([] as [i64; 0], (Kind::Int, device)),
-            growth_interval: i64::from(cfg.amp.growth_interval),
+            growth_interval: i64::from(cfg.precision.amp.growth_interval),
         })
     }
 
@@ -94,7 +94,9 @@ mod tests {
 
     fn scaler(init_scale: f64, growth_interval: u32) -> Scaler {
         let amp = AmpConfig { amp: Some(Amp::Float16), init_scale, growth_interval, overflow_step: None };
-        Scaler::new(&TrainConfig { amp, ..TrainConfig::article() }, Device::Cpu).expect("float16 scales")
+        let mut cfg = TrainConfig::article();
+        cfg.precision.amp = amp;
+        Scaler::new(&cfg, Device::Cpu).expect("float16 scales")
     }
 
     /// GradScaler's documented rule: inf/NaN halves the scale and restarts the count; N clean

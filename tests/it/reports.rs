@@ -7,9 +7,9 @@ use ddp_verify::evidence::golden::{Golden, GoldenMeta};
 use ddp_verify::evidence::Trace;
 use ddp_verify::jobs::verify::assemble;
 use ddp_verify::judge::Outcome;
-use ddp_verify::spec::Format;
+use ddp_verify::spec::{Format, RunShape};
 use ddp_verify::train::models;
-use ddp_verify::{Config, Tolerance};
+use ddp_verify::{Config, Tolerance, TrainConfig};
 
 /// PyTorch's accumulation and DDP traces of a golden case, compared with each other and the
 /// golden itself (paths relative to the package root, where cargo runs tests).
@@ -23,7 +23,7 @@ fn outcome(case: &str, tolerance: Tolerance) -> Outcome {
     // PyTorch's big batch where the golden has one (tiny-lm's).
     let big = Trace::load(&dir.join("big_batch.safetensors")).ok();
     let cfg = Config {
-        train: ddp_verify::spec::TrainConfig { big_batch: big.is_some(), ..meta.train },
+        train: TrainConfig { run: RunShape { big_batch: big.is_some(), ..meta.train.run }, ..meta.train },
         tolerance,
         derive_bounds: false,
         save_trace: None,

@@ -45,11 +45,12 @@ fn sgd_steps_are_bit_identical_to_torch_optim_sgd() {
     let (meta, get) = golden("sgd");
     for c in meta["cases"].as_array().unwrap() {
         let i = c["case"].as_u64().unwrap();
-        let cfg = TrainConfig {
+        let optim = OptimConfig {
             lr: c["lr"].as_f64().unwrap(),
             momentum: c["momentum"].as_f64().unwrap(),
-            ..TrainConfig::article()
+            ..Default::default()
         };
+        let cfg = TrainConfig { optim, ..TrainConfig::article() };
         let param = get(format!("{i}.param")).copy().set_requires_grad(true);
         run(
             &cfg,
@@ -69,14 +70,15 @@ fn adamw_steps_and_moments_are_bit_identical_to_torch_optim_adamw() {
     for c in meta["cases"].as_array().unwrap() {
         let i = c["case"].as_u64().unwrap();
         let betas = (c["betas"][0].as_f64().unwrap(), c["betas"][1].as_f64().unwrap());
-        let optim =
-            OptimConfig { optimizer: Which::AdamW, betas, eps: c["eps"].as_f64().unwrap(), ..Default::default() };
-        let cfg = TrainConfig {
+        let optim = OptimConfig {
             lr: c["lr"].as_f64().unwrap(),
             weight_decay: c["weight_decay"].as_f64().unwrap(),
-            optim,
-            ..TrainConfig::article()
+            optimizer: Which::AdamW,
+            betas,
+            eps: c["eps"].as_f64().unwrap(),
+            ..Default::default()
         };
+        let cfg = TrainConfig { optim, ..TrainConfig::article() };
         let param = get(format!("{i}.param")).copy().set_requires_grad(true);
         run(
             &cfg,

@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{defaults as d, names, EXIT_CODES};
+use crate::values::{
+    named, named_or_all, Amp, Bug, DeviceRequest, Dtype, Format, KernelMode, ModelKind, Optimizer, PartialWindow, Pick,
+    Schedule,
+};
+use crate::{defaults as d, EXIT_CODES};
 
 #[derive(Parser)]
 #[command(
@@ -78,10 +82,6 @@ pub struct RunArgs {
     pub features: Option<usize>,
     #[arg(long, default_value_t = d::EPOCHS)]
     pub epochs: usize,
-    #[arg(long, default_value_t = d::LR)]
-    pub lr: f64,
-    #[arg(long, default_value_t = d::MOMENTUM)]
-    pub momentum: f64,
     #[command(flatten)]
     pub net: NetArgs,
     #[command(flatten)]
@@ -107,14 +107,14 @@ pub struct RunArgs {
     #[arg(long, requires = "golden")]
     pub bless: bool,
     /// Seconds the DDP ranks may take before all are stopped (exit 3).
-    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S)]
+    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S, value_parser = seconds)]
     pub timeout: f64,
     /// Let --save-trace replace existing files.
     #[arg(long)]
     pub force: bool,
     /// Plant a known bug in one run, to watch the gate fire.
-    #[arg(long, value_name = "BUG", value_parser = names::bug)]
-    pub inject: Option<String>,
+    #[arg(long, value_name = "BUG", value_parser = named::<Bug>("bug"))]
+    pub inject: Option<Bug>,
     /// Your training command, after `--` (`-- python train.py ARGS`): run as the accumulation
     /// leg (one process) and the DDP leg (torchrun, --gpus ranks), recorded with no edit and
     /// compared. In ARGS {acc_steps} is K, {local_acc_steps} this leg's micro-batches per step
@@ -126,10 +126,9 @@ pub struct RunArgs {
 /// The model and how it is trained, beyond the sampling shape.
 #[derive(Args)]
 pub struct NetArgs {
-    /// linear (the seed article's), resnet18 (torchvision's), resnet-tiny (widths 8-16-32-64, one block per stage)
-    /// or tiny-lm (a 2-block causal transformer with token-level loss).
-    #[arg(long, value_name = "MODEL", default_value = d::MODEL, value_parser = names::model)]
-    pub model: String,
+    /// The network both runs train.
+    #[arg(long, value_name = "MODEL", default_value_t = d::MODEL, value_parser = named::<ModelKind>("model"))]
+    pub model: ModelKind,
     /// S: ResNet inputs are S x S images (torch.rand(N, 3, S, S)).
     #[arg(long, default_value_t = d::IMAGE_SIZE)]
     pub image_size: usize,
@@ -145,10 +144,9 @@ pub struct NetArgs {
     /// Shortest tiny-lm sequence: lengths are drawn from [--min-len, --seq-len], the rest padded.
     #[arg(long, default_value_t = d::MIN_LEN)]
     pub min_len: usize,
-    /// A window of fewer than K micro-batches at an epoch's end: carry (into the next epoch,
-    /// as the article's loop) or step (on its own, as LM trainers do) [default: step for tiny-lm, else carry].
-    #[arg(long, value_name = "POLICY", value_parser = names::partial_window)]
-    pub partial_window: Option<String>,
+    /// A window of fewer than K micro-batches at an epoch's end [default: step for tiny-lm, else carry].
+    #[arg(long, value_name = "POLICY", value_parser = named::<PartialWindow>("partial window"))]
+    pub partial_window: Option<PartialWindow>,
     /// Require the third run, one batch of each step's K·B samples, compared with accumulation
     /// [default: on for linear and tiny-lm; refused for ResNets and under --amp].
     #[arg(long, conflicts_with = "no_big_batch")]
@@ -160,14 +158,12 @@ pub struct NetArgs {
     /// (seed, epoch, sample, layer) so every run draws the same ones.
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
     pub dropout: f64,
-    #[arg(long, default_value_t = d::WEIGHT_DECAY)]
-    pub weight_decay: f64,
     /// Stop both runs after this many optimizer steps.
     #[arg(long, value_name = "M")]
     pub max_steps: Option<usize>,
-    /// float32, float64, bfloat16 or float16, for data, model, gradients and optimizer (made in float32, then cast).
-    #[arg(long, default_value = d::DTYPE, value_parser = names::dtype)]
-    pub dtype: String,
+    /// The precision of data, model, gradients and optimizer state (made in float32, then cast).
+    #[arg(long, default_value_t = d::DTYPE, value_parser = named::<Dtype>("dtype"))]
+    pub dtype: Dtype,
     /// Restart DDP from the accumulation run's weights and buffers before every step [default for ResNets and tiny-lm].
     #[arg(long, conflicts_with = "free_running")]
     pub lockstep: bool,
@@ -183,20 +179,23 @@ pub struct NetArgs {
     /// SyncBatchNorm in the DDP run: refused, it is never equivalent to accumulation (see the message).
     #[arg(long)]
     pub sync_bn: bool,
-    /// auto (CUDA when a driver, a GPU per rank and NCCL are present, else CPU), cpu, or cuda
-    /// (accumulation on cuda:0, DDP rank r on cuda:<local rank>, NCCL all-reduce).
-    #[arg(long, value_name = "DEVICE", default_value = d::DEVICE, value_parser = names::device)]
-    pub device: String,
+    /// Where both runs compute.
+    #[arg(long, value_name = "DEVICE", default_value_t = d::DEVICE, value_parser = named::<DeviceRequest>("device"))]
+    pub device: DeviceRequest,
 }
 
-/// What the optimizer step does, once per step in every run (--lr, --momentum and
-/// --weight-decay are its too).
+/// What the optimizer step does, once per step in every run.
 #[derive(Args)]
 pub struct OptimArgs {
-    /// sgd (torch.optim.SGD: --momentum, --weight-decay) or adamw (torch.optim.AdamW,
-    /// foreach=False: --betas, --eps, --weight-decay; --momentum unused).
-    #[arg(long, value_name = "OPTIMIZER", default_value = d::OPTIMIZER, value_parser = names::optimizer)]
-    pub optimizer: String,
+    #[arg(long, default_value_t = d::LR)]
+    pub lr: f64,
+    #[arg(long, default_value_t = d::MOMENTUM)]
+    pub momentum: f64,
+    #[arg(long, default_value_t = d::WEIGHT_DECAY)]
+    pub weight_decay: f64,
+    /// The optimizer both runs step with.
+    #[arg(long, value_name = "OPTIMIZER", default_value_t = d::OPTIMIZER, value_parser = named::<Optimizer>("optimizer"))]
+    pub optimizer: Optimizer,
     /// AdamW's β1 and β2 [default: 0.9 0.999].
     #[arg(long, num_args = 2, value_names = ["B1", "B2"], allow_negative_numbers = true)]
     pub betas: Option<Vec<f64>>,
@@ -209,8 +208,8 @@ pub struct OptimArgs {
     pub clip_grad_norm: Option<f64>,
     /// constant, warmup:N (lr·min(1, (s+1)/N)) or cosine:N (lr·(1+cos(π·min(s,N)/N))/2),
     /// ticking once per optimizer step (LambdaLR).
-    #[arg(long, value_name = "SCHEDULE", default_value = d::LR_SCHEDULE)]
-    pub lr_schedule: String,
+    #[arg(long, value_name = "SCHEDULE", default_value_t = d::LR_SCHEDULE)]
+    pub lr_schedule: Schedule,
 }
 
 /// Automatic mixed precision: forward passes under autocast, weights, gradients and
@@ -218,10 +217,9 @@ pub struct OptimArgs {
 /// scaling, in every run alike.
 #[derive(Args)]
 pub struct AmpArgs {
-    /// bfloat16 or float16: matrix products and convolutions in that dtype, as
-    /// torch.autocast("cpu", dtype) runs them; float16 adds a GradScaler.
-    #[arg(long, value_name = "DTYPE", value_parser = names::amp)]
-    pub amp: Option<String>,
+    /// Run matrix products and convolutions in this dtype, as torch.autocast("cpu", dtype) runs them.
+    #[arg(long, value_name = "DTYPE", value_parser = named::<Amp>("amp dtype"))]
+    pub amp: Option<Amp>,
     /// float16: the loss scale the GradScaler starts from.
     #[arg(long, value_name = "S", default_value_t = d::INIT_SCALE, allow_negative_numbers = true)]
     pub init_scale: f64,
@@ -237,19 +235,17 @@ pub struct AmpArgs {
 /// Which CPU kernels libtorch computes with, the same for a run, `explore`, `suite` and `devices`.
 #[derive(Args)]
 pub struct KernelArgs {
-    /// portable (ATen's AVX2 kernels, MKL's COMPATIBLE path, oneDNN off, one thread: the same bits
-    /// on every x86-64 CPU with AVX2) or native (this machine's fastest; bits bound to its CPU model)
-    /// [default: the golden's, else portable].
-    #[arg(long, value_name = "MODE", value_parser = names::kernels)]
-    pub kernels: Option<String>,
+    /// The CPU kernels libtorch computes with [default: the golden's, else portable].
+    #[arg(long, value_name = "MODE", value_parser = named::<KernelMode>("kernel mode"))]
+    pub kernels: Option<KernelMode>,
 }
 
 /// Where the verdict goes, the same for a run, `compare` and `suite`.
 #[derive(Args)]
 pub struct ReportArgs {
-    /// Report format: table, json, markdown or junit; repeat for several.
-    #[arg(long, value_name = "FORMAT", value_parser = names::format)]
-    pub report: Vec<String>,
+    /// Report format; repeat for several.
+    #[arg(long, value_name = "FORMAT", value_parser = named::<Format>("report format"))]
+    pub report: Vec<Format>,
     /// File for the report at the same position (`-` = stdout); repeat in --report's order.
     #[arg(long, value_name = "PATH")]
     pub report_file: Vec<PathBuf>,
@@ -278,18 +274,14 @@ pub struct ExploreArgs {
     pub max_gpus: usize,
     /// Draw configurations of: linear, resnet-tiny (lockstep in every dtype, and float64
     /// free-running), tiny-lm, or all (linear three draws in five).
-    #[arg(long, value_name = "MODEL|all", default_value = d::EXPLORE_MODEL)]
-    pub model: String,
+    #[arg(long, value_name = "MODEL|all", default_value_t = d::EXPLORE_MODEL, value_parser = named_or_all::<ModelKind>("model"))]
+    pub model: Pick<ModelKind>,
     /// Seed of the random draws [default: a fresh one, printed for replay].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Plant BUG in every case, or `all` for one pass per known bug: no-loss-scale,
-    /// double-scale, contiguous-split, no-set-epoch, no-padding, stale-zero-grad, and for tiny-lm
-    /// mean-per-micro-batch, count-per-rank, count-before-shift; last-window-by-k; at the
-    /// optimizer step clip-per-micro-batch, schedule-per-micro-batch, adamw-no-loss-scale;
-    /// unsynced-param; and with --amp float16 unscale-per-micro-batch, scaler-update-per-micro-batch.
-    #[arg(long, value_name = "BUG|all")]
-    pub inject: Option<String>,
+    /// Plant BUG in every case, or `all` for one pass per known bug (each on the models that can carry it).
+    #[arg(long, value_name = "BUG|all", value_parser = named_or_all::<Bug>("bug"))]
+    pub inject: Option<Pick<Bug>>,
     #[command(flatten)]
     pub tolerance: ToleranceArgs,
     #[command(flatten)]
@@ -339,7 +331,7 @@ pub struct SuiteArgs {
     #[command(flatten)]
     pub kernels: KernelArgs,
     /// Seconds the whole suite may take before every rank is stopped (exit 3).
-    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S)]
+    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S, value_parser = seconds)]
     pub timeout: f64,
     /// Let --report-file replace existing files.
     #[arg(long)]
@@ -356,6 +348,14 @@ pub struct SplitArgs {
     /// Print JSON: {"shards": [...], "accumulation_order": [...], ...}.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--timeout`'s parser, for a run and a suite alike: a positive number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 => Ok(t),
+        _ => Err(format!("{s} is not a positive number of seconds; pass e.g. --timeout 600")),
+    }
 }
 
 /// What the launcher needs to start a verification's ranks itself.
@@ -377,7 +377,7 @@ impl Verification {
             return None;
         }
         let (gpus, timeout) = (cli.run.shape.gpus, cli.run.timeout);
-        if gpus == 0 || !(timeout.is_finite() && timeout > 0.0) {
+        if gpus == 0 {
             return None;
         }
         // A timeout beyond what a Duration holds (1e20 s) is as good as none.
@@ -437,7 +437,20 @@ mod tests {
 
     #[test]
     fn format_aliases_name_a_format() {
-        assert_eq!(names::format("md"), Ok("markdown".to_string()));
-        assert!(names::format("html").unwrap_err().contains("known: table, json, markdown, junit"));
+        let report = |v: &str| Cli::try_parse_from(["ddp-verify", "--report", v]).map(|c| c.run.reports.report);
+        assert_eq!(report("md").unwrap(), [Format::Markdown]);
+        assert!(report("html").unwrap_err().to_string().contains("known: table, json, markdown, junit"));
+    }
+
+    #[test]
+    fn a_timeout_is_a_positive_number_of_seconds_wherever_it_is_given() {
+        for bad in ["0", "-1", "nan", "inf", "x"] {
+            let timeout = format!("--timeout={bad}");
+            for line in [vec!["ddp-verify", &timeout], vec!["ddp-verify", "suite", "s.toml", &timeout]] {
+                let err = Cli::try_parse_from(&line).err().unwrap_or_else(|| panic!("{line:?} accepted")).to_string();
+                assert!(err.contains("--timeout") && err.contains("is not a positive number of seconds"), "{err}");
+            }
+        }
+        assert_eq!(seconds("1e20"), Ok(1e20));
     }
 }

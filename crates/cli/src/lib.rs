@@ -1,14 +1,14 @@
 //! ddp-verify's command line, defined once for both binaries: the launcher (`ddp-verify`,
 //! no libtorch) reads `--gpus` and `--timeout` from it to start the ranks, and every rank
 //! (`ddp-verify-core`) parses the same flags before lowering them to a validated config.
-//! Values that name things (models, dtypes, bugs...) stay strings here, checked against
-//! [`names`]; the library turns them into its own types.
+//! Values that name things (models, dtypes, bugs...) are the enums of [`values`], each
+//! name written once; the library uses the same enums.
 
 mod args;
 mod case;
 pub mod defaults;
 mod exit;
-pub mod names;
+pub mod values;
 
 pub use args::{
     AmpArgs, Cli, Command, CompareArgs, ExploreArgs, KernelArgs, NetArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs,

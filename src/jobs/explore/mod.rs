@@ -174,7 +174,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
     let record = |tally: &mut Tally, cfg: &TrainConfig, case: &Case| {
         let outcome = classify(bug, cfg, case);
         tally.cases += 1;
-        tally.resnet_cases += usize::from(cfg.model.is_resnet());
+        tally.resnet_cases += usize::from(cfg.model.kind.is_resnet());
         if outcome == Finding::BlewUp {
             tally.blew_up += 1;
             return outcome;
@@ -196,7 +196,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
             *tally.reasons.entry(reason).or_default() += 1;
         }
         if let Some(b) = bug {
-            tally.changes_math += usize::from(b.changes_math(cfg));
+            tally.changes_math += usize::from(crate::plan::bugs::changes_math(b, cfg));
         }
         match outcome {
             Finding::Caught => {
@@ -216,7 +216,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
 
     if bug.is_none() {
         let (fit, too_big): (Vec<_>, Vec<_>) =
-            read_regressions(opts.regressions.as_ref())?.into_iter().partition(|c| c.gpus <= opts.max_gpus);
+            read_regressions(opts.regressions.as_ref())?.into_iter().partition(|c| c.shape.gpus <= opts.max_gpus);
         tally.skipped_regressions = too_big.len();
         for cfg in fit {
             let case = runner.evaluate(&cfg)?;

@@ -33,7 +33,7 @@ pub(super) struct Runner<'a> {
 impl Runner<'_> {
     pub(super) fn evaluate(&mut self, cfg: &TrainConfig) -> Result<Case> {
         let t0 = Instant::now();
-        let platform = crate::dist::kernels::apply(self.kernels, cfg.device)?;
+        let platform = crate::dist::kernels::apply(self.kernels, cfg.run.device)?;
         if crate::train::repeat_check(cfg, platform)?.is_some() {
             let (verdict, used, diagnosis, unjudged) = (Agreement::Exact, 0.0, None, false);
             return Ok(Case { verdict, used, diagnosis, unjudged, no_verdict: true });
@@ -46,7 +46,11 @@ impl Runner<'_> {
         };
         let t2 = Instant::now();
         // The judgement a verification makes, big batch included.
-        let judged = Config::judging(cfg.clone(), self.tol.tolerance(cfg.dtype, cfg.lockstep), self.tol.derive(cfg));
+        let judged = Config::judging(
+            cfg.clone(),
+            self.tol.tolerance(cfg.precision.dtype, cfg.run.lockstep),
+            self.tol.derive(cfg),
+        );
         let o = crate::jobs::verify::assemble(&judged, acc, ddp, big, None);
         let used = o.comparisons().iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
         let unjudged = o.runs.verdict != Agreement::Diverged && o.runs.steps.iter().all(|g| g.not_judged.is_some());
@@ -96,7 +100,7 @@ pub(super) fn classify(bug: Option<Bug>, cfg: &TrainConfig, case: &Case) -> Find
         None if diverged && blew_up => Finding::BlewUp,
         None if diverged => Finding::Failure,
         None => Finding::Fine,
-        Some(b) => match (b.effect(cfg), diverged) {
+        Some(b) => match (crate::plan::bugs::effect(b, cfg), diverged) {
             (Effect::Math, true) => Finding::Caught,
             (Effect::Math, false) => Finding::Missed,
             (Effect::None, true) => Finding::FalseAlarm,

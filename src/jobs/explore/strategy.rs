@@ -3,7 +3,9 @@
 
 use proptest::prelude::*;
 
-use crate::spec::{Amp, AmpConfig, Bug, Dtype, ModelKind, OptimConfig, Optimizer, Schedule, TrainConfig};
+use crate::spec::{
+    Amp, AmpConfig, Bug, Dtype, LmConfig, ModelKind, OptimConfig, Optimizer, Schedule, Shape, TrainConfig,
+};
 
 /// Random valid configurations of the given models (linear three times as often as a
 /// ResNet or tiny-lm when several are asked for: it is 20 times faster).
@@ -27,22 +29,28 @@ pub fn strategy(max_gpus: usize, models: &[ModelKind]) -> BoxedStrategy<TrainCon
     // (float32 moments), and what this tool checks there is the reduction. So do free-running
     // deep nets, held to a fixed tolerance: AdamW turns a rounding difference in a noise
     // gradient into a whole step, which only the derived (lockstep) bound follows.
-    let narrow = |c: &TrainConfig| c.dtype.is_narrow() || !c.bounds_hold();
+    let narrow = |c: &TrainConfig| c.precision.dtype.is_narrow() || !c.bounds_hold();
     // tiny-lm drops out in one draw of three.
     let dropout = prop_oneof![2 => Just(0.0), 1 => 0.05f64..0.5];
     (models, optim_strategy(), dropout, amp_strategy())
         .prop_map(move |(c, optim, dropout, amp)| {
+            // The drawn model's learning rate, momentum and weight decay; the step's the rest.
+            let (lr, momentum, weight_decay) = (c.optim.lr, c.optim.momentum, c.optim.weight_decay);
+            let optim = OptimConfig { lr, momentum, weight_decay, ..optim };
             let optim = if narrow(&c) { OptimConfig { optimizer: Optimizer::Sgd, ..optim } } else { optim };
-            let dropout = if c.model.token_loss() { dropout } else { 0.0 };
+            let dropout = if c.model.kind.token_loss() { dropout } else { 0.0 };
             // Autocast over float32 weights only; an overflow planted in a step that runs.
-            let amp = match c.dtype {
+            let amp = match c.precision.dtype {
                 Dtype::Float32 => {
                     let steps = crate::plan::optimizer_steps(&c);
                     AmpConfig { overflow_step: amp.overflow_step.filter(|&s| s < steps), ..amp }
                 }
                 _ => AmpConfig::default(),
             };
-            TrainConfig { optim, dropout, amp, ..c }
+            let mut c = TrainConfig { optim, ..c };
+            c.model.lm.dropout = dropout;
+            c.precision.amp = amp;
+            c
         })
         .boxed()
 }
@@ -82,44 +90,21 @@ pub fn optim_strategy() -> impl Strategy<Value = OptimConfig> {
         })
 }
 
-/// Plants `bug` in a drawn configuration, with what it misuses: clipping that always
-/// engages (1e-4; float16 1e-2) for clip-per-micro-batch, a warmup for schedule-per-micro-batch, AdamW
-/// for adamw-no-loss-scale, dropout for dropout-same-seed. The other bugs are drawn without clipping: clipping that
-/// engages at every step renormalises a wrongly scaled gradient, which hides a scaling bug
-/// in a way no plan can foresee (it depends on the gradients' norms).
+/// Plants `bug` in a drawn configuration, with what it misuses (`plan::bugs::need`: clipping
+/// that always engages, a warmup, AdamW, dropout, a loss scaler). The other bugs are drawn
+/// without clipping: clipping that engages at every step renormalises a wrongly scaled
+/// gradient, which hides a scaling bug in a way no plan can foresee (it depends on the
+/// gradients' norms).
 pub fn plant(cfg: &mut TrainConfig, bug: Option<Bug>) {
     cfg.inject = bug;
-    // Bugs that only the big batch shows (both runs make them; dropout-same-seed at W = 1)
-    // need it, and --amp turns it off.
-    if bug.is_some_and(|b| b.in_both_runs() || b == Bug::DropoutSameSeed) {
-        cfg.amp = AmpConfig::default();
+    let Some(b) = bug else { return };
+    // Bugs that only the big batch shows (both runs make them) need it, and --amp turns it off.
+    if crate::plan::planted::in_both_runs(b) {
+        cfg.precision.amp = AmpConfig::default();
     }
-    let dtype = cfg.dtype;
-    let o = &mut cfg.optim;
-    match bug {
-        None => {}
-        // float16's clipped gradients would be subnormal at 1e-4, rounded to a few bits.
-        Some(Bug::ClipPerMicroBatch) => o.clip_grad_norm = Some(if dtype == Dtype::Float16 { 1e-2 } else { 1e-4 }),
-        Some(b) => {
-            o.clip_grad_norm = None;
-            match b {
-                Bug::SchedulePerMicroBatch if o.lr_schedule == Schedule::Constant => {
-                    o.lr_schedule = Schedule::Warmup(4)
-                }
-                Bug::AdamwNoLossScale => o.optimizer = Optimizer::AdamW,
-                Bug::DropoutSameSeed if cfg.dropout == 0.0 => cfg.dropout = 0.1,
-                // The loss scaler's bugs need one; a growth interval of 1 makes the
-                // per-micro-batch updates grow the scale inside a window.
-                Bug::UnscalePerMicroBatch | Bug::ScalerUpdatePerMicroBatch => {
-                    cfg.dtype = Dtype::Float32;
-                    cfg.amp.amp = Some(Amp::Float16);
-                    if b == Bug::ScalerUpdatePerMicroBatch {
-                        cfg.amp.growth_interval = 1;
-                    }
-                }
-                _ => {}
-            }
-        }
+    cfg.optim.clip_grad_norm = None;
+    if let Some(need) = crate::plan::bugs::need(b) {
+        (need.give)(cfg);
     }
 }
 
@@ -137,28 +122,27 @@ pub fn tiny_lm_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
                 (gpus, local, batch_size, data_size, epochs, seq_len, shorter),
                 (shuffle, drop_last, seed, lr, momentum, weight_decay),
                 (vocab, double, steps),
-            )| TrainConfig {
-                model: ModelKind::TinyLm,
-                data_size: data_size.max(gpus),
-                features: 8,
-                seed,
-                epochs,
-                batch_size,
-                acc_steps: local * gpus,
-                gpus,
-                lr,
-                momentum,
-                shuffle,
-                drop_last,
-                weight_decay,
-                vocab,
-                seq_len,
-                min_len: seq_len.saturating_sub(shorter).max(2),
-                partial_window: crate::spec::PartialWindow::Step,
-                max_steps: Some(steps),
-                dtype: if double { Dtype::Float64 } else { Dtype::Float32 },
-                lockstep: true,
-                ..TrainConfig::article()
+            )| {
+                let mut c = drawn(
+                    Shape {
+                        data_size: data_size.max(gpus),
+                        seed,
+                        batch_size,
+                        acc_steps: local * gpus,
+                        gpus,
+                        shuffle,
+                        drop_last,
+                    },
+                    (ModelKind::TinyLm, 8),
+                    epochs,
+                    (lr, momentum, weight_decay),
+                );
+                c.model.lm = LmConfig { vocab, seq_len, min_len: seq_len.saturating_sub(shorter).max(2), dropout: 0.0 };
+                c.run.partial_window = crate::spec::PartialWindow::Step;
+                c.run.max_steps = Some(steps);
+                c.precision.dtype = if double { Dtype::Float64 } else { Dtype::Float32 };
+                c.run.lockstep = true;
+                c
             },
         )
         .prop_filter("a valid config", |c| crate::plan::checks::check_train(c).is_ok())
@@ -182,26 +166,19 @@ pub fn resnet_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
             )| {
                 // Mode 4 is float64 free-running; 0-3 are the dtypes in lockstep.
                 let free = mode == 4;
-                TrainConfig {
-                    model: ModelKind::ResnetTiny,
-                    data_size: data_size.max(gpus * batch_size),
-                    features: 8,
-                    seed,
+                let acc_steps = (local.min(16 / gpus).max(1)) * gpus;
+                let data_size = data_size.max(gpus * batch_size);
+                let mut c = drawn(
+                    Shape { data_size, seed, batch_size, acc_steps, gpus, shuffle, drop_last },
+                    (ModelKind::ResnetTiny, 8),
                     epochs,
-                    batch_size,
-                    acc_steps: (local.min(16 / gpus).max(1)) * gpus,
-                    gpus,
-                    lr,
-                    momentum,
-                    shuffle,
-                    drop_last,
-                    image_size,
-                    weight_decay,
-                    max_steps: Some(if free { steps.min(2) } else { steps }),
-                    dtype: if free { Dtype::Float64 } else { Dtype::ALL[mode] },
-                    lockstep: !free,
-                    ..TrainConfig::article()
-                }
+                    (lr, momentum, weight_decay),
+                );
+                c.model.resnet.image_size = image_size;
+                c.run.max_steps = Some(if free { steps.min(2) } else { steps });
+                c.precision.dtype = if free { Dtype::Float64 } else { Dtype::ALL[mode] };
+                c.run.lockstep = !free;
+                c
             },
         )
         .prop_filter("a valid config whose micro-batches BatchNorm accepts, planted bugs included", |c| {
@@ -210,6 +187,14 @@ pub fn resnet_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
                     .chain(Bug::ALL.map(Some))
                     .all(|b| crate::plan::bugs::micro_batches_hold(c, b, 2))
         })
+}
+
+/// A drawn shape, model (and D), epochs and (lr, momentum, weight decay); the rest the article's.
+fn drawn(shape: Shape, (kind, features): (ModelKind, usize), epochs: usize, step: (f64, f64, f64)) -> TrainConfig {
+    let mut c = TrainConfig { shape, ..TrainConfig::article() };
+    (c.model.kind, c.model.linear.features, c.run.epochs) = (kind, features, epochs);
+    (c.optim.lr, c.optim.momentum, c.optim.weight_decay) = step;
+    c
 }
 
 /// The linear model; K is drawn as a multiple of W so every draw is usable.
@@ -230,25 +215,11 @@ pub fn linear_strategy(max_gpus: usize) -> impl Strategy<Value = TrainConfig> {
     )
         .prop_map(
             |(gpus, local, data_size, features, batch_size, epochs, shuffle, drop_last, seed, lr, momentum, step)| {
-                TrainConfig {
-                    partial_window: if step {
-                        crate::spec::PartialWindow::Step
-                    } else {
-                        crate::spec::PartialWindow::Carry
-                    },
-                    data_size,
-                    features,
-                    seed,
-                    epochs,
-                    batch_size,
-                    acc_steps: local * gpus,
-                    gpus,
-                    lr,
-                    momentum,
-                    shuffle,
-                    drop_last,
-                    ..TrainConfig::article()
-                }
+                let shape = Shape { data_size, seed, batch_size, acc_steps: local * gpus, gpus, shuffle, drop_last };
+                let mut c = drawn(shape, (ModelKind::Linear, features), epochs, (lr, momentum, 0.0));
+                c.run.partial_window =
+                    if step { crate::spec::PartialWindow::Step } else { crate::spec::PartialWindow::Carry };
+                c
             },
         )
         .prop_filter("a valid config with at least one optimizer step", |c| crate::plan::checks::check_train(c).is_ok())

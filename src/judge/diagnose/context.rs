@@ -2,7 +2,7 @@
 //! configuration or from what two recorded traces say of themselves.
 
 use crate::evidence::{Framework, Trace};
-use crate::spec::{Dtype, TrainConfig};
+use crate::spec::{Dtype, TchKind, TrainConfig};
 
 /// Who trained the runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Context {
     pub fn of_run(t: &TrainConfig) -> Self {
         use crate::plan::StepPlan;
         let acc = StepPlan::accumulation(t, t.inject);
-        let ranks: Vec<StepPlan> = (0..t.gpus).map(|r| StepPlan::rank(t, r, t.inject)).collect();
+        let ranks: Vec<StepPlan> = (0..t.shape.gpus).map(|r| StepPlan::rank(t, r, t.inject)).collect();
         let same_samples = acc.steps.len() == ranks[0].steps.len()
             && acc.steps.iter().enumerate().all(|(s, step)| {
                 let mut mine: Vec<i64> = step.concat();
@@ -66,15 +66,15 @@ impl Context {
         Context {
             origin: Origin::Ours,
             steps_per_epoch: Some(crate::plan::sampler::steps_per_epoch(t)),
-            eps: t.dtype.epsilon(),
-            chaos_possible: t.model.is_deep() && !t.lockstep,
-            loss: if t.model.token_loss() { Loss::PerToken } else { Loss::PerSample },
+            eps: t.precision.dtype.epsilon(),
+            chaos_possible: t.model.kind.is_deep() && !t.run.lockstep,
+            loss: if t.model.kind.token_loss() { Loss::PerToken } else { Loss::PerSample },
             same_samples: Some(same_samples),
             first_short: correct
                 .steps
                 .iter()
-                .position(|s| s.len() < t.acc_steps)
-                .map(|i| ShortWindow { step: i, fraction: correct.steps[i].len() as f64 / t.acc_steps as f64 }),
+                .position(|s| s.len() < t.shape.acc_steps)
+                .map(|i| ShortWindow { step: i, fraction: correct.steps[i].len() as f64 / t.shape.acc_steps as f64 }),
             adam_family: t.optim.optimizer == crate::spec::Optimizer::AdamW,
         }
     }

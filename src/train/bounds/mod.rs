@@ -29,7 +29,7 @@ use tch::{Kind, Tensor};
 use crate::error::Result;
 use crate::evidence::Params;
 use crate::spec::DeviceKind;
-use crate::spec::{Dtype, Optimizer, TrainConfig};
+use crate::spec::{Dtype, Optimizer, TchKind, TrainConfig};
 
 /// The factor between what rounding explains and what is allowed.
 pub const HEADROOM: f64 = 2.0;
@@ -88,17 +88,17 @@ pub use clip::Clip;
 
 impl Bounds {
     pub fn new(cfg: &TrainConfig, params: usize) -> Self {
-        let w = cfg.gpus;
-        let narrow = cfg.dtype.is_narrow();
+        let w = cfg.shape.gpus;
+        let narrow = cfg.precision.dtype.is_narrow();
         // NCCL may round at every hop in the dtype itself; the host path (CPU ranks, or ranks
         // sharing GPUs) adds in float32 (float64 for float64) and rounds once.
-        let host = cfg.device == DeviceKind::Cpu || cfg.shared_gpus.is_some();
+        let host = cfg.run.device == DeviceKind::Cpu || cfg.run.shared_gpus.is_some();
         let reduce_u = match (host, narrow) {
             (true, true) => Dtype::Float32.unit_roundoff(),
-            _ => cfg.dtype.unit_roundoff(),
+            _ => cfg.precision.dtype.unit_roundoff(),
         };
         // bfloat16's gradients are summed in float32, whose subnormals are the finer.
-        let tiny = match cfg.dtype {
+        let tiny = match cfg.precision.dtype {
             Dtype::Bfloat16 => Dtype::Float32,
             d => d,
         }
@@ -108,16 +108,16 @@ impl Bounds {
             world: w,
             // float16's small gradients are subnormal, where scaling by W is not exact; so
             // are float16 autocast's, and its large ones may overflow at W times the scale.
-            exact_scaling: w.is_power_of_two() && cfg.dtype != Dtype::Float16 && !cfg.amp.scaled(),
+            exact_scaling: w.is_power_of_two() && cfg.precision.dtype != Dtype::Float16 && !cfg.precision.amp.scaled(),
             reduce_u,
-            dtype: cfg.dtype,
-            tiny: tiny * (cfg.acc_steps + w) as f64,
+            dtype: cfg.precision.dtype,
+            tiny: tiny * (cfg.shape.acc_steps + w) as f64,
             subnormal: tiny,
-            u: cfg.dtype.unit_roundoff(),
-            lr: cfg.lr,
-            momentum: cfg.momentum,
-            weight_decay: cfg.weight_decay,
-            lockstep: cfg.lockstep,
+            u: cfg.precision.dtype.unit_roundoff(),
+            lr: cfg.optim.lr,
+            momentum: cfg.optim.momentum,
+            weight_decay: cfg.optim.weight_decay,
+            lockstep: cfg.run.lockstep,
             position: 0,
             partials: (0..w).map(|_| none()).collect(),
             control: none(),
@@ -129,9 +129,9 @@ impl Bounds {
                 let p = AdamWParams {
                     betas: cfg.optim.betas,
                     eps: cfg.optim.eps,
-                    weight_decay: cfg.weight_decay,
-                    u: cfg.dtype.unit_roundoff(),
-                    lockstep: cfg.lockstep,
+                    weight_decay: cfg.optim.weight_decay,
+                    u: cfg.precision.dtype.unit_roundoff(),
+                    lockstep: cfg.run.lockstep,
                 };
                 let runs = if cfg.with_big_batch() { 2 } else { 1 };
                 (p, (0..runs).map(|_| AdamWTrack::new(params)).collect())

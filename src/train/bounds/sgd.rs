@@ -165,7 +165,8 @@ mod tests {
     const U: f64 = 1.0 / (1u64 << 24) as f64;
 
     fn sgd(momentum: f64, weight_decay: f64, lr: f64) -> Bounds {
-        let cfg = TrainConfig { momentum, weight_decay, lr, ..TrainConfig::article() };
+        let optim = crate::spec::OptimConfig { momentum, weight_decay, lr, ..Default::default() };
+        let cfg = TrainConfig { optim, ..TrainConfig::article() };
         Bounds::new(&cfg, 1)
     }
 

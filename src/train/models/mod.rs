@@ -12,7 +12,7 @@ pub use tiny_lm::TinyLm;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
-use crate::spec::{ModelKind, TrainConfig};
+use crate::spec::{ModelKind, TchKind, TrainConfig};
 use crate::train::data::Batch;
 
 pub trait Model {
@@ -85,11 +85,11 @@ fn eligible(t: &Tensor) -> bool {
 
 /// How many values the model learns, without building it.
 pub fn parameter_count(cfg: &TrainConfig) -> f64 {
-    match cfg.model {
-        ModelKind::Linear => cfg.features as f64,
-        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64).parameter_count(),
-        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64).parameter_count(),
-        ModelKind::TinyLm => tiny_lm::layout(cfg.vocab as i64, cfg.seq_len as i64)
+    match cfg.model.kind {
+        ModelKind::Linear => cfg.model.linear.features as f64,
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.model.resnet.classes as i64).parameter_count(),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.model.resnet.classes as i64).parameter_count(),
+        ModelKind::TinyLm => tiny_lm::layout(cfg.model.lm.vocab as i64, cfg.model.lm.seq_len as i64)
             .iter()
             .map(|(_, s)| s.iter().product::<i64>() as f64)
             .sum(),
@@ -100,12 +100,12 @@ pub fn parameter_count(cfg: &TrainConfig) -> f64 {
 /// checked, before any rank starts training (a rank that failed alone would leave the
 /// others waiting in a collective).
 pub fn check_init(cfg: &TrainConfig) -> Result<()> {
-    let spec = match cfg.model {
+    let spec = match cfg.model.kind {
         ModelKind::Linear | ModelKind::TinyLm => return Ok(()),
-        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
-        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.model.resnet.classes as i64),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.model.resnet.classes as i64),
     };
-    match &cfg.init {
+    match &cfg.model.init {
         Some(path) => ResNet::blank(spec).load_state(path),
         None => Ok(()),
     }
@@ -121,21 +121,22 @@ pub fn shapes(cfg: &TrainConfig) -> Result<Vec<(String, Vec<i64>)>> {
 /// initialisation (drawn on the CPU, as PyTorch draws it, then moved).
 /// `blank`: every value will be overwritten before use, so skip drawing or loading them.
 pub fn build(cfg: &TrainConfig, device: Device, blank: bool) -> Result<Box<dyn Model>> {
-    let kind = cfg.dtype.kind();
-    let cast = Autocast(cfg.amp.autocast());
-    let spec = match cfg.model {
-        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.features, kind, device, cast))),
+    let kind = cfg.precision.dtype.kind();
+    let cast = Autocast(cfg.precision.amp.autocast());
+    let spec = match cfg.model.kind {
+        ModelKind::Linear => return Ok(Box::new(Linear::new(cfg.model.linear.features, kind, device, cast))),
         ModelKind::TinyLm => {
-            return Ok(Box::new(TinyLm::new(cfg.vocab, cfg.seq_len, cfg.seed, blank, kind, device, cast)));
+            let lm = &cfg.model.lm;
+            return Ok(Box::new(TinyLm::new(lm.vocab, lm.seq_len, cfg.shape.seed, blank, kind, device, cast)));
         }
-        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.classes as i64),
-        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.classes as i64),
+        ModelKind::Resnet18 => ResNetSpec::resnet18(cfg.model.resnet.classes as i64),
+        ModelKind::ResnetTiny => ResNetSpec::tiny(cfg.model.resnet.classes as i64),
     };
     if blank {
         return Ok(Box::new(ResNet::blank(spec).to(kind, device).autocast(cast)));
     }
-    let model = ResNet::new(spec, cfg.seed);
-    if let Some(path) = &cfg.init {
+    let model = ResNet::new(spec, cfg.shape.seed);
+    if let Some(path) = &cfg.model.init {
         model.load_state(path)?;
     }
     Ok(Box::new(model.to(kind, device).autocast(cast)))
@@ -150,7 +151,8 @@ mod tests {
     fn parameter_counts_match_the_built_models() {
         for model in [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::Resnet18, ModelKind::TinyLm] {
             for classes in [2, 10] {
-                let cfg = TrainConfig { model, classes, ..TrainConfig::article() };
+                let mut cfg = TrainConfig::article();
+                (cfg.model.kind, cfg.model.resnet.classes) = (model, classes);
                 let built = build(&cfg, Device::Cpu, true).unwrap();
                 let numel: i64 = built.parameters().iter().map(|(_, p)| p.numel() as i64).sum();
                 assert_eq!(parameter_count(&cfg), numel as f64, "{model:?} with {classes} classes");

@@ -29,9 +29,9 @@ HEADER = {
     "eps": ("number", None, False),
     "weight_decay": ("number", None, False),
     "momentum": ("number", None, False),
-    "dampening": ("number", None, False),
     "amsgrad": ("flag", None, False),
     "nesterov": ("flag", None, False),
+    "dampening": ("number", None, False),
     "maximize": ("flag", None, False),
 }
 OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize",)

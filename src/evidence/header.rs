@@ -191,7 +191,7 @@ impl TraceHeader {
         }
         let bad = |key: &'static str, problem: String| HeaderProblem { key, problem };
         let version = version(raw.get(schema::FORMAT).map(String::as_str)).map_err(|p| bad(schema::FORMAT, p))?;
-        for key in schema::KEYS {
+        for key in schema::keys() {
             match raw.get(key.name).map(String::as_str) {
                 None if key.required => {
                     let problem = format!("missing; every {} header has it", schema::format());
@@ -205,7 +205,7 @@ impl TraceHeader {
         let count = |k: &str| text(k).and_then(|v| v.trim().parse::<usize>().ok());
         let number = |k: &str| text(k).and_then(|v| v.trim().parse::<f64>().ok());
         let flag = |k: &str| text(k).map(|v| v.eq_ignore_ascii_case("true"));
-        let known = |k: &str| schema::KEYS.iter().any(|key| key.name == k);
+        let known = |k: &str| schema::keys().any(|key| key.name == k);
         Ok(TraceHeader {
             version: Some(version),
             run: text(schema::RUN).and_then(|v| RunKind::parse(&v)),

@@ -94,47 +94,55 @@ pub const MAGNITUDE_KINDS: &[&str] = &["true", "per tensor", "false"];
 /// Whether any DistributedDataParallel forward ran under the recorder.
 pub const DDP_FORWARDS: &[&str] = &["seen", "none"];
 
-/// Every header key, in the order reports list them.
-pub const KEYS: &[Key] = &[
-    Key { name: FORMAT, value: Value::Text, required: true, about: "ddp-verify-trace/<version>" },
-    Key { name: RUN, value: Value::OneOf(RUNS), required: true, about: "what wrote the trace: one process or DDP" },
-    Key { name: WORLD_SIZE, value: Value::Count, required: true, about: "processes in the run (W under DDP)" },
-    Key { name: DTYPE, value: Value::OneOf(DTYPES), required: true, about: "the gradients' and weights' dtype" },
-    Key { name: LEG, value: Value::OneOf(LEGS), required: false, about: "the leg ddp-verify -- COMMAND ran" },
-    Key { name: ACC_STEPS, value: Value::Count, required: false, about: "K: micro-batches per step over all ranks" },
-    Key { name: STEPS_PER_EPOCH, value: Value::Count, required: false, about: "optimizer steps per epoch" },
-    Key { name: STEPS, value: Value::Count, required: false, about: "optimizer steps recorded" },
-    Key { name: MAGNITUDES, value: Value::OneOf(MAGNITUDE_KINDS), required: false, about: "scale.<s>.<p> kind" },
-    Key {
-        name: FRAMEWORK,
-        value: Value::OneOf(FRAMEWORK_NAMES),
-        required: false,
-        about: "the framework that called optimizer.step()",
-    },
-    Key { name: DDP_FORWARD, value: Value::OneOf(DDP_FORWARDS), required: false, about: "a DDP forward ran" },
-    Key { name: DROPOUT, value: Value::Text, required: false, about: "the dropout layers that train, in words" },
-    Key {
-        name: UNRECORDED_OPTIMIZERS,
-        value: Value::Text,
-        required: false,
-        about: "other optimizers that stepped, by class",
-    },
-    Key { name: WRITTEN_BY, value: Value::Text, required: false, about: "the tool and version that wrote it" },
-    Key { name: RECORDED_BY, value: Value::Text, required: false, about: "how the recorder saw the steps" },
-    Key { name: TORCH_VERSION, value: Value::Text, required: false, about: "the torch (or libtorch) version" },
-    Key { name: OPTIMIZER, value: Value::Text, required: false, about: "the stepping optimizer's class name" },
-    Key { name: BETAS, value: Value::Numbers, required: false, about: "its first group's betas" },
-    Key { name: EPS, value: Value::Number, required: false, about: "its first group's eps" },
-    Key { name: WEIGHT_DECAY, value: Value::Number, required: false, about: "its first group's weight_decay" },
-    Key { name: MOMENTUM, value: Value::Number, required: false, about: "its first group's momentum" },
-    Key { name: DAMPENING, value: Value::Number, required: false, about: "its first group's dampening" },
-    Key { name: AMSGRAD, value: Value::Flag, required: false, about: "its first group's amsgrad" },
-    Key { name: NESTEROV, value: Value::Flag, required: false, about: "its first group's nesterov" },
-    Key { name: MAXIMIZE, value: Value::Flag, required: false, about: "its first group's maximize" },
+const fn key(name: &'static str, value: Value, about: &'static str) -> Key {
+    Key { name, value, required: false, about }
+}
+
+const fn required(name: &'static str, value: Value, about: &'static str) -> Key {
+    Key { name, value, required: true, about }
+}
+
+use Value::{Count, Flag, Number, Numbers, OneOf, Text};
+
+/// Every header key but the optimizer's settings, in the order reports list them.
+const KEYS: &[Key] = &[
+    required(FORMAT, Text, "ddp-verify-trace/<version>"),
+    required(RUN, OneOf(RUNS), "what wrote the trace: one process or DDP"),
+    required(WORLD_SIZE, Count, "processes in the run (W under DDP)"),
+    required(DTYPE, OneOf(DTYPES), "the gradients' and weights' dtype"),
+    key(LEG, OneOf(LEGS), "the leg ddp-verify -- COMMAND ran"),
+    key(ACC_STEPS, Count, "K: micro-batches per step over all ranks"),
+    key(STEPS_PER_EPOCH, Count, "optimizer steps per epoch"),
+    key(STEPS, Count, "optimizer steps recorded"),
+    key(MAGNITUDES, OneOf(MAGNITUDE_KINDS), "what scale.<s>.<p> holds"),
+    key(FRAMEWORK, OneOf(FRAMEWORK_NAMES), "the framework that called optimizer.step()"),
+    key(DDP_FORWARD, OneOf(DDP_FORWARDS), "whether a DistributedDataParallel forward ran"),
+    key(DROPOUT, Text, "the dropout layers that train, in words"),
+    key(UNRECORDED_OPTIMIZERS, Text, "other optimizers that stepped, by class"),
+    key(WRITTEN_BY, Text, "the tool and version that wrote it"),
+    key(RECORDED_BY, Text, "how the recorder saw the steps"),
+    key(TORCH_VERSION, Text, "the torch (or libtorch) version"),
+    key(OPTIMIZER, Text, "the stepping optimizer's class name"),
 ];
 
-/// The optimizer settings the recorder copies from the first param group, when present.
-pub const OPTIMIZER_SETTINGS: &[&str] = &[BETAS, EPS, WEIGHT_DECAY, MOMENTUM, AMSGRAD, NESTEROV, DAMPENING, MAXIMIZE];
+/// The optimizer settings the recorder copies from the first param group, when present,
+/// with what each holds.
+pub const SETTINGS: &[(&str, Value)] = &[
+    (BETAS, Numbers),
+    (EPS, Number),
+    (WEIGHT_DECAY, Number),
+    (MOMENTUM, Number),
+    (AMSGRAD, Flag),
+    (NESTEROV, Flag),
+    (DAMPENING, Number),
+    (MAXIMIZE, Flag),
+];
+
+/// Every header key: `KEYS`, then the optimizer's settings.
+pub fn keys() -> impl Iterator<Item = Key> {
+    let settings = SETTINGS.iter().map(|&(name, value)| key(name, value, "the first param group's setting"));
+    KEYS.iter().copied().chain(settings)
+}
 
 /// Frameworks the recorder names as the caller of optimizer.step(), outermost first (the
 /// Trainer steps through Accelerate: the user's is the outermost), each with the Python
@@ -352,7 +360,7 @@ pub fn python_module() -> String {
     );
     let _ = writeln!(out, "FORMAT = {}", q(&format()));
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
-    for k in KEYS {
+    for k in keys() {
         let allowed = match k.value {
             Value::OneOf(xs) => format!("({},)", list(xs)),
             _ => "None".into(),
@@ -360,7 +368,8 @@ pub fn python_module() -> String {
         let required = if k.required { "True" } else { "False" };
         let _ = writeln!(out, "    {}: ({}, {allowed}, {required}),", q(k.name), q(k.value.name()));
     }
-    let _ = writeln!(out, "}}\nOPTIMIZER_SETTINGS = ({},)", list(OPTIMIZER_SETTINGS));
+    let settings: Vec<&str> = SETTINGS.iter().map(|(name, _)| *name).collect();
+    let _ = writeln!(out, "}}\nOPTIMIZER_SETTINGS = ({},)", list(&settings));
     let _ = writeln!(out, "\n# name, outermost first: (Python modules that belong to it)\nFRAMEWORKS = {{");
     for (name, modules) in FRAMEWORKS {
         let _ = writeln!(out, "    {}: ({},),", q(name), list(modules));
@@ -448,13 +457,10 @@ mod tests {
 
     #[test]
     fn every_key_is_listed_once() {
-        let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        let mut names: Vec<&str> = keys().map(|k| k.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), KEYS.len());
-        for s in OPTIMIZER_SETTINGS {
-            assert!(names.contains(s), "{s}");
-        }
+        assert_eq!(names.len(), keys().count());
         let mut fw: Vec<&str> = FRAMEWORKS.iter().map(|(f, _)| *f).chain(["plain"]).collect();
         fw.sort_unstable();
         let mut names = FRAMEWORK_NAMES.to_vec();

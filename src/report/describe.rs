@@ -65,6 +65,18 @@ pub(crate) fn optimizer_step(t: &TrainConfig) -> Option<String> {
     Some(words)
 }
 
+/// "batch B, K=k micro-batches per step vs W=w DDP ranks (engine)": every model's header.
+fn split(t: &TrainConfig) -> String {
+    let sh = &t.shape;
+    format!(
+        "batch {}, K={} micro-batches per step vs W={} DDP ranks ({})",
+        sh.batch_size,
+        sh.acc_steps,
+        sh.gpus,
+        engine(t)
+    )
+}
+
 /// The table's header for a run.
 pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     let t = &cfg.train;
@@ -73,62 +85,34 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
             let _ = writeln!(s, "injected bug: {} (planted in the {} run)", b.name(), b.side().name());
         }
     };
-    if t.model.kind.is_resnet() {
-        let _ = writeln!(
-            s,
-            "ddp-verify: {} ({} parameter tensors, {}), N={} images 3x{}x{}, {} classes, batch {}, \
-             K={} micro-batches per step vs W={} DDP ranks ({}), {}, seed {}, init {}",
-            t.model.kind.name(),
-            parameter_tensors(o),
-            t.precision.dtype.name(),
-            t.shape.data_size,
-            t.model.resnet.image_size,
-            t.model.resnet.image_size,
-            t.model.resnet.classes,
-            t.shape.batch_size,
-            t.shape.acc_steps,
-            t.shape.gpus,
-            engine(t),
-            schedule(t),
-            t.shape.seed,
-            t.model.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string()),
-        );
+    let (sh, m) = (&t.shape, &t.model);
+    let head =
+        format!("ddp-verify: {} ({} parameter tensors, {})", m.kind.name(), parameter_tensors(o), t.precision.dtype);
+    if m.kind.is_resnet() {
+        let (size, classes) = (m.resnet.image_size, m.resnet.classes);
+        let init = m.init.as_ref().map_or("seeded (ours)".to_string(), |p| p.display().to_string());
+        let shape = format!("N={} images 3x{size}x{size}, {classes} classes", sh.data_size);
+        let _ = writeln!(s, "{head}, {shape}, {}, {}, seed {}, init {init}", split(t), schedule(t), sh.seed);
         injected(s);
         let _ = writeln!(s, "mode: {}", mode(t));
-    } else if t.model.kind.token_loss() {
-        let _ = writeln!(
-            s,
-            "ddp-verify: tiny-lm ({} parameter tensors, {}), N={} sequences of {}..={} tokens (vocab {}), batch {}, \
-             K={} micro-batches per step vs W={} DDP ranks ({}), {}, partial window {}, seed {}",
-            parameter_tensors(o),
-            t.precision.dtype.name(),
-            t.shape.data_size,
-            t.model.lm.min_len,
-            t.model.lm.seq_len,
-            t.model.lm.vocab,
-            t.shape.batch_size,
-            t.shape.acc_steps,
-            t.shape.gpus,
-            engine(t),
-            schedule(t),
-            t.run.partial_window.name(),
-            t.shape.seed,
-        );
+    } else if m.kind.token_loss() {
+        let lm = &m.lm;
+        let shape =
+            format!("N={} sequences of {}..={} tokens (vocab {})", sh.data_size, lm.min_len, lm.seq_len, lm.vocab);
+        let window = t.run.partial_window;
+        let _ =
+            writeln!(s, "{head}, {shape}, {}, {}, partial window {window}, seed {}", split(t), schedule(t), sh.seed);
         injected(s);
         let _ = writeln!(s, "loss: {}", LOSS_WORDS);
         let _ = writeln!(s, "mode: {}", mode(t));
     } else {
         let _ = writeln!(
             s,
-            "ddp-verify: linear model{}, N={} D={}, batch {}, K={} micro-batches per step vs W={} DDP ranks ({}), \
-             {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}",
+            "ddp-verify: linear model{}, N={} D={}, {}, {} epochs, lr {}, momentum {}, shuffle {}, drop_last {}, seed {}",
             dtype_note(t),
             t.shape.data_size,
             t.model.linear.features,
-            t.shape.batch_size,
-            t.shape.acc_steps,
-            t.shape.gpus,
-            engine(t),
+            split(t),
             t.run.epochs,
             t.optim.lr,
             t.optim.momentum,

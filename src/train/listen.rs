@@ -16,17 +16,21 @@ use crate::evidence::Params;
 /// listener derives nothing).
 pub type Allowed = (Params, Params);
 
+/// One micro-batch's loss, as a run backpropagates it.
+pub struct MicroBatchLoss<'a> {
+    pub loss: &'a Tensor,
+    /// What accumulation divides this loss by (K, or the step's token count).
+    pub divisor: f64,
+    /// The terms each gradient element sums over in this micro-batch.
+    pub rows: usize,
+    pub params: &'a [Tensor],
+    /// The loss scale under `--amp float16`, which both runs multiply each loss by.
+    pub scale: Option<&'a Tensor>,
+}
+
 pub trait Listener {
-    /// A micro-batch's loss: backpropagate `loss / divisor` (times the loss `scale`) into
-    /// `.grad`. `rows`: the terms each gradient element sums over in it.
-    fn backward(
-        &mut self,
-        loss: &Tensor,
-        divisor: f64,
-        rows: usize,
-        params: &[Tensor],
-        scale: Option<&Tensor>,
-    ) -> Result<()>;
+    /// A micro-batch's loss: backpropagate `loss / divisor` (times the loss scale) into `.grad`.
+    fn backward(&mut self, mb: &MicroBatchLoss) -> Result<()>;
 
     /// Every `.grad` was multiplied by `coef`.
     fn rescaled(&mut self, _coef: f64) {}
@@ -62,23 +66,16 @@ pub trait Listener {
 pub struct Silent;
 
 impl Listener for Silent {
-    fn backward(&mut self, loss: &Tensor, divisor: f64, _: usize, _: &[Tensor], scale: Option<&Tensor>) -> Result<()> {
+    fn backward(&mut self, mb: &MicroBatchLoss) -> Result<()> {
         // `loss / ACC_STEPS` with an integer divisor, as in the article; tiny-lm's summed
         // loss over the step's token count; times the loss scale under AMP.
-        Ok(super::scaler::seed(loss, divisor, scale).f_backward()?)
+        Ok(super::scaler::seed(mb.loss, mb.divisor, mb.scale).f_backward()?)
     }
 }
 
 impl Listener for Bounds {
-    fn backward(
-        &mut self,
-        loss: &Tensor,
-        divisor: f64,
-        rows: usize,
-        params: &[Tensor],
-        scale: Option<&Tensor>,
-    ) -> Result<()> {
-        Bounds::backward(self, loss, divisor, rows, params, scale)
+    fn backward(&mut self, mb: &MicroBatchLoss) -> Result<()> {
+        Bounds::backward(self, mb)
     }
 
     fn rescaled(&mut self, coef: f64) {

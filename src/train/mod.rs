@@ -489,7 +489,9 @@ impl<'a> Run<'a> {
             }
             let scale = self.scaler.as_ref().map(|s| s.scale().shallow_clone());
             let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
-            self.listener.backward(&loss, divisor, batch_rows(&batch), &params, scale.as_ref())?;
+            let rows = batch_rows(&batch);
+            let mb = listen::MicroBatchLoss { loss: &loss, divisor, rows, params: &params, scale: scale.as_ref() };
+            self.listener.backward(&mb)?;
             if self.planted.unscales_each_micro_batch() {
                 self.found_in_window |= self.unscale_grads()?;
             }

@@ -1,6 +1,7 @@
 //! The control: DDP's arithmetic replayed inside the accumulation run, from the same
 //! weights and micro-batches, and Higham's reach for the all-reduce's own order.
 
+use crate::train::listen::MicroBatchLoss;
 use tch::{Kind, Tensor};
 
 use super::*;
@@ -11,16 +12,8 @@ impl Bounds {
     /// the micro-batch gradient and adding it, which is what autograd does), and the control
     /// takes its share. `divisor`: what accumulation divides this loss by; DDP divides it by
     /// divisor / W (K/W for K, T/W for T tokens; unless a bug is planted in accumulation).
-    /// `rows`: the terms the micro-batch's reductions add up.
-    /// `scale`: the loss scale under `--amp float16`, which both runs multiply each loss by.
-    pub fn backward(
-        &mut self,
-        loss: &Tensor,
-        divisor: f64,
-        rows: usize,
-        params: &[Tensor],
-        scale: Option<&Tensor>,
-    ) -> Result<()> {
+    pub fn backward(&mut self, mb: &MicroBatchLoss) -> Result<()> {
+        let MicroBatchLoss { loss, divisor, rows, params, scale } = *mb;
         let rank = self.position % self.world;
         self.position += 1;
         self.rows += rows;

@@ -9,24 +9,13 @@ use tch::Tensor;
 
 use super::bounds::{Bounds, Clip};
 use super::optim::Optimizer;
+use super::MicroBatchLoss;
 use crate::error::Result;
 use crate::evidence::Params;
 
 /// What the next comparisons may differ by: DDP's, and the big batch's (empty where the
 /// listener derives nothing).
 pub type Allowed = (Params, Params);
-
-/// One micro-batch's loss, as a run backpropagates it.
-pub struct MicroBatchLoss<'a> {
-    pub loss: &'a Tensor,
-    /// What accumulation divides this loss by (K, or the step's token count).
-    pub divisor: f64,
-    /// The terms each gradient element sums over in this micro-batch.
-    pub rows: usize,
-    pub params: &'a [Tensor],
-    /// The loss scale under `--amp float16`, which both runs multiply each loss by.
-    pub scale: Option<&'a Tensor>,
-}
 
 pub trait Listener {
     /// A micro-batch's loss: backpropagate `loss / divisor` (times the loss scale) into `.grad`.

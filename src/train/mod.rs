@@ -33,6 +33,18 @@ use crate::evidence::{snapshot, Allowances, Params, RangePrediction, RankHeld, S
 use crate::plan::{Counts, Normaliser, Planted, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
 
+/// One micro-batch's loss, as a run backpropagates it.
+pub struct MicroBatchLoss<'a> {
+    pub loss: &'a Tensor,
+    /// What accumulation divides this loss by (K, or the step's token count).
+    pub divisor: f64,
+    /// The terms each gradient element sums over in this micro-batch.
+    pub rows: usize,
+    pub params: &'a [Tensor],
+    /// The loss scale under `--amp float16`, which both runs multiply each loss by.
+    pub scale: Option<&'a Tensor>,
+}
+
 /// A run's weights and buffers as [`collective::flatten`] makes them.
 pub struct State(Vec<Tensor>);
 
@@ -490,7 +502,7 @@ impl<'a> Run<'a> {
             let scale = self.scaler.as_ref().map(|s| s.scale().shallow_clone());
             let params: Vec<Tensor> = self.model.parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
             let rows = batch_rows(&batch);
-            let mb = listen::MicroBatchLoss { loss: &loss, divisor, rows, params: &params, scale: scale.as_ref() };
+            let mb = MicroBatchLoss { loss: &loss, divisor, rows, params: &params, scale: scale.as_ref() };
             self.listener.backward(&mb)?;
             if self.planted.unscales_each_micro_batch() {
                 self.found_in_window |= self.unscale_grads()?;

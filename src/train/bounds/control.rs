@@ -1,7 +1,7 @@
 //! The control: DDP's arithmetic replayed inside the accumulation run, from the same
 //! weights and micro-batches, and Higham's reach for the all-reduce's own order.
 
-use crate::train::listen::MicroBatchLoss;
+use crate::train::MicroBatchLoss;
 use tch::{Kind, Tensor};
 
 use super::*;

@@ -192,7 +192,8 @@ impl TraceHeader {
         let bad = |key: &'static str, problem: String| HeaderProblem { key, problem };
         let version = version(raw.get(schema::FORMAT).map(String::as_str)).map_err(|p| bad(schema::FORMAT, p))?;
         for key in schema::keys() {
-            match raw.get(key.name).map(String::as_str) {
+            // A required key written empty says no more than one left out.
+            match raw.get(key.name).map(String::as_str).filter(|v| !(key.required && v.is_empty())) {
                 None if key.required => {
                     let problem = format!("missing; every {} header has it", schema::format());
                     return Err(bad(key.name, problem));
@@ -402,6 +403,7 @@ mod tests {
             ("world_size", Some("garbage"), "'garbage' is not a whole number"),
             ("world_size", None, "missing"),
             ("run", Some("sideways"), "'sideways' is none of accumulation, single, ddp"),
+            ("run", Some(""), "missing"),
             ("dtype", None, "missing"),
             ("betas", Some("0.9 x"), "not a list of finite numbers"),
             ("amsgrad", Some("maybe"), "not a True or False"),

@@ -85,8 +85,12 @@ fn values(t: &Tensor) -> Vec<f64> {
 impl Reading {
     fn add(&mut self, n: &schema::Name, name: &str, t: Tensor) -> std::result::Result<(), String> {
         let (s, p) = (n.step, n.param.to_string());
-        let first = || values(&t).first().copied().unwrap_or(0.0);
-        if n.kind.elements == schema::Elements::Finite && values(&t).iter().any(|v| !v.is_finite()) {
+        // Read flattened: a one-element tensor may have any shape ([1], [1, 1]). Parameters'
+        // tensors are kept as they are, never copied.
+        let all = if n.kind.shape == schema::Shape::Param { Vec::new() } else { values(&t) };
+        let first = || all.first().copied().unwrap_or(0.0);
+        let second = || all.get(1).copied().unwrap_or(0.0);
+        if n.kind.elements == schema::Elements::Finite && all.iter().any(|v| !v.is_finite()) {
             return Err(format!("tensor {name} is not finite: {}", n.kind.about));
         }
         match n.kind.kind {
@@ -97,10 +101,10 @@ impl Reading {
             K::Buffer => self.buffers.push((p, t)),
             // One per param group; the first group's is compared.
             K::Lr => _ = self.lrs.insert(s, first()),
-            K::Micro => _ = self.micro.insert(s, t.int64_value(&[0])),
-            K::Clips => _ = self.clips.insert(s, t.int64_value(&[0])),
-            K::Clip => _ = self.clip_norms.insert(s, (t.double_value(&[0]), t.double_value(&[1]))),
-            K::DdpSync => _ = self.ddp_sync.insert(s, values(&t).iter().map(|&f| f != 0.0).collect()),
+            K::Micro => _ = self.micro.insert(s, first() as i64),
+            K::Clips => _ = self.clips.insert(s, first() as i64),
+            K::Clip => _ = self.clip_norms.insert(s, (first(), second())),
+            K::DdpSync => _ = self.ddp_sync.insert(s, all.iter().map(|&f| f != 0.0).collect()),
             K::RankBits => {
                 let bits = Vec::<i64>::try_from(&t).unwrap_or_default();
                 if let Some(rank) = bits.iter().position(|b| *b != bits[0]) {

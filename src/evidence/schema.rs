@@ -191,7 +191,7 @@ pub enum Shape {
     Two,
     /// One element or more (one per param group).
     Some,
-    /// One dimension (one per rank, one per forward).
+    /// One dimension, not empty (one per rank, one per forward).
     Vector,
 }
 
@@ -326,23 +326,23 @@ impl TensorKind {
             Shape::One => numel == 1,
             Shape::Two => numel == 2,
             Shape::Some => numel >= 1,
-            Shape::Vector => dims == 1,
+            Shape::Vector => dims == 1 && numel >= 1,
         };
         if dtype_ok && shape_ok {
             return Ok(());
         }
         let dtype = match self.elements {
-            E::F64 => "float64 ",
-            E::I64 => "int64 ",
+            E::F64 => " (float64)",
+            E::I64 => " (int64)",
             _ => "",
         };
         let shape = match self.shape {
             Shape::One => "one value",
             Shape::Two => "two values",
             Shape::Some => "one value or more",
-            Shape::Vector | Shape::Param => "a vector",
+            Shape::Vector | Shape::Param => "a non-empty vector",
         };
-        Err(format!("tensor {name} is not {dtype}{shape}: {}", self.about))
+        Err(format!("tensor {name} should hold {shape}{dtype}: {}", self.about))
     }
 }
 
@@ -446,6 +446,20 @@ mod tests {
         assert!(parse_name("grads.x.w").unwrap_err().contains("has no step number"));
         assert!(parse_name("weights.w").unwrap_err().contains("unexpected tensor weights.w"));
         assert!(parse_name("final.").unwrap_err().contains("names no parameter"));
+    }
+
+    /// Counts of any shape with one element pass; empty vectors and other dtypes are refused
+    /// naming what the tensor should hold.
+    #[test]
+    fn a_tensor_is_checked_against_its_kind() {
+        let check =
+            |name: &str, dtype, numel, dims| parse_name(name).unwrap().kind.check(name, dtype, numel, dims, "F32");
+        assert!(check("micro.0", "I64", 1, 2).is_ok() && check("grads.0.w", "F32", 6, 2).is_ok());
+        assert!(check("rank_bits.0.w", "I64", 0, 1).unwrap_err().contains("should hold a non-empty vector (int64)"));
+        assert!(check("clip.0", "F32", 2, 1).unwrap_err().contains("should hold two values (float64)"));
+        assert!(check("grads.0.w", "F64", 6, 2)
+            .unwrap_err()
+            .contains("expected one floating dtype like the rest (F32)"));
     }
 
     /// The schema's dtypes are `--dtype`'s, by the same names.

@@ -4,7 +4,8 @@
 #  - iproute2 (`ip netns`), for the two-hosts test (tests/hosts/two_hosts.sh)
 #  - a project-local virtualenv .venv with PyTorch 2.13.0 from PyPI: libtorch for tch 0.26,
 #    and the fixtures' reference scripts
-#  - the ddp_verify_trace recorder (python/, editable) and pytest for its tests
+#  - the ddp_verify_trace recorder: python/ on .venv's path (a .pth file), its dependencies and
+#    pytest for its tests
 #  - the frameworks the examples run under (Transformers, Accelerate, Lightning; ~20 s)
 #  - .libtorch -> the wheel's torch directory, which .cargo/config.toml points LIBTORCH at
 #  - libnccl.so beside the wheel's libnccl.so.2, the name cudarc opens for GPU runs
@@ -28,14 +29,26 @@ if ! .venv/bin/python -W ignore -c 'import torch, torchvision, safetensors; asse
   .venv/bin/pip install -q --disable-pip-version-check -r fixtures/requirements.txt
 fi
 
-# The recorder (python/) is installed editable, so .venv always runs python/'s source; install
-# it and pytest where either is missing, or the recorder installed is another checkout's.
+# The recorder: .venv runs python/'s source through a .pth file naming this checkout's python/
+# (not `pip install -e ./python`: python/pyproject.toml builds the `ddp-verify` wheel, whose Rust
+# binary cargo builds here anyway), with the dependencies python/pyproject.toml declares and pytest.
+# Done where either is missing, or the recorder imported is another checkout's.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if ! .venv/bin/python -W ignore -c '
-import os, ddp_verify_trace, pytest
+import os, re, tomllib, importlib.metadata as m, ddp_verify_trace, pytest
 assert os.path.realpath(ddp_verify_trace.__file__) == os.path.realpath("python/ddp_verify_trace/__init__.py")
-assert "pytest==" + pytest.__version__ in open("python/requirements-test.txt").read().split()' 2>/dev/null; then
-  echo "setup: installing the ddp_verify_trace recorder (editable) and pytest into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt -e ./python
+assert "pytest==" + pytest.__version__ in open("python/requirements-test.txt").read().split()
+for dep in tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"]:
+    m.version(re.match(r"[\w.-]+", dep)[0])' 2>/dev/null; then
+  echo "setup: putting the ddp_verify_trace recorder (python/) on .venv's path; its dependencies and pytest"
+  # An editable install of the recorder's earlier setuptools package (ddp-verify-trace) goes.
+  if compgen -G "$site/ddp_verify_trace-*.dist-info" >/dev/null; then
+    .venv/bin/pip uninstall -y -q --disable-pip-version-check ddp-verify-trace
+  fi
+  mapfile -t deps < <(.venv/bin/python -c '
+import tomllib; print(*tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")')
+  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt "${deps[@]}"
+  realpath python > "$site/ddp_verify_trace_source.pth"
 fi
 
 # Exactly the pinned framework versions, or they are installed again.

@@ -44,9 +44,8 @@ else
   link=(--zig --compatibility manylinux_2_17)
 fi
 start=$(date +%s)
-# --release/--strip/the features are python/pyproject.toml's [tool.maturin] (profile, strip,
-# no-default-features); given here too so a build is the same whatever maturin's defaults.
-(cd python && PATH="$PWD/../$tools/bin:$PATH" "../$tools/bin/maturin" build --release --strip \
+# The release profile, stripping and the features are python/pyproject.toml's [tool.maturin].
+(cd python && PATH="$PWD/../$tools/bin:$PATH" "../$tools/bin/maturin" build \
   --auditwheel check "${link[@]}" --out "../$out")
 seconds=$(( $(date +%s) - start ))
 

@@ -35,7 +35,9 @@ fi
 # Done where either is missing, or the recorder imported is another checkout's.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if ! .venv/bin/python -W ignore -c '
-import os, re, tomllib, importlib.metadata as m, ddp_verify_trace, pytest
+import os, re, importlib.metadata as m, ddp_verify_trace, pytest
+try: import tomllib
+except ImportError: from pip._vendor import tomli as tomllib  # Python < 3.11
 assert os.path.realpath(ddp_verify_trace.__file__) == os.path.realpath("python/ddp_verify_trace/__init__.py")
 assert "pytest==" + pytest.__version__ in open("python/requirements-test.txt").read().split()
 for dep in tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"]:
@@ -46,7 +48,9 @@ for dep in tomllib.load(open("python/pyproject.toml", "rb"))["project"]["depende
     .venv/bin/pip uninstall -y -q --disable-pip-version-check ddp-verify-trace
   fi
   mapfile -t deps < <(.venv/bin/python -c '
-import tomllib; print(*tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")')
+try: import tomllib
+except ImportError: from pip._vendor import tomli as tomllib  # Python < 3.11
+print(*tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")')
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt "${deps[@]}"
   realpath python > "$site/ddp_verify_trace_source.pth"
 fi

@@ -10,7 +10,8 @@
 # the venv is removed at the end. The checks run on a PATH without cargo:
 #  - `ddp-verify --version` runs; ldd shows no libtorch, MPI, CUDA or NCCL, nor a library not
 #    found; the binary has no RPATH/RUNPATH (a path on the machine that built it)
-#  - `import ddp_verify_trace` works in that venv, from the venv, with its autoload folder
+#  - `import ddp_verify_trace` works in that venv, from the venv, with its autoload folder; the
+#    wheel, the recorder and `ddp-verify --version` say one version
 #  - own-model commands answer in one line, exit 2
 #  - `ddp-verify --acc-steps 4 --gpus 2 -- python examples/nanogpt/train.py ...` (the README's
 #    check of your own script) finds the venv's recorder and says EQUIVALENT, exit 0
@@ -59,7 +60,8 @@ bin=$(command -v ddp-verify) || fail "pip put no ddp-verify on the venv's PATH"
 [ "$bin" = "$venv/bin/ddp-verify" ] || fail "ddp-verify is $bin, not the venv's"
 
 echo "check-wheel: ddp-verify --version"
-ddp-verify --version || fail "ddp-verify --version exited $?"
+version=$(ddp-verify --version) || fail "ddp-verify --version exited $?"
+echo "$version"
 
 libs=$(ldd "$bin")
 echo "$libs"
@@ -73,7 +75,7 @@ else
 fi
 
 echo "check-wheel: import ddp_verify_trace"
-python -W ignore - "$venv" <<'EOF' || fail "ddp_verify_trace is not the wheel's in the venv"
+python -W ignore - "$venv" "$version" <<'EOF' || fail "ddp_verify_trace is not the wheel's in the venv, or a version differs"
 import importlib.metadata as m, os, sys
 import ddp_verify_trace
 venv = os.path.realpath(sys.argv[1])
@@ -81,7 +83,10 @@ here = os.path.realpath(ddp_verify_trace.__file__)
 assert here.startswith(venv + os.sep), f"ddp_verify_trace from {here}, not from {venv}"
 autoload = os.path.join(os.path.dirname(here), "autoload", "sitecustomize.py")
 assert os.path.isfile(autoload), f"no {autoload}"
-assert m.version("ddp-verify") == ddp_verify_trace.__version__, (m.version("ddp-verify"), ddp_verify_trace.__version__)
+# One version: the wheel's (python/pyproject.toml), the recorder's and the binary's (Cargo's).
+versions = {"wheel": m.version("ddp-verify"), "ddp_verify_trace.__version__": ddp_verify_trace.__version__,
+            "ddp-verify --version": sys.argv[2].split()[-1]}
+assert len(set(versions.values())) == 1, f"versions differ: {versions}"
 print(f"ddp_verify_trace {ddp_verify_trace.__version__} from {here}")
 EOF
 

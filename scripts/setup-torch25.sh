@@ -3,7 +3,7 @@
 # done). Colossal-AI 0.5.0 pins torch<=2.5.1 and transformers==4.51.3, so it cannot share
 # .venv (torch 2.13.0). Installs:
 #  - python/requirements-torch25.txt: torch 2.5.1, colossalai 0.5.0 with what pip resolves for
-#    it (nothing forced), safetensors and pytest; about 2 minutes and 5.8 GB the first time
+#    it (nothing forced), safetensors and pytest; about 2 minutes and 5.9 GB the first time
 #  - the ddp_verify_trace recorder: by default this checkout's python/ on the path (a .pth
 #    file, so the venv always runs python/'s source and nothing is built); given a wheel,
 #    that wheel instead (`scripts/setup-torch25.sh dist/ddp_verify-*.whl`)
@@ -31,7 +31,7 @@ for line in open(sys.argv[1]):
     if line:
         name, version = line.split("==")
         assert m.version(name) == version, name' "$req" 2>/dev/null; then
-  echo "setup-torch25: installing $req into $venv (pip, about 2 minutes and 5.8 GB the first time)"
+  echo "setup-torch25: installing $req into $venv (pip, about 2 minutes and 5.9 GB the first time)"
   [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
 fi

@@ -27,6 +27,7 @@ pub enum Error {
     #[error("stopped because rank 0 refused the configuration")]
     FollowerStopped,
 
+    #[cfg(feature = "libtorch")]
     #[error("libtorch: {0}")]
     Torch(tch::TchError),
 
@@ -50,6 +51,7 @@ pub fn what_is(path: &std::path::Path) -> &'static str {
     }
 }
 
+#[cfg(feature = "libtorch")]
 impl From<tch::TchError> for Error {
     /// An operation without a deterministic CUDA kernel is a limit of the input (the model on
     /// that device), not a failure: exit 2 with libtorch's own first line.
@@ -87,7 +89,9 @@ impl Error {
     pub fn exit(&self) -> Exit {
         match self {
             Error::BadFlag { .. } | Error::BadFile { .. } | Error::FollowerStopped => Exit::BadInput,
-            Error::Launcher { .. } | Error::Rank { .. } | Error::Torch(_) | Error::Io { .. } => Exit::Failed,
+            Error::Launcher { .. } | Error::Rank { .. } | Error::Io { .. } => Exit::Failed,
+            #[cfg(feature = "libtorch")]
+            Error::Torch(_) => Exit::Failed,
             Error::Interrupted { signal } => Exit::Interrupted { signal: *signal },
         }
     }

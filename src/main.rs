@@ -1,6 +1,7 @@
 //! `ddp-verify-core`: parse → lower → dispatch → exit. Each rank of a verification runs
 //! this, as does any other command; `ddp-verify` (src/bin) only starts ranks.
 
+use ddp_verify::dispatch::{self, validate_only};
 use ddp_verify::dist::{kernels, world};
 use ddp_verify::{jobs, lower, Exit, Result};
 use ddp_verify_cli::{Cli, Command, Parser};
@@ -22,13 +23,9 @@ fn main() {
             Exit::Equivalent
         }
         Err(e) => {
-            // One line, like every other bad input: clap's first line names the flag.
-            let text = e.render().to_string();
-            let paragraph: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
-            let first = paragraph.join(" ");
             // Started as ranks by `ddp-verify`, every rank parses the same flags: rank 0 speaks.
             if world::env_rank().unwrap_or(0) == 0 {
-                eprintln!("ddp-verify: {} (see ddp-verify --help)", first.trim_start_matches("error: "));
+                eprintln!("ddp-verify: {}", ddp_verify_cli::usage_line(&e));
             }
             Exit::BadInput
         }
@@ -36,23 +33,12 @@ fn main() {
     world::exit_now(world::hand_back(exit))
 }
 
-/// Test hook (`DDP_VERIFY_TEST_VALIDATE_ONLY=1`): stop after every check made before a
-/// rank starts, so the flag fuzzer covers parsing, lowering and validation without training.
-fn validate_only() -> bool {
-    std::env::var_os("DDP_VERIFY_TEST_VALIDATE_ONLY").is_some()
-}
-
 fn run(cli: Cli) -> Result<Exit> {
+    if let Some(done) = dispatch::without_libtorch(&cli) {
+        return done;
+    }
     match cli.command {
         Some(Command::Devices { gpus, kernels }) => jobs::devices(gpus, lower::kernel_mode(&kernels, None)?),
-        Some(Command::Split(args)) => {
-            let (train, epoch) = lower::split(&args)?;
-            jobs::split(&train, epoch, args.json)
-        }
-        Some(Command::Compare(args)) => {
-            let options = lower::compare(&args)?;
-            jobs::compare::command(&options)
-        }
         Some(Command::Suite(args)) => {
             let suite = lower::suite(&args)?;
             if validate_only() {
@@ -68,14 +54,8 @@ fn run(cli: Cli) -> Result<Exit> {
             }
             jobs::explore::command(&options)
         }
-        None if !cli.run.script.is_empty() => {
-            let options = lower::script(&cli.run)?;
-            if validate_only() {
-                return Ok(Exit::Equivalent);
-            }
-            jobs::script::command(&options)
-        }
-        None => {
+        // The main job (compare, split and `-- COMMAND` were run above).
+        _ => {
             let cfg = lower::verification(&cli.run)?;
             // Before anything makes a tensor: that fixes libtorch's kernels for the process.
             kernels::apply(cfg.kernels, cfg.train.run.device)?;

@@ -16,6 +16,7 @@ is a multiple of its item size.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import queue
@@ -114,9 +115,9 @@ class Stream:
                     return
                 if buf is not None:
                     # FileIO.write releases the GIL: training goes on while this thread writes.
-                    self._file.write(memoryview(buf[:total].numpy()))
+                    self._file.write(_bytes(buf[:total]))
                 for name, t, version in kept:
-                    self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                    self._file.write(_bytes(t.reshape(-1)))
                     if t._version != version:
                         raise RuntimeError(f"{name} was changed in place before it was written")
             finally:
@@ -167,7 +168,7 @@ class Stream:
         f.write(struct.pack("<Q", buffer_at - 8))
         f.write(text.ljust(buffer_at - 8, b" "))
         for _, t in small:
-            f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            f.write(_bytes(t))
 
     def _rewrite(self, text: bytes, small_bytes: int, small: list[tuple[str, torch.Tensor]]) -> None:
         """The header outgrew the room before the streamed bytes: one copy into a new file."""
@@ -194,6 +195,21 @@ class Stream:
             os.remove(self._part)
         except FileNotFoundError:
             pass
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes, not copied, for a file's write (which releases the GIL).
+    Read through ctypes, not Tensor.numpy(): torch does not require NumPy (torch 2.4's and
+    2.5's wheels install without it), nor does the recorder. The caller keeps `t` unchanged
+    until the write returns; the view keeps it alive (a reshape's copy is not freed under it)."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("ddp_verify_trace: a tensor to write is not contiguous in CPU memory")
+    size = t.numel() * t.element_size()
+    if size == 0:
+        return memoryview(b"")
+    raw = (ctypes.c_char * size).from_address(t.data_ptr())
+    raw.tensor = t  # type: ignore[attr-defined]  # ctypes arrays take attributes: kept while the view lives
+    return memoryview(raw)
 
 
 def _entry(dtype: torch.dtype, shape: Sequence[int], start: int, end: int) -> dict[str, Any]:

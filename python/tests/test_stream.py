@@ -4,6 +4,8 @@ a valid file, and gradients lent to the writer (not copied) are recorded as they
 applied, however the loop zeroes them."""
 import json
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -114,3 +116,26 @@ def test_recorded_gradients_are_the_applied_ones_however_the_loop_zeroes(tmp_pat
     for s, grads in enumerate(applied):
         for n, grad in grads.items():
             assert torch.equal(back[f"grads.{s}.{n}"], grad), (s, n)
+
+
+def test_a_trace_is_written_without_numpy(tmp_path):
+    # torch does not require NumPy (torch 2.4's and 2.5's wheels install without it), so the
+    # recorder must not need it either: Tensor.numpy() fails there with "Numpy is not available".
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "import torch, ddp_verify_trace\n"
+        "try:\n    torch.zeros(1).numpy()\nexcept RuntimeError:\n    pass\n"
+        "else:\n    raise SystemExit('numpy was importable')\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Linear(3, 2); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        f"with ddp_verify_trace.recording({str(tmp_path / 't.safetensors')!r}):\n"
+        "    for _ in range(2):\n"
+        "        m(torch.ones(4, 3)).sum().backward(); o.step(); o.zero_grad()\n"
+        f"torch.save({{k: v.detach() for k, v in m.named_parameters()}}, {str(tmp_path / 'final.pt')!r})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    back = load_file(str(tmp_path / "t.safetensors"))
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert torch.equal(back["final.weight"], final["weight"]) and torch.equal(back["final.bias"], final["bias"])
+    assert torch.equal(back["grads.1.bias"], torch.full((2,), 4.0))

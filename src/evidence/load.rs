@@ -3,57 +3,115 @@
 //! covers every step, and the header typed.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use tch::{Kind, Tensor};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::Dtype as St;
 
 use super::header::TraceHeader;
 use super::schema::{self, Kind as K};
 use super::trace::{Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
+use super::values::{Data, Elem, Values};
 use crate::error::{Error, Result};
 
 const FIX: &str =
     "point to a trace written by ddp-verify --save-trace, the ddp_verify_trace recorder or fixtures/make_golden.sh";
 
 impl Trace {
-    /// Reads a trace and checks it against the schema.
+    /// Reads a trace and checks it against the schema. Tensors are read one at a time in
+    /// the file's order, straight into their own dtype.
     pub fn load(path: &Path) -> Result<Self> {
         if !path.is_file() {
             return Err(Error::bad_file(path, crate::error::what_is(path), FIX));
         }
-        let tensors = Tensor::read_safetensors(path)
-            .map_err(|e| Error::bad_file(path, format!("not a readable safetensors file ({e})"), FIX))?;
-        let raw = read_meta(path).map_err(|problem| Error::bad_file(path, problem, FIX))?;
+        let bad = |problem: String| Error::bad_file(path, problem, FIX);
+        let file = File::open(path).map_err(|e| bad(format!("cannot be read ({e})")))?;
+        let (meta, base) = read_index(&file).map_err(|e| bad(format!("not a readable safetensors file ({e})")))?;
+        let raw: BTreeMap<String, String> = meta.metadata().clone().unwrap_or_default().into_iter().collect();
         let header = TraceHeader::parse(&raw).map_err(|p| {
             Error::bad_file(path, p.to_string(), "record it again with this version's ddp_verify_trace or ddp-verify")
         })?;
-        let float = tensors.iter().find(|(n, _)| n.starts_with("final.")).map_or("F32", |(_, t)| dtype_name(t.kind()));
+        let names = meta.offset_keys();
+        let info = |name: &str| meta.info(name).expect("offset_keys names indexed tensors");
+        let float = names.iter().find(|n| n.starts_with("final.")).map_or("F32", |n| dtype_name(info(n).dtype));
         let mut read = Reading::default();
-        for (name, t) in tensors {
-            let n = schema::parse_name(&name).map_err(|problem| Error::bad_file(path, problem, FIX))?;
-            let (dtype, numel, dims) = (dtype_name(t.kind()), t.numel(), t.dim());
-            n.kind
-                .check(&name, dtype, numel, dims, float)
-                .and_then(|()| read.add(&n, &name, t))
-                .map_err(|problem| Error::bad_file(path, problem, FIX))?;
+        for name in &names {
+            let i = info(name);
+            let n = schema::parse_name(name).map_err(bad)?;
+            let numel = i.shape.iter().product::<usize>();
+            n.kind.check(name, dtype_name(i.dtype), numel, i.shape.len(), float).map_err(bad)?;
+            let t = read_tensor(&file, base, i).map_err(|e| bad(format!("cannot read {name} ({e})")))?;
+            read.add(&n, name, t).map_err(bad)?;
         }
-        read.finish(header).map_err(|problem| Error::bad_file(path, problem, FIX))
+        read.finish(header).map_err(bad)
     }
 }
 
+/// The safetensors header (validated by the `safetensors` crate: offsets contiguous, sizes
+/// matching shapes) and where the data starts; the file must end where the data does.
+fn read_index(file: &File) -> std::result::Result<(Metadata, u64), String> {
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let mut len = [0u8; 8];
+    file.read_exact_at(&mut len, 0).map_err(|_| "no safetensors header".to_string())?;
+    let len = u64::from_le_bytes(len);
+    if len > size.saturating_sub(8) {
+        return Err(format!("its header claims {len} bytes but the file has {size}"));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact_at(&mut header, 8).map_err(|e| format!("truncated header: {e}"))?;
+    let meta: Metadata = serde_json::from_slice(&header).map_err(|e| format!("unreadable header: {e}"))?;
+    let data = meta.tensors().values().map(|t| t.data_offsets.1 as u64).max().unwrap_or(0);
+    if 8 + len + data != size {
+        return Err(format!("its tensors end at byte {} but the file has {size}", 8 + len + data));
+    }
+    Ok((meta, 8 + len))
+}
+
+/// One tensor's elements: floats and int64 as they are, smaller integers and bools as int64.
+fn read_tensor(file: &File, base: u64, info: &TensorInfo) -> std::io::Result<Values> {
+    let (start, end) = info.data_offsets;
+    let mut bytes = vec![0u8; end - start];
+    file.read_exact_at(&mut bytes, base + start as u64)?;
+    let shape = info.shape.clone();
+    let elem = match info.dtype {
+        St::F32 => Elem::F32,
+        St::F64 => Elem::F64,
+        St::BF16 => Elem::Bf16,
+        St::F16 => Elem::F16,
+        St::I64 => Elem::I64,
+        other => {
+            let ints: Vec<i64> = match other {
+                St::I32 => {
+                    bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect()
+                }
+                St::I16 => {
+                    bytes.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes(c.try_into().unwrap()))).collect()
+                }
+                St::I8 => bytes.iter().map(|b| i64::from(*b as i8)).collect(),
+                St::U8 | St::BOOL => bytes.iter().map(|b| i64::from(*b)).collect(),
+                _ => return Err(std::io::Error::other(format!("dtype {other:?} is not one a trace holds"))),
+            };
+            return Ok(Values::new(shape, Data::I64(ints)));
+        }
+    };
+    Ok(Values::from_le_bytes(elem, shape, &bytes))
+}
+
 /// Safetensors' name of a dtype.
-fn dtype_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Float => "F32",
-        Kind::Double => "F64",
-        Kind::BFloat16 => "BF16",
-        Kind::Half => "F16",
-        Kind::Int64 => "I64",
-        Kind::Int => "I32",
-        Kind::Int16 => "I16",
-        Kind::Int8 => "I8",
-        Kind::Uint8 => "U8",
-        Kind::Bool => "BOOL",
+fn dtype_name(d: St) -> &'static str {
+    match d {
+        St::F32 => "F32",
+        St::F64 => "F64",
+        St::BF16 => "BF16",
+        St::F16 => "F16",
+        St::I64 => "I64",
+        St::I32 => "I32",
+        St::I16 => "I16",
+        St::I8 => "I8",
+        St::U8 => "U8",
+        St::BOOL => "BOOL",
         _ => "other",
     }
 }
@@ -77,17 +135,12 @@ struct Reading {
     range_parts: Option<RangePrediction>,
 }
 
-/// A tensor's elements as float64 (it has passed the schema's checks).
-fn values(t: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(&t.to_kind(Kind::Double).flatten(0, -1)).unwrap_or_default()
-}
-
 impl Reading {
-    fn add(&mut self, n: &schema::Name, name: &str, t: Tensor) -> std::result::Result<(), String> {
+    fn add(&mut self, n: &schema::Name, name: &str, t: Values) -> std::result::Result<(), String> {
         let (s, p) = (n.step, n.param.to_string());
         // Read flattened: a one-element tensor may have any shape ([1], [1, 1]). Parameters'
         // tensors are kept as they are, never copied.
-        let all = if n.kind.shape == schema::Shape::Param { Vec::new() } else { values(&t) };
+        let all = if n.kind.shape == schema::Shape::Param { Vec::new() } else { t.to_f64() };
         let first = || all.first().copied().unwrap_or(0.0);
         let second = || all.get(1).copied().unwrap_or(0.0);
         if n.kind.elements == schema::Elements::Finite && all.iter().any(|v| !v.is_finite()) {
@@ -106,7 +159,7 @@ impl Reading {
             K::Clip => _ = self.clip_norms.insert(s, (first(), second())),
             K::DdpSync => _ = self.ddp_sync.insert(s, all.iter().map(|&f| f != 0.0).collect()),
             K::RankBits => {
-                let bits = Vec::<i64>::try_from(&t).unwrap_or_default();
+                let bits = t.to_i64();
                 if let Some(rank) = bits.iter().position(|b| *b != bits[0]) {
                     let drift = RankDrift { step: s, rank, tensor: RankHeld::Grad(p) };
                     let key = |d: &RankDrift| (d.step, d.tensor.to_string());
@@ -141,7 +194,7 @@ impl Reading {
             .map(|(n, t)| (K::Peak.name(0, n), t))
             .chain(self.scales.iter().flat_map(|(s, ps)| ps.iter().map(move |(n, t)| (K::Scale.name(*s, n), t))));
         for (name, t) in magnitudes {
-            if t.numel() > 0 && t.isfinite().all().int64_value(&[]) == 0 {
+            if !t.all_finite() {
                 return Err(format!("{name} holds NaN or Inf; magnitudes must be finite"));
             }
         }
@@ -209,25 +262,4 @@ fn covers<T>(name: &str, series: &BTreeMap<usize, T>, n: usize) -> std::result::
         return Ok(());
     }
     Err(format!("{name} covers {} of {n} steps", series.len()))
-}
-
-/// The safetensors header's `__metadata__` (string to string), empty when absent.
-fn read_meta(path: &Path) -> std::result::Result<BTreeMap<String, String>, String> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read ({e})"))?;
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(|e| format!("no safetensors header ({e})"))?;
-    let len = u64::from_le_bytes(len);
-    let size = file.metadata().map_or(0, |m| m.len());
-    if len > size.saturating_sub(8) {
-        return Err(format!("its header claims {len} bytes but the file has {size}"));
-    }
-    let mut header = vec![0u8; len as usize];
-    file.read_exact(&mut header).map_err(|e| format!("truncated safetensors header ({e})"))?;
-    let header: serde_json::Value =
-        serde_json::from_slice(&header).map_err(|e| format!("unreadable safetensors header ({e})"))?;
-    match header.get("__metadata__") {
-        None => Ok(BTreeMap::new()),
-        Some(m) => serde_json::from_value(m.clone()).map_err(|e| format!("__metadata__ is not string to string ({e})")),
-    }
 }

@@ -7,13 +7,15 @@ mod header;
 mod load;
 pub mod schema;
 mod trace;
+mod unrepeatable;
+mod values;
 mod writer;
 
 pub use golden::Golden;
 pub use header::{Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader};
-pub use trace::{
-    sample, share, snapshot, Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace,
-};
+pub use trace::{share, Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
+pub use unrepeatable::Unrepeatable;
+pub use values::{Data, Elem, Values, CHUNK};
 pub use writer::TraceWriter;
 
 /// What `--save-trace DIR` writes: both runs' traces and the JSON report.

@@ -3,13 +3,12 @@
 //! table in [`super::schema`] (`grads.<step>.<param>`, `final.<param>`, `buffer.<name>`, ...),
 //! with a typed header ([`TraceHeader`]); `Trace::load` reads by that table.
 
-use tch::Tensor;
-
 use super::header::TraceHeader;
 use super::schema::Kind as Tensors;
+use super::values::Values;
 
 /// Named tensors sorted by name.
-pub type Params = Vec<(String, Tensor)>;
+pub type Params = Vec<(String, Values)>;
 
 /// What a DDP rank held differently from rank 0.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -135,9 +134,9 @@ pub struct RangePrediction {
 
 impl RangePrediction {
     /// In a trace file: `range_part.<step>`, float32 [1], 1 when the runs part for good.
-    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+    pub fn tensors(&self) -> Params {
         let mark = f32::from(u8::from(self.carries));
-        self.steps.iter().map(|&s| (Tensors::RangePart.name(s, ""), Tensor::from_slice(&[mark]))).collect()
+        self.steps.iter().map(|&s| (Tensors::RangePart.name(s, ""), Values::f32s(vec![mark]))).collect()
     }
 }
 
@@ -155,15 +154,15 @@ pub struct ScalerRecord {
 
 impl ScalerRecord {
     /// Each recorded series as `(name, tensor)` for a trace file.
-    pub fn tensors(&self) -> Vec<(String, Tensor)> {
-        let f32s = |v: f64| Tensor::from_slice(&[v as f32]);
-        let series = |kind: Tensors, values: Vec<Tensor>| -> Vec<(String, Tensor)> {
+    pub fn tensors(&self) -> Params {
+        let f32s = |v: f64| Values::f32s(vec![v as f32]);
+        let series = |kind: Tensors, values: Vec<Values>| -> Params {
             values.into_iter().enumerate().map(|(s, t)| (kind.name(s, ""), t)).collect()
         };
         let mut out = series(Tensors::LossScale, self.scales.iter().map(|&v| f32s(v)).collect());
         out.extend(series(Tensors::FoundInf, self.found_inf.iter().map(|&f| f32s(f64::from(u8::from(f)))).collect()));
-        out.extend(series(Tensors::Unscales, self.unscales.iter().map(|&n| Tensor::from_slice(&[n])).collect()));
-        out.extend(series(Tensors::ScalerUpdates, self.updates.iter().map(|&n| Tensor::from_slice(&[n])).collect()));
+        out.extend(series(Tensors::Unscales, self.unscales.iter().map(|&n| Values::i64s(vec![n])).collect()));
+        out.extend(series(Tensors::ScalerUpdates, self.updates.iter().map(|&n| Values::i64s(vec![n])).collect()));
         out
     }
 }
@@ -208,31 +207,5 @@ impl Trace {
 
 /// The same tensors under the same names, shared, not copied.
 pub fn share(p: &Params) -> Params {
-    p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
-}
-
-/// A detached copy of named tensors (parameters or their gradients).
-pub fn snapshot<'a>(named: impl IntoIterator<Item = (&'a String, Tensor)>) -> Params {
-    // Comparisons happen on the CPU; a GPU tensor's move to the CPU is its copy.
-    let host = |t: Tensor| {
-        if t.device() == tch::Device::Cpu {
-            t.detach().copy()
-        } else {
-            t.detach().to_device(tch::Device::Cpu)
-        }
-    };
-    named.into_iter().map(|(n, t)| (n.clone(), host(t))).collect()
-}
-
-/// At most `k` elements of `t`, flattened, at evenly strided positions `i * numel / k`
-/// (the same positions `fixtures/resnet_reference.py` keeps). Tensors of `k` elements or
-/// fewer are kept whole, so sampling twice changes nothing.
-pub fn sample(t: &Tensor, k: usize) -> Tensor {
-    let flat = t.flatten(0, -1);
-    let n = flat.numel();
-    if n <= k {
-        return flat;
-    }
-    let idx: Vec<i64> = (0..k).map(|i| (i * n / k) as i64).collect();
-    flat.index_select(0, &Tensor::from_slice(&idx))
+    p.clone()
 }

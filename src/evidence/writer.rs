@@ -4,10 +4,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use tch::{Kind, Tensor};
-
 use super::schema::Kind as K;
 use super::trace::{Params, Trace};
+use super::values::Values;
 use crate::error::{Error, Result};
 
 impl Trace {
@@ -63,10 +62,10 @@ impl TraceWriter {
         }
         let facts = &trace.facts;
         for (s, lr) in facts.lrs.iter().enumerate() {
-            self.add(&K::Lr.name(s, ""), &Tensor::from_slice(&[*lr]))?;
+            self.add(&K::Lr.name(s, ""), &Values::f64s(vec![*lr]))?;
         }
         for (s, n) in facts.clips.iter().enumerate() {
-            self.add(&K::Clips.name(s, ""), &Tensor::from_slice(&[*n]))?;
+            self.add(&K::Clips.name(s, ""), &Values::i64s(vec![*n]))?;
         }
         let parts = trace.allowances.range_parts.iter().flat_map(|p| p.tensors());
         for (name, t) in facts.scaler.tensors().into_iter().chain(parts) {
@@ -91,24 +90,16 @@ impl TraceWriter {
         std::fs::remove_file(&self.part).map_err(err)
     }
 
-    fn add(&mut self, name: &str, t: &Tensor) -> Result<()> {
-        let dtype = match t.kind() {
-            Kind::Float => "F32",
-            Kind::Double => "F64",
-            Kind::BFloat16 => "BF16",
-            Kind::Half => "F16",
-            Kind::Int64 => "I64",
-            other => return Err(Error::Rank { rank: 0, problem: format!("cannot save {name} of kind {other:?}") }),
-        };
-        let t = t.contiguous();
-        let bytes = t.numel() * t.kind().elt_size_in_bytes();
-        let mut buf = vec![0u8; bytes];
-        t.f_copy_data_u8(&mut buf, t.numel())?;
-        self.data.write_all(&buf).map_err(|e| Error::io(format!("writing {}", self.part.display()), e))?;
-        let entry =
-            serde_json::json!({"dtype": dtype, "shape": t.size(), "data_offsets": [self.offset, self.offset + bytes]});
+    fn add(&mut self, name: &str, t: &Values) -> Result<()> {
+        let bytes = t.le_bytes();
+        self.data.write_all(&bytes).map_err(|e| Error::io(format!("writing {}", self.part.display()), e))?;
+        let entry = serde_json::json!({
+            "dtype": t.elem().name(),
+            "shape": t.shape(),
+            "data_offsets": [self.offset, self.offset + bytes.len()],
+        });
         self.header.insert(name.to_string(), entry);
-        self.offset += bytes;
+        self.offset += bytes.len();
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Exit, Result};
 use crate::evidence::{share, Params, Trace};
 use crate::judge::{caution, diagnose, Agreement, BigBatch, Comparer, Context, Outcome, Subject, TracePair};
 pub use crate::spec::CompareOptions;
-use crate::spec::{Dtype, TchKind};
+use crate::spec::Dtype;
 
 pub fn command(opts: &CompareOptions) -> Result<Exit> {
     let outcome = judge_traces(opts)?;
@@ -22,7 +22,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     strip_ddp_prefix(&mut a, &b);
     strip_ddp_prefix(&mut b, &a);
     line_up(&a, &b, pa, pb)?;
-    let dtype = Dtype::of_kind(a.finals[0].1.kind()).unwrap_or(Dtype::Float32);
+    let dtype = a.finals[0].1.dtype().unwrap_or(Dtype::Float32);
     // Users' runs train on their own: the free-running tolerance of their dtype.
     let tolerance = opts.tolerance.tolerance(dtype, false);
     let labels = labels(pa, pb);
@@ -149,8 +149,8 @@ fn line_up(a: &Trace, b: &Trace, pa: &Path, pb: &Path) -> Result<()> {
             if t.size() != u.size() {
                 return refuse(format!("{what}: {name} has shape {:?} there, {:?} here", t.size(), u.size()));
             }
-            if t.kind() != u.kind() {
-                return refuse(format!("{what}: {name} is {:?} there, {:?} here", t.kind(), u.kind()));
+            if t.elem() != u.elem() {
+                return refuse(format!("{what}: {name} is {} there, {} here", t.elem().name(), u.elem().name()));
             }
         }
         if let Some((name, _)) = y.iter().find(|(n, _)| !x.iter().any(|(m, _)| m == n)) {

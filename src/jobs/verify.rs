@@ -161,7 +161,7 @@ fn judge_in_lockstep(cfg: &Config, comm: &dyn Collective, mut judging: Judging) 
             wd.step(s, &d)?;
         }
         // Decided on the first step's real size: both runs' gradients over every step.
-        let bytes = |p: &Params| p.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>();
+        let bytes = |p: &Params| p.iter().map(|(_, t)| t.nbytes()).sum::<usize>();
         if *keep.get_or_insert_with(|| cfg.bless || 2.0 * bytes(&a) as f64 * steps <= KEEP_STEPS_BYTES) {
             kept_acc.push(a);
             kept_big.extend(big.map(|(b, _)| b));

@@ -10,11 +10,9 @@
 //! measured at), the moments are rebuilt in float64 from the accumulation trace's gradients,
 //! and |weight| is bounded by the recorded peaks.
 
-use tch::{Kind, Tensor};
-
-use crate::evidence::{OptimizerKind, Params, Trace};
+use crate::bounds::{AdamWParams, AdamWTrack};
+use crate::evidence::{OptimizerKind, Params, Trace, Values};
 use crate::spec::{Dtype, Tolerance};
-use crate::train::{AdamWParams, AdamWTrack};
 
 /// AdamW's settings as both headers give them, or why the bound cannot be carried.
 fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
@@ -54,11 +52,28 @@ fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
     })
 }
 
-/// What the fixed tolerance allows each element of `g`, measured at `at`: the larger of
-/// atol, rtol·at and max_ulps ulps of at (an ulp of x is at most ε·|x|).
-fn tolerance_allowance(tol: &Tolerance, at: &Tensor, eps: f64) -> Tensor {
+/// What the fixed tolerance allows each element, measured at `at`: the larger of atol,
+/// rtol·at and max_ulps ulps of at (an ulp of x is at most ε·|x|).
+fn tolerance_allowance(tol: &Tolerance, at: &[f64], eps: f64) -> Vec<f64> {
     let rel = tol.rtol.max(f64::from(tol.max_ulps) * eps);
-    (at * rel).clamp_min(tol.atol)
+    at.iter().map(|x| (x * rel).max(tol.atol)).collect()
+}
+
+/// `at` raised to |m| per element (or to |m| everywhere where `m` is one number: the
+/// recorder's per-tensor magnitudes).
+fn raise(at: &mut [f64], m: &Values) {
+    match m.numel() {
+        1 => {
+            let m = m.get(0).abs();
+            at.iter_mut().for_each(|x| *x = x.max(m));
+        }
+        n if n == at.len() => at.iter_mut().enumerate().for_each(|(k, x)| *x = x.max(m.get(k).abs())),
+        _ => {}
+    }
+}
+
+fn abs(v: &Values) -> Vec<f64> {
+    v.to_f64().into_iter().map(f64::abs).collect()
 }
 
 /// Per final weight and element, what AdamW makes of the steps' fixed-tolerance allowances,
@@ -71,54 +86,68 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
     let eps = dtype.epsilon();
     let names: Vec<String> = a.finals.iter().map(|(n, _)| n.clone()).collect();
     let mut track = AdamWTrack::new(names.len());
-    let mut moments: Vec<Option<(Tensor, Tensor, u32)>> = names.iter().map(|_| None).collect();
+    // Per parameter: AdamW's first and second moments and its step count, in float64.
+    type Moments = Option<(Vec<f64>, Vec<f64>, u32)>;
+    let mut moments: Vec<Moments> = names.iter().map(|_| None).collect();
+    // Each weight's peak in either run, per element.
     let peak = |n: &str| {
-        let f = |t: &Trace| t.peaks.iter().find(|(m, _)| m == n).map(|(_, t)| t.to_kind(Kind::Double));
+        let f = |t: &Trace| t.peaks.iter().find(|(m, _)| m == n).map(|(_, t)| t.clone());
         match (f(a), f(b)) {
-            (Some(x), Some(y)) => Some(x.maximum(&y)),
-            (x, y) => x.or(y),
+            (Some(x), Some(y)) => {
+                let mut at = x.to_f64();
+                raise(&mut at, &y);
+                Some(at)
+            }
+            (x, y) => x.or(y).map(|t| t.to_f64()),
         }
     };
+    let (b1, b2) = p.betas;
     for (s, grads) in a.steps.iter().enumerate() {
         let other = b.steps.get(s);
         for (i, n) in names.iter().enumerate() {
             let Some((_, g)) = grads.iter().find(|(m, _)| m == n) else { continue };
-            let g = g.to_kind(Kind::Double);
             // Measured where the gradient comparison measures: the tensor's peak in either
             // run, and the recorded micro-batch magnitudes where larger.
-            let mut at = g.abs().max();
+            let mut peak_abs = g.abs_max();
             if let Some((_, h)) = other.and_then(|o| o.iter().find(|(m, _)| m == n)) {
-                at = at.maximum(&h.to_kind(Kind::Double).abs().max());
+                peak_abs = peak_abs.max(h.abs_max());
             }
-            let mut at = g.abs().maximum(&at);
+            let g = g.to_f64();
+            let mut at: Vec<f64> = g.iter().map(|x| x.abs().max(peak_abs)).collect();
             for t in [a, b] {
                 if let Some((_, m)) = t.scales.get(s).and_then(|sc| sc.iter().find(|(m, _)| m == n)) {
-                    at = at.maximum(&m.to_kind(Kind::Double).abs());
+                    raise(&mut at, m);
                 }
             }
             let allow = tolerance_allowance(tol, &at, eps);
-            track.before_step(i, &allow, &g.abs());
-            let (b1, b2) = p.betas;
+            track.before_step(i, allow, g.iter().map(|x| x.abs()).collect());
             let (m, v, t) = match moments[i].take() {
-                Some((m, v, t)) => (m * b1 + &g * (1.0 - b1), v * b2 + g.square() * (1.0 - b2), t + 1),
-                None => (&g * (1.0 - b1), g.square() * (1.0 - b2), 1),
+                Some((m, v, t)) => (
+                    m.iter().zip(&g).map(|(m, g)| m * b1 + g * (1.0 - b1)).collect::<Vec<f64>>(),
+                    v.iter().zip(&g).map(|(v, g)| v * b2 + g * g * (1.0 - b2)).collect::<Vec<f64>>(),
+                    t + 1,
+                ),
+                None => (g.iter().map(|g| g * (1.0 - b1)).collect(), g.iter().map(|g| g * g * (1.0 - b2)).collect(), 1),
             };
-            let w = peak(n).unwrap_or_else(|| a.finals[i].1.to_kind(Kind::Double).abs());
+            let w = peak(n).unwrap_or_else(|| abs(&a.finals[i].1));
             track.after_step(i, &p, t, a.facts.lrs[s], &m, &v, &w);
             moments[i] = Some((m, v, t));
         }
     }
-    let weights: Vec<Tensor> = a.finals.iter().map(|(_, w)| w.to_kind(Kind::Double)).collect();
-    let carried = track.finals(&names, &weights, 1.0, 0.0);
+    let shapes: Vec<Vec<usize>> = a.finals.iter().map(|(_, w)| w.shape().to_vec()).collect();
+    let carried = track.finals(&names, &shapes, 1.0, 0.0);
     // Never stricter than the fixed tolerance at the weights' peaks: the carried bound adds
     // what AdamW amplifies, it does not replace what rounding alone explains.
     Ok(names
         .iter()
-        .zip(&weights)
-        .filter_map(|(n, w)| {
+        .zip(&a.finals)
+        .filter_map(|(n, (_, w))| {
             let (_, c) = carried.iter().find(|(m, _)| m == n)?;
-            let at = peak(n).unwrap_or_else(|| w.abs()).maximum(&w.abs());
-            Some((n.clone(), c.maximum(&tolerance_allowance(tol, &at, eps))))
+            let mut at = peak(n).unwrap_or_else(|| abs(w));
+            raise(&mut at, w);
+            let fixed = tolerance_allowance(tol, &at, eps);
+            let both = c.to_f64().iter().zip(&fixed).map(|(c, f)| c.max(*f)).collect();
+            Some((n.clone(), Values::f64s_shaped(w.shape(), both)))
         })
         .collect())
 }

@@ -3,7 +3,7 @@
 
 use super::elementwise::{compare_group, Scales};
 use super::{Agreement, Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch};
-use crate::evidence::{Params, Trace};
+use crate::evidence::{Params, Trace, Values};
 use crate::spec::Tolerance;
 
 /// Compares two runs step by step as their gradients arrive, so no step needs to be kept.
@@ -163,8 +163,8 @@ impl Comparer {
 
     fn sampled(&self, p: &Params) -> Params {
         match self.sample {
-            Some(k) => p.iter().map(|(n, t)| (n.clone(), crate::evidence::sample(t, k))).collect(),
-            None => p.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+            Some(k) => p.iter().map(|(n, t)| (n.clone(), t.sample(k))).collect(),
+            None => p.iter().map(|(n, t)| (n.clone(), t.clone())).collect(),
         }
     }
 }
@@ -181,12 +181,15 @@ fn peaks(a: &Trace, b: &Trace) -> Params {
 
 /// Element-wise largest of two sets of magnitudes, by name (either may be empty).
 pub(super) fn larger(a: &Params, b: &Params) -> Params {
-    let mut out: Params = a.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+    let mut out: Params = a.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
     for (name, t) in b {
         match out.iter_mut().find(|(n, _)| n == name) {
-            Some((_, mine)) if mine.size() == t.size() => *mine = mine.maximum(t),
+            Some((_, mine)) if mine.shape() == t.shape() => {
+                let both = mine.to_f64().iter().zip(t.to_f64()).map(|(x, y)| x.max(y)).collect();
+                *mine = Values::from_f64_as(mine.elem(), t.shape(), both);
+            }
             Some(_) => {}
-            None => out.push((name.clone(), t.shallow_clone())),
+            None => out.push((name.clone(), t.clone())),
         }
     }
     out

@@ -1,11 +1,9 @@
 //! One group of tensors (a step's gradients, the final weights) element by element, held to
 //! the tolerance or the derived bounds.
 
-use tch::Tensor;
-
 use super::ulps::Precision;
 use super::{Agreement, GroupDiff, Problem, TensorDiff};
-use crate::evidence::Params;
+use crate::evidence::{Elem, Params, Values, CHUNK};
 use crate::spec::Tolerance;
 
 /// What relative and ulp differences are measured against, besides the two values.
@@ -15,9 +13,9 @@ pub(super) enum Scales<'a> {
     Own,
     /// Each tensor's largest magnitude in either run, or per element the given magnitude
     /// where it is larger (a tensor of the same name and shape).
-    TensorPeakAnd(&'a [(String, Tensor)]),
+    TensorPeakAnd(&'a [(String, Values)]),
     /// Per element, where a tensor of the same name and shape is given (final weights' peaks).
-    Given(&'a [(String, Tensor)]),
+    Given(&'a [(String, Values)]),
 }
 
 /// `bounds`: per element, the largest |Δ| allowed (derived from the arithmetic); without
@@ -37,28 +35,24 @@ pub(super) fn compare_group(
                 let scale = || match scales {
                     Scales::Own => None,
                     Scales::TensorPeakAnd(given) => {
-                        let peak = x.abs().max().maximum(&y.abs().max()).to_kind(x.kind());
+                        let peak = round_to(x.elem(), x.abs_max().max(y.abs_max()));
                         // Per element, or one number for the tensor (the recorder's
                         // magnitudes="tensor").
-                        let given = given.iter().find(|(n, t)| n == name && (t.size() == x.size() || t.numel() == 1));
-                        Some(given.map_or(peak.shallow_clone(), |(_, m)| {
-                            let m = m.abs().to_kind(x.kind());
-                            match m.size() == x.size() {
-                                true => m.maximum(&peak),
-                                false => m.reshape([]).maximum(&peak),
-                            }
-                        }))
+                        let given = given.iter().find(|(n, t)| n == name && (t.shape() == x.shape() || t.numel() == 1));
+                        Some(match given {
+                            None => Scale::One(peak),
+                            Some((_, m)) if m.shape() == x.shape() => Scale::AtLeast(m.clone(), peak, Some(x.elem())),
+                            Some((_, m)) => Scale::One(round_to(x.elem(), m.get(0).abs()).max(peak)),
+                        })
                     }
-                    Scales::Given(given) => {
-                        given.iter().find(|(n, t)| n == name && t.size() == x.size()).map(|(_, t)| t.shallow_clone())
-                    }
+                    Scales::Given(given) => given
+                        .iter()
+                        .find(|(n, t)| n == name && t.shape() == x.shape())
+                        .map(|(_, t)| Scale::AtLeast(t.clone(), 0.0, None)),
                 };
                 let bound = bounds.map(|bs| {
-                    bs.iter()
-                        .find(|(n, t)| n == name && t.size() == x.size())
-                        .map(|(_, t)| t.shallow_clone())
-                        // A tensor the bounds do not cover (unused in the graph) must match.
-                        .unwrap_or_else(|| x.zeros_like().to_kind(tch::Kind::Double))
+                    // A tensor the bounds do not cover (unused in the graph) must match.
+                    bs.iter().find(|(n, t)| n == name && t.shape() == x.shape()).map(|(_, t)| t.clone())
                 });
                 tensors.push(compare_tensor(name, x, y, tol, scale, bound))
             }
@@ -92,23 +86,71 @@ pub(super) fn missing(name: &str, problem: Problem) -> TensorDiff {
     }
 }
 
+/// What relative and ulp differences are taken at, besides the two values.
+enum Scale {
+    /// One number for the whole tensor.
+    One(f64),
+    /// Per element |given| (in the compared tensors' dtype, where given), and at least the number.
+    AtLeast(Values, f64, Option<Elem>),
+}
+
+impl Scale {
+    fn at(&self, k: usize) -> f64 {
+        match self {
+            Scale::One(s) => *s,
+            Scale::AtLeast(t, floor, e) => e.map_or(t.get(k).abs(), |e| round_to(e, t.get(k).abs())).max(*floor),
+        }
+    }
+}
+
+/// `x` as the tensor's own dtype holds it (a peak measured in float64 is one of its values,
+/// and a per-tensor magnitude is compared in the tensor's dtype).
+fn round_to(e: Elem, x: f64) -> f64 {
+    match e {
+        Elem::F32 => f64::from(x as f32),
+        Elem::Bf16 => f64::from(half::bf16::from_f64(x)),
+        Elem::F16 => f64::from(half::f16::from_f64(x)),
+        Elem::F64 | Elem::I64 => x,
+    }
+}
+
+/// Flat indices where `x` and `y` differ or either is not finite, in one pass of
+/// float64 chunks (most lockstep tensors are bit-identical: nothing is kept).
+fn differing(x: &Values, y: &Values) -> Vec<usize> {
+    let (mut a, mut b) = ([0.0; CHUNK], [0.0; CHUNK]);
+    let mut out = Vec::new();
+    let n = x.numel();
+    for start in (0..n).step_by(CHUNK) {
+        let len = CHUNK.min(n - start);
+        x.read_f64(start, &mut a[..len]);
+        y.read_f64(start, &mut b[..len]);
+        for (k, (p, q)) in a[..len].iter().zip(&b[..len]).enumerate() {
+            // NaN != NaN, so NaN is kept; an equal infinity is kept by the second test.
+            if p != q || !p.is_finite() {
+                out.push(start + k);
+            }
+        }
+    }
+    out
+}
+
 /// With `scale`, relative and ulp differences are taken at max(|x|, |y|, scale) per element.
 /// Ulps count in the tensors' own precision (float32, float64, bfloat16, float16); integer counters must
 /// match exactly, their "ulps" being the difference itself. With `bound`, an element passes
-/// when |Δ| is within its own entry, and `tol` is not used.
+/// when |Δ| is within its own entry (none given: it must match), and `tol` is not used.
 fn compare_tensor(
     name: &str,
-    x: &Tensor,
-    y: &Tensor,
+    x: &Values,
+    y: &Values,
     tol: &Tolerance,
-    scale: impl FnOnce() -> Option<Tensor>,
-    bound: Option<Tensor>,
+    scale: impl FnOnce() -> Option<Scale>,
+    bound: Option<Option<Values>>,
 ) -> TensorDiff {
-    if x.size() != y.size() {
+    if x.shape() != y.shape() {
         return missing(name, Problem::Shape { left: x.size(), right: y.size() });
     }
-    use crate::spec::{Dtype, TchKind};
-    let precision = match (Dtype::of_kind(x.kind()), Dtype::of_kind(y.kind())) {
+    use crate::spec::Dtype;
+    let precision = match (x.dtype(), y.dtype()) {
         (Some(Dtype::Float64), Some(Dtype::Float64)) => Precision::F64,
         (Some(d), Some(e)) if d == e && d.is_narrow() => Precision::Narrow { digits: d.digits(), min_exp: d.min_exp() },
         // Mixed floats are counted in float32's ulps.
@@ -124,47 +166,17 @@ fn compare_tensor(
         verdict: Agreement::Exact,
         problem: None,
     };
-    // Fast path, in libtorch: bit-identical and finite (NaN never equals itself; Inf must
-    // still be reported). Lockstep's steps are often exact, and a resnet18 step has 11M values.
-    // NaN propagates through aminmax, so finite extremes mean every value is finite (and
-    // it is one pass with no allocation, where isfinite().all() was four times slower).
-    let finite = |t: &Tensor| {
-        precision == Precision::Int || {
-            let (lo, hi) = t.aminmax(None::<i64>, false);
-            lo.double_value(&[]).is_finite() && hi.double_value(&[]).is_finite()
-        }
-    };
-    if x.kind() == y.kind() && x.equal(y) && (x.numel() == 0 || finite(x)) {
+    // Fast path: bit-identical and finite values cost one pass and keep nothing.
+    let picked = differing(x, y);
+    if picked.is_empty() {
         return d;
     }
-    // Past the fast path everything is read on the CPU: an index made on one device
-    // cannot pick from a tensor on another.
-    let cpu = |t: &Tensor| t.to_device(tch::Device::Cpu);
-    let (x, y) = (&cpu(x), &cpu(y));
-    let bound = bound.map(|b| cpu(&b));
-    // Only elements that differ, or are not finite, can count: they are picked out inside
-    // libtorch first, so a final resnet18 weight set with a few differing values costs a
-    // pass or two instead of three float64 copies of 11M values.
-    let mut keep = x.reshape(-1).ne_tensor(&y.reshape(-1));
-    if !(finite(x) && finite(y)) {
-        let bad = |t: &Tensor| t.reshape(-1).isfinite().logical_not();
-        keep = keep.logical_or(&bad(x)).logical_or(&bad(y));
-    }
-    let picked = keep.nonzero().reshape(-1);
-    let pick = |t: &Tensor| t.reshape(-1).index_select(0, &picked);
-    let values = |t: &Tensor| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double)).unwrap_or_default();
-    let (xs, ys) = (values(&pick(x)), values(&pick(y)));
-    // A per-tensor scale is one value; a per-element one is picked like the values.
-    let ss = scale().map(|s| {
-        let s = cpu(&s);
-        values(&if s.numel() == 1 { s.reshape(-1).expand([picked.size()[0]], false) } else { pick(&s) })
-    });
-    let bs = bound.map(|b| values(&pick(&b)));
-    for (k, (&p, &q)) in xs.iter().zip(&ys).enumerate() {
+    let ss = scale();
+    for &k in &picked {
+        let (p, q) = (x.get(k), y.get(k));
         // A blown-up run proves nothing, even when both blew up alike.
         if !(p.is_finite() && q.is_finite()) {
-            let element = picked.int64_value(&[k as i64]);
-            d.problem.get_or_insert(Problem::NonFinite { element, left: p, right: q });
+            d.problem.get_or_insert(Problem::NonFinite { element: k as i64, left: p, right: q });
             d.verdict = Agreement::Diverged;
             continue;
         }
@@ -172,7 +184,7 @@ fn compare_tensor(
             continue;
         }
         let abs = (p - q).abs();
-        let at = p.abs().max(q.abs()).max(ss.as_ref().and_then(|s| s.get(k)).map_or(0.0, |s| s.abs()));
+        let at = p.abs().max(q.abs()).max(ss.as_ref().map_or(0.0, |s| s.at(k)));
         let rel = abs / at;
         let ulps = match precision {
             Precision::Int => abs as u64,
@@ -180,9 +192,9 @@ fn compare_tensor(
             _ => (abs / precision.ulp(at)).ceil() as u64,
         };
         // The fraction of the allowance used: an element passes when it is at most 1.
-        let fraction = match (&bs, precision) {
+        let fraction = match (&bound, precision) {
             (_, Precision::Int) => f64::INFINITY,
-            (Some(bs), _) => abs / bs[k],
+            (Some(b), _) => abs / b.as_ref().map_or(0.0, |b| b.get(k)),
             (None, _) => (abs / tol.atol).min(rel / tol.rtol).min(ulps as f64 / f64::from(tol.max_ulps)),
         };
         let close = fraction <= 1.0;

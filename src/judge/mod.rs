@@ -244,13 +244,12 @@ pub struct Comparison {
 mod tests {
     use super::ulps::ulp;
     use super::*;
-    use crate::evidence::Trace;
+    use crate::evidence::{Trace, Values};
     use crate::spec::Tolerance;
-    use tch::Tensor;
 
     fn trace(grad: &[f32]) -> Trace {
-        let t = Tensor::from_slice(grad);
-        Trace { steps: vec![vec![("w".into(), t.copy())]], finals: vec![("w".into(), t)], ..Default::default() }
+        let t = Values::f32s(grad.to_vec());
+        Trace { steps: vec![vec![("w".into(), t.clone())]], finals: vec![("w".into(), t)], ..Default::default() }
     }
 
     #[test]
@@ -273,7 +272,7 @@ mod tests {
         // A weight that fell from 1.0 to ~0.09: 1 ulp of 1.0 is ~16 ulps of 0.09.
         let x = 0.0899f32;
         let y = x + ulp(1.0);
-        let with_peak = |t: Trace| Trace { peaks: vec![("w".into(), Tensor::from_slice(&[1.0f32]))], ..t };
+        let with_peak = |t: Trace| Trace { peaks: vec![("w".into(), Values::f32s(vec![1.0]))], ..t };
         let tol = Tolerance { max_ulps: 2, rtol: 0.0, atol: 0.0 };
         assert_eq!(compare("a", &trace(&[x]), "b", &trace(&[y]), &tol).finals.verdict, Agreement::Diverged);
         let c = compare("a", &with_peak(trace(&[x])), "b", &trace(&[y]), &tol);
@@ -283,7 +282,7 @@ mod tests {
     /// Each element against its own bound; the report says how much of it was used.
     #[test]
     fn derived_bounds_decide_per_element_and_report_the_fraction_used() {
-        let bound = |v: &[f64]| vec![("w".to_string(), Tensor::from_slice(v))];
+        let bound = |v: &[f64]| vec![("w".to_string(), Values::f64s(v.to_vec()))];
         let mut a = trace(&[1.0, 2.0]);
         a.allowances.steps = vec![bound(&[1e-2, 1e-3])];
         a.allowances.finals = bound(&[1e-2, 1e-2]);
@@ -308,7 +307,7 @@ mod tests {
     #[test]
     fn an_element_without_a_bound_must_be_identical() {
         let mut a = trace(&[1.0]);
-        a.allowances.steps = vec![vec![("other".to_string(), Tensor::from_slice(&[1.0f64]))]];
+        a.allowances.steps = vec![vec![("other".to_string(), Values::f64s(vec![1.0]))]];
         let y = f32::from_bits(1.0f32.to_bits() + 1);
         let c = Comparer::new("a", "b", &Tolerance::default(), None).derived(true).finish(&a, &trace(&[y]), true);
         assert_eq!(c.steps[0].verdict, Agreement::Diverged);
@@ -323,8 +322,7 @@ mod tests {
         let (a, b) = (trace(&[x, 0.5e-3]), trace(&[y, 0.5e-3]));
         let tol = Tolerance { max_ulps: 16, rtol: 0.0, atol: 0.0 };
         assert_eq!(compare("a", &a, "b", &b, &tol).steps[0].verdict, Agreement::Diverged);
-        let with_scales =
-            |t: Trace| Trace { scales: vec![vec![("w".into(), Tensor::from_slice(&[2.0f32, 1e-3]))]], ..t };
+        let with_scales = |t: Trace| Trace { scales: vec![vec![("w".into(), Values::f32s(vec![2.0, 1e-3]))]], ..t };
         let c = compare("a", &with_scales(a), "b", &b, &tol);
         assert_eq!((c.steps[0].verdict, c.steps[0].max_ulps), (Agreement::WithinTolerance, 1));
     }

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use super::{diagnose, Agreement, Comparer, Comparison, Context, Diagnosis, Verdict};
+use crate::evidence::Unrepeatable;
 use crate::evidence::{Golden, Params, Trace, TraceHeader};
 use crate::spec::{Config, Tolerance};
-use crate::train::Unrepeatable;
 
 /// What was judged: two runs ddp-verify trained, or two traces a user recorded.
 pub enum Subject {

@@ -4,9 +4,12 @@
 //! draws only configurations it accepts.
 
 use crate::error::{Error, Result};
-use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, Models, TrainConfig};
+#[cfg(feature = "libtorch")]
+use crate::spec::Models;
+use crate::spec::{Amp, AmpConfig, DeviceKind, Dtype, TrainConfig};
 
 /// Every check of the training flags that needs nothing but the flags.
+#[cfg(feature = "libtorch")]
 pub fn check_train(t: &TrainConfig) -> Result<()> {
     check_split(t)?;
     check_resnet(t)?;
@@ -254,6 +257,7 @@ pub fn check_optim(t: &TrainConfig) -> Result<()> {
 
 /// A planted bug the configuration can carry: a model that has what the bug misdoes, and
 /// what it misuses (`plan::bugs::need`).
+#[cfg(feature = "libtorch")]
 fn check_bug(t: &TrainConfig) -> Result<()> {
     let Some(b) = t.inject else { return Ok(()) };
     if let Some(need) = super::bugs::need(b).filter(|n| !(n.has)(t)) {

@@ -44,10 +44,7 @@ impl SamplerSpec {
         let total = self.num_samples().saturating_mul(self.world);
         let mut indices: Vec<i64> = if self.shuffle {
             // torch: g = Generator(); g.manual_seed(seed + epoch); randperm(n, generator=g).
-            let perm = super::rng::seeded(self.seed.wrapping_add(epoch), || {
-                tch::Tensor::randperm(n as i64, (tch::Kind::Int64, tch::Device::Cpu))
-            });
-            Vec::<i64>::try_from(&perm).expect("randperm gives int64")
+            super::randperm::randperm(n, self.seed.wrapping_add(epoch))
         } else {
             (0..n as i64).collect()
         };

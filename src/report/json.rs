@@ -18,11 +18,7 @@ impl Exporter for Json {
 }
 
 fn finals_json(p: &Params) -> Value {
-    p.iter()
-        .map(|(n, t)| {
-            (n.clone(), json!(Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default()))
-        })
-        .collect()
+    p.iter().map(|(n, t)| (n.clone(), json!(t.to_f64()))).collect()
 }
 
 pub fn json(o: &Outcome) -> Value {

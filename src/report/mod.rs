@@ -259,17 +259,18 @@ pub(crate) fn ulps(u: u64) -> String {
 }
 
 /// Up to 8 values at 4 decimals, as PyTorch prints the article's weights.
-pub(crate) fn values(t: &tch::Tensor) -> String {
-    let v = Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap_or_default();
-    let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
-    let more = if v.len() > 8 { format!(", ... ({} values)", v.len()) } else { String::new() };
+pub(crate) fn values(t: &crate::evidence::Values) -> String {
+    let shown: Vec<String> = (0..t.numel().min(8)).map(|i| format!("{:.4}", t.get(i) as f32)).collect();
+    let more = if t.numel() > 8 { format!(", ... ({} values)", t.numel()) } else { String::new() };
     format!("[{}{more}]", shown.join(", "))
 }
 
 /// Why BatchNorm buffers differ between the runs, with the counters as evidence.
 pub(crate) fn buffer_explanation(o: &Outcome) -> String {
     let count = |p: &crate::evidence::Params| {
-        p.iter().find(|(n, _)| n.ends_with("num_batches_tracked")).and_then(|(_, t)| i64::try_from(t).ok())
+        p.iter()
+            .find(|(n, _)| n.ends_with("num_batches_tracked"))
+            .and_then(|(_, t)| (t.numel() == 1).then(|| t.to_i64()[0]))
     };
     let (a, d) = (count(&o.accumulation.buffers), count(&o.ddp.buffers));
     let counts = match (a, d) {

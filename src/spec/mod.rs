@@ -4,7 +4,9 @@
 //! dtypes, bugs...) are `crates/cli`'s, re-exported; their libtorch side is here.
 
 mod config;
+#[cfg(feature = "libtorch")]
 mod device;
+#[cfg(feature = "libtorch")]
 mod dtype;
 mod kernels;
 mod launcher;
@@ -24,7 +26,9 @@ pub use ddp_verify_cli::values::{
     Amp, Bug, DeviceKind, DeviceRequest, Dtype, Format, KernelMode, ModelKind, Models, Optimizer, PartialWindow,
     Schedule, Side,
 };
+#[cfg(feature = "libtorch")]
 pub use device::accumulation_device;
+#[cfg(feature = "libtorch")]
 pub use dtype::TchKind;
 pub use kernels::{KernelFacts, Machine, Platform};
 pub use launcher::{Launcher, LauncherKind};

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use ddp_verify_cli::defaults;
 
-use super::{is_default, Amp, Dtype, TchKind};
+use super::{is_default, Amp, Dtype};
 
 /// Flattened into `TrainConfig`'s JSON; absent keys are float32 without AMP.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -53,7 +53,9 @@ impl Default for AmpConfig {
 
 impl AmpConfig {
     /// The autocast dtype, if any.
+    #[cfg(feature = "libtorch")]
     pub fn autocast(&self) -> Option<tch::Kind> {
+        use super::TchKind;
         self.amp.map(Amp::kind)
     }
 

@@ -3,6 +3,8 @@
 //! is tested on made-up machines.
 
 use crate::error::{Error, Result};
+pub use crate::plan::memory::{available_bytes, check_split_fits};
+use crate::plan::memory::{gib, too_much};
 use crate::spec::{Dtype, TchKind, TrainConfig};
 
 /// What each rank process costs before any data or model: libtorch and Open MPI (measured
@@ -117,42 +119,6 @@ fn parameter_flag(cfg: &TrainConfig) -> &'static str {
     }
 }
 
-/// `split` holds the index lists of one epoch in one process, and with `--json` their text:
-/// refuse sizes this machine cannot hold (a billion samples is about 50 GiB).
-pub fn check_split_fits(cfg: &TrainConfig, available: impl FnOnce() -> Option<f64>) -> Result<()> {
-    let bytes = cfg.shape.data_size as f64 * (8.0 * 4.0 + 2.0 * 24.0);
-    let Some(available) = too_much(bytes, available) else { return Ok(()) };
-    Err(Error::bad_flag(
-        "--data-size",
-        format!(
-            "listing {} samples takes about {:.1} GiB, but only {:.1} GiB is available",
-            cfg.shape.data_size,
-            gib(bytes),
-            gib(available)
-        ),
-        "use a smaller --data-size",
-    ))
-}
-
-/// The bytes available, when `bytes` would take more than 80% of them (an unknown amount
-/// refuses nothing).
-fn too_much(bytes: f64, available: impl FnOnce() -> Option<f64>) -> Option<f64> {
-    let available = available().unwrap_or(f64::INFINITY);
-    (bytes > 0.8 * available).then_some(available)
-}
-
-fn gib(bytes: f64) -> f64 {
-    bytes / (1u64 << 30) as f64
-}
-
-/// MemAvailable from /proc/meminfo, in bytes: this machine's probe for [`check_fits`].
-pub fn available_bytes() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,13 +159,5 @@ mod tests {
         (lm.model.kind, lm.model.lm.vocab) = (ModelKind::TinyLm, 1 << 20);
         let e = check_fits(&lm, machine(4.0)).unwrap_err().to_string();
         assert!(e.starts_with("--vocab: ") || e.starts_with("--batch-size: "), "{e}");
-    }
-
-    #[test]
-    fn split_refuses_what_the_machine_cannot_list() {
-        let mut cfg = TrainConfig::article();
-        cfg.shape.data_size = 1 << 30;
-        assert!(check_split_fits(&cfg, machine(1.0)).unwrap_err().to_string().starts_with("--data-size: "));
-        assert!(check_split_fits(&cfg, machine(1024.0)).is_ok());
     }
 }

@@ -7,6 +7,7 @@ pub mod data;
 mod ddp;
 mod dropout;
 pub mod fits;
+pub mod host;
 mod listen;
 mod lockstep;
 pub mod models;
@@ -14,12 +15,13 @@ pub mod optim;
 mod repeat;
 mod scaler;
 
+pub use crate::evidence::Unrepeatable;
 pub use accumulation::{accumulation, accumulation_run, big_batch, big_batch_run};
-pub use bounds::{AdamWParams, AdamWTrack, Bounds, Clip};
+pub use bounds::{Bounds, Clip};
 pub use ddp::{ddp_rank, ddp_run};
 use listen::Listener;
 pub use lockstep::{lockstep, StepGrads, StepSink};
-pub use repeat::{repeat_check, Unrepeatable};
+pub use repeat::repeat_check;
 
 use tch::Tensor;
 
@@ -29,9 +31,10 @@ use self::optim::Optimizer;
 use self::scaler::Scaler;
 use crate::dist::{self as collective, Collective};
 use crate::error::Result;
-use crate::evidence::{snapshot, Allowances, Params, RangePrediction, RankHeld, ScalerRecord, StepFacts, Trace};
+use crate::evidence::{Allowances, Params, RangePrediction, RankHeld, ScalerRecord, StepFacts, Trace};
 use crate::plan::{Counts, Normaliser, Planted, RunPlan, StepPlan};
 use crate::spec::TrainConfig;
+use host::snapshot;
 
 /// One micro-batch's loss, as a run backpropagates it.
 pub struct MicroBatchLoss<'a> {
@@ -250,12 +253,9 @@ impl<'a> Run<'a> {
         if let Some((_, coef)) = &clip {
             optim::clip_apply(&tensors.iter().map(Tensor::grad).collect::<Vec<_>>(), coef)?;
         }
-        let grads = match (self.traced, self.planted.zeroes_grads() && self.model_device() == tch::Device::Cpu) {
-            (false, _) => Params::new(),
-            // zero_grad drops these tensors for new ones and SGD only reads them, so
-            // holding them is as good as a copy of 45 MB a step for resnet18.
-            (true, true) => params.iter().map(|(n, p)| (n.clone(), p.grad().detach())).collect(),
-            (true, false) => snapshot(params.iter().map(|(n, p)| (n, p.grad()))),
+        let grads = match self.traced {
+            false => Params::new(),
+            true => snapshot(params.iter().map(|(n, p)| (n, p.grad()))),
         };
         self.opt.set_lr(lr)?;
         // `scaler.step(optimizer)`: no step where inf/NaN was found; then `scaler.update()`.
@@ -362,7 +362,7 @@ impl<'a> Run<'a> {
                 ..StepFacts::default()
             },
             buffers: snapshot(m.buffers().iter().map(|(n, b)| (n, b.shallow_clone()))),
-            peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks).collect(),
+            peaks: m.parameters().iter().map(|(n, _)| n.clone()).zip(self.peaks.iter().map(host::host)).collect(),
             ..Trace::default()
         })
     }
@@ -448,10 +448,6 @@ impl<'a> Run<'a> {
         for (peak, (_, p)) in self.peaks.iter().zip(self.model.parameters()) {
             let _ = peak.maximum_out(peak, &p.detach().abs());
         }
-    }
-
-    fn model_device(&self) -> tch::Device {
-        self.model.parameters().first().map_or(tch::Device::Cpu, |(_, p)| p.device())
     }
 
     /// Weights, buffers, and the loss scaler's state (lockstep restarts it with the weights).

@@ -16,7 +16,6 @@
 use tch::{COptimizer, Kind, Tensor};
 
 use crate::error::Result;
-use crate::evidence::Params;
 use crate::spec::{OptimConfig, Optimizer as Kind_, TrainConfig};
 
 pub struct Optimizer {
@@ -83,9 +82,9 @@ impl Optimizer {
 
     /// AdamW's moments, as `exp_avg.<param>` and `exp_avg_sq.<param>` (PyTorch's state
     /// keys); empty under SGD, whose momentum buffers libtorch keeps to itself.
-    pub fn state(&self) -> Params {
-        let Some(a) = &self.adamw else { return Params::new() };
-        let mut out = Params::new();
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let Some(a) = &self.adamw else { return Vec::new() };
+        let mut out = Vec::new();
         for ((name, _), m) in self.params.iter().zip(&a.moments) {
             if let Some((m, v)) = m {
                 out.push((format!("exp_avg.{name}"), m.shallow_clone()));

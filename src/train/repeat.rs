@@ -5,47 +5,16 @@
 //! Sapphire Rapids CPU) makes any difference between two runs meaningless, so such a
 //! machine gets no verdict (exit 4) instead of a false "not equivalent".
 
-use serde::Serialize;
-use tch::{Kind, Tensor};
-
+use super::host::snapshot;
 use super::{Derives, Run};
 use crate::error::Result;
-use crate::evidence::{snapshot, Params};
+use crate::evidence::{Params, Unrepeatable, Values};
 use crate::plan::RunPlan;
 use crate::spec::{DeviceKind, KernelMode, Platform, TrainConfig};
 
 /// Test hook: set, the second computation's first gradient comes out NaN, as from a kernel
 /// that does not repeat itself (this machine's kernels do repeat).
 pub const UNREPEATABLE_HOOK: &str = "DDP_VERIFY_TEST_UNREPEATABLE";
-
-/// Kernels that gave other bits for the same micro-batch.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Unrepeatable {
-    /// What computed: "bfloat16", or "float32 under --amp bfloat16".
-    pub dtype: String,
-    /// The gradient that jumped the most, and by how much (inf where one was NaN; JSON
-    /// writes that as null).
-    pub tensor: String,
-    pub jump: f64,
-    /// How many of the model's gradients differed, of how many.
-    pub differing: usize,
-    pub gradients: usize,
-    /// Where: the CPU, GPU and kernels (`Platform::describe`).
-    pub platform: String,
-    /// What avoids it.
-    pub fix: String,
-}
-
-impl Unrepeatable {
-    /// The report's one line.
-    pub fn line(&self) -> String {
-        format!(
-            "NO VERDICT: this machine's kernels are not deterministic for {}: the same micro-batch computed twice \
-             gave {}'s gradient a jump of {:.3e} ({} of {} gradients differ) on {}; {}",
-            self.dtype, self.tensor, self.jump, self.differing, self.gradients, self.platform, self.fix
-        )
-    }
-}
 
 /// Runs `cfg`'s first micro-batch twice from the initial weights (its bug left out: the
 /// kernels are on trial, not the loop); `None` when both gave the same bits. Costs two
@@ -65,7 +34,7 @@ pub fn repeat_check(cfg: &TrainConfig, platform: &Platform) -> Result<Option<Unr
     }
     if std::env::var_os(UNREPEATABLE_HOOK).is_some() {
         if let Some((_, g)) = twice[1].first_mut() {
-            *g = g.full_like(f64::NAN);
+            *g = Values::from_f64_as(g.elem(), g.shape(), vec![f64::NAN; g.numel()]);
         }
     }
     Ok(differences(&twice[0], &twice[1]).map(|(tensor, jump, differing)| Unrepeatable {
@@ -107,11 +76,11 @@ pub fn differences(a: &Params, b: &Params) -> Option<(String, f64, usize)> {
             continue;
         }
         differing += 1;
-        let jump = (x.to_kind(Kind::Double) - y.to_kind(Kind::Double))
-            .abs()
-            .nan_to_num(f64::INFINITY, f64::INFINITY, f64::INFINITY)
-            .max()
-            .double_value(&[]);
+        // NaN (one side NaN, or both infinite alike) counts as an infinite jump.
+        let jump = x.to_f64().iter().zip(y.to_f64()).fold(0.0f64, |m, (p, q)| {
+            let d = (p - q).abs();
+            m.max(if d.is_nan() { f64::INFINITY } else { d })
+        });
         if worst.as_ref().is_none_or(|(_, w)| jump > *w) {
             worst = Some((name.clone(), jump));
         }
@@ -120,13 +89,8 @@ pub fn differences(a: &Params, b: &Params) -> Option<(String, f64, usize)> {
 }
 
 /// Bit for bit, NaN payloads and signed zeros included.
-fn same_bits(x: &Tensor, y: &Tensor) -> bool {
-    let int = match x.kind().elt_size_in_bytes() {
-        8 => Kind::Int64,
-        4 => Kind::Int,
-        _ => Kind::Int16,
-    };
-    x.size() == y.size() && x.kind() == y.kind() && x.view_dtype(int).equal(&y.view_dtype(int))
+fn same_bits(x: &Values, y: &Values) -> bool {
+    x.shape() == y.shape() && x.elem() == y.elem() && x.le_bytes() == y.le_bytes()
 }
 
 #[cfg(test)]
@@ -134,7 +98,7 @@ mod tests {
     use super::*;
 
     fn params(values: &[&[f32]]) -> Params {
-        values.iter().enumerate().map(|(i, v)| (format!("p{i}"), Tensor::from_slice(v))).collect()
+        values.iter().enumerate().map(|(i, v)| (format!("p{i}"), Values::f32s(v.to_vec()))).collect()
     }
 
     #[test]

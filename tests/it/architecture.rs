@@ -7,13 +7,14 @@ use std::path::Path;
 use crate::util::repo;
 
 /// Top to bottom. A module may use itself and anything after it, never anything before.
-const LAYERS: [&[&str]; 10] = [
+const LAYERS: [&[&str]; 11] = [
     &["lower"],
     &["jobs"],
     &["report"],
     &["judge"],
     &["train"],
     &["dist"],
+    &["bounds"],
     &["evidence"],
     &["plan"],
     &["spec"],

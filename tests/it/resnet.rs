@@ -55,6 +55,11 @@ fn floats(v: impl IntoIterator<Item = (String, Tensor)>) -> Vec<(String, Tensor)
     v
 }
 
+/// As the evidence holds them.
+fn host(v: Vec<(String, Tensor)>) -> ddp_verify::evidence::Params {
+    v.iter().map(|(n, t)| (n.clone(), ddp_verify::train::host::host(t))).collect()
+}
+
 /// The tensors of `set` named `<prefix><name>`, as `<name>`.
 fn strip(set: &[(String, Tensor)], prefix: &str) -> Vec<(String, Tensor)> {
     floats(set.iter().filter_map(|(n, t)| Some((n.strip_prefix(prefix)?.to_string(), t.shallow_clone()))))
@@ -75,19 +80,19 @@ fn resnet_tiny_forward_and_backward_match_torchvision() {
 
     // The gradients as one step; the BatchNorm running statistics and the loss as finals.
     let ours = Trace {
-        steps: vec![floats(model.parameters().iter().map(|(n, p)| (n.clone(), p.grad())))],
-        finals: floats(
+        steps: vec![host(floats(model.parameters().iter().map(|(n, p)| (n.clone(), p.grad()))))],
+        finals: host(floats(
             model
                 .buffers()
                 .iter()
                 .map(|(n, b)| (n.clone(), b.shallow_clone()))
                 .chain([("loss".into(), loss.detach().reshape([1]))]),
-        ),
+        )),
         ..Default::default()
     };
     let torch = Trace {
-        steps: vec![strip(&expected, "grad.")],
-        finals: floats(strip(&expected, "buffer.").into_iter().chain([("loss".into(), get(&expected, "loss"))])),
+        steps: vec![host(strip(&expected, "grad."))],
+        finals: host(floats(strip(&expected, "buffer.").into_iter().chain([("loss".into(), get(&expected, "loss"))]))),
         ..Default::default()
     };
     let c = compare("ours", &ours, "torchvision", &torch, &Tolerance::default());

@@ -47,6 +47,14 @@ impl Exit {
     }
 }
 
+/// clap's refusal as one line, like every other bad input: its first paragraph, which
+/// names the flag (both binaries print it, then exit 2).
+pub fn usage_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let paragraph: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+    format!("{} (see ddp-verify --help)", paragraph.join(" ").trim_start_matches("error: "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::Exit;

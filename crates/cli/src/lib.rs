@@ -17,4 +17,4 @@ pub use args::{
 pub use case::{case_keys, parse_case, CaseError, CaseValue};
 /// `Cli::try_parse()` needs the trait in scope; the core takes it from here.
 pub use clap::Parser;
-pub use exit::{Exit, EXIT_CODES};
+pub use exit::{usage_line, Exit, EXIT_CODES};

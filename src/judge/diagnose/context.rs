@@ -2,7 +2,7 @@
 //! configuration or from what two recorded traces say of themselves.
 
 use crate::evidence::{Framework, Trace};
-use crate::spec::{Dtype, TchKind, TrainConfig};
+use crate::spec::{Dtype, TrainConfig};
 
 /// Who trained the runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +82,7 @@ impl Context {
     /// Two traces a user recorded: what their headers and shapes say.
     pub fn of_traces(a: &Trace, b: &Trace) -> Self {
         let both = [a, b];
-        let dtype = a.finals.first().and_then(|(_, t)| Dtype::of_kind(t.kind())).unwrap_or(Dtype::Float32);
+        let dtype = a.finals.first().and_then(|(_, t)| t.dtype()).unwrap_or(Dtype::Float32);
         let framework = both.iter().find_map(|t| t.header.framework.filter(|f| super::scaling::divides_loss(*f)));
         Context {
             origin: Origin::Recorded { framework },

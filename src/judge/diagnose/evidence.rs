@@ -45,7 +45,5 @@ impl<'a> Evidence<'a> {
 
 /// Every tensor's elements in order, as float64.
 pub fn flat(p: &Params) -> Vec<f64> {
-    p.iter()
-        .flat_map(|(_, t)| Vec::<f64>::try_from(&t.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap_or_default())
-        .collect()
+    p.iter().flat_map(|(_, t)| t.to_f64()).collect()
 }

@@ -1,15 +1,13 @@
 //! Each family of rules on made-up evidence: traces built by hand, compared for real, and
 //! the cause the rules name.
 
-use tch::Tensor;
-
 use super::{big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin};
-use crate::evidence::{Framework, Leg, OptimizerKind, RankDrift, RankHeld, RunKind, Trace, TraceHeader};
+use crate::evidence::{Framework, Leg, OptimizerKind, RankDrift, RankHeld, RunKind, Trace, TraceHeader, Values};
 use crate::judge::{compare, Reason};
 use crate::spec::Tolerance;
 
-fn params(name: &str, v: &[f32]) -> Vec<(String, Tensor)> {
-    vec![(name.to_string(), Tensor::from_slice(v))]
+fn params(name: &str, v: &[f32]) -> Vec<(String, Values)> {
+    vec![(name.to_string(), Values::f32s(v.to_vec()))]
 }
 
 /// A recorded trace: one parameter `w`, a gradient per step, final weights.

@@ -12,13 +12,13 @@ impl Bounds {
     /// stands for Σ|terms|, and HEADROOM for the forward passes, which round alike but for
     /// the blocking of their matrix products. Elements where micro-batch terms cancel are
     /// also allowed a few ulps of their tensor's largest gradient.
-    pub(super) fn big_allowed(&mut self, names: &[String], grads: &[Tensor]) -> Params {
+    pub(super) fn big_allowed(&mut self, names: &[String], grads: &[Tensor]) -> Vec<(String, Tensor)> {
         let rows = std::mem::take(&mut self.rows);
         if !self.big {
-            return Params::new();
+            return Vec::new();
         }
         let reach = HEADROOM * 2.0 * gamma(rows, self.u);
-        let mut out = Params::new();
+        let mut out = Vec::new();
         for (i, g) in grads.iter().enumerate() {
             let Some(mut m) = self.micro_mag[i].take() else { continue };
             if !g.defined() {
@@ -37,9 +37,9 @@ impl Bounds {
     /// Likewise in the big batch, under AdamW (empty otherwise: SGD's finals keep the
     /// fixed tolerance there).
     pub fn finals_big(&self, names: &[String], weights: &[Tensor]) -> Params {
-        let weights: Vec<Tensor> = weights.iter().map(work).collect();
+        let shapes: Vec<Vec<usize>> = weights.iter().map(|w| w.size().iter().map(|&d| d as usize).collect()).collect();
         match &self.adamw {
-            Some((_, tracks)) if tracks.len() > 1 => tracks[1].finals(names, &weights, HEADROOM, self.tiny),
+            Some((_, tracks)) if tracks.len() > 1 => tracks[1].finals(names, &shapes, HEADROOM, self.tiny),
             _ => Params::new(),
         }
     }

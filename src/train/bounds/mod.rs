@@ -26,6 +26,7 @@
 
 use tch::{Kind, Tensor};
 
+use super::host::{f64s, host};
 use crate::error::Result;
 use crate::evidence::Params;
 use crate::spec::DeviceKind;
@@ -77,13 +78,12 @@ pub struct Bounds {
     ddp_found_inf: bool,
 }
 
-mod adamw;
 mod big;
 mod clip;
 mod control;
 mod sgd;
 
-pub use adamw::{AdamWParams, AdamWTrack};
+pub use crate::bounds::{AdamWParams, AdamWTrack};
 pub use clip::Clip;
 
 impl Bounds {

@@ -1,5 +1,5 @@
 //! The bound carried through the optimizer step: SGD (momentum, weight decay, its own
-//! rounding) inline, AdamW through `adamw.rs`; skipped steps; the final weights.
+//! rounding) inline, AdamW through `crate::bounds`; skipped steps; the final weights.
 
 use tch::Tensor;
 
@@ -18,7 +18,8 @@ impl Bounds {
         for slot in self.micro_mag.iter_mut() {
             *slot = None;
         }
-        let allowed = names.iter().zip(weights).map(|(n, w)| (n.clone(), work(w).zeros_like() + self.tiny)).collect();
+        let allowed =
+            names.iter().zip(weights).map(|(n, w)| (n.clone(), host(&(work(w).zeros_like() + self.tiny)))).collect();
         (allowed, Params::new())
     }
 
@@ -68,11 +69,12 @@ impl Bounds {
             let w = work(w).abs();
             if let Some((_, tracks)) = self.adamw.as_mut() {
                 let g_abs = g.abs();
-                tracks[0].before_step(i, &a, &g_abs);
+                let g_abs = f64s(&g_abs);
+                tracks[0].before_step(i, f64s(&a), g_abs.clone());
                 if let (Some(t), Some((_, b))) = (tracks.get_mut(1), big.iter().find(|(n, _)| n == &names[i])) {
-                    t.before_step(i, b, &g_abs);
+                    t.before_step(i, f64s(b), g_abs);
                 }
-                allowed.push((names[i].clone(), a));
+                allowed.push((names[i].clone(), host(&a)));
                 continue;
             }
             // SGD: d = g + wd·w; buf = μ·buf + d; w -= lr·buf. Each run rounds d and buf
@@ -104,9 +106,9 @@ impl Bounds {
             e += &b * (6.0 * self.u);
             self.buf_mag[i] = Some(b);
             self.buf_err[i] = Some(e);
-            allowed.push((names[i].clone(), a));
+            allowed.push((names[i].clone(), host(&a)));
         }
-        (allowed, big)
+        (allowed, big.iter().map(|(n, t)| (n.clone(), host(t))).collect())
     }
 
     /// After the optimizer step: the weights it made. Each run rounds lr·buf and the update.
@@ -115,7 +117,7 @@ impl Bounds {
             self.steps += 1;
             for (i, w) in weights.iter().enumerate() {
                 let Some(Some((m, v))) = moments.get(i) else { continue };
-                let (m, v, w) = (work(m), work(v), work(w).abs());
+                let (m, v, w) = (f64s(m), f64s(v), f64s(&w.abs()));
                 for t in tracks.iter_mut() {
                     t.after_step(i, p, self.steps, self.lr, &m, &v, &w);
                 }
@@ -141,7 +143,9 @@ impl Bounds {
     pub fn finals(&self, names: &[String], weights: &[Tensor]) -> Params {
         let weights: Vec<Tensor> = weights.iter().map(work).collect();
         if let Some((_, tracks)) = &self.adamw {
-            return tracks[0].finals(names, &weights, HEADROOM, self.tiny);
+            let shapes: Vec<Vec<usize>> =
+                weights.iter().map(|w| w.size().iter().map(|&d| d as usize).collect()).collect();
+            return tracks[0].finals(names, &shapes, HEADROOM, self.tiny);
         }
         let parts = names.iter().zip(&weights).zip(&self.weight_err);
         parts
@@ -150,7 +154,7 @@ impl Bounds {
                     Some(f) => f * HEADROOM,
                     None => w.zeros_like(),
                 };
-                (n.clone(), f + self.tiny)
+                (n.clone(), host(&(f + self.tiny)))
             })
             .collect()
     }
@@ -170,8 +174,8 @@ mod tests {
         Bounds::new(&cfg, 1)
     }
 
-    fn values(t: &Tensor) -> Vec<f64> {
-        Vec::<f64>::try_from(t.to_kind(tch::Kind::Double)).unwrap()
+    fn values(t: &crate::evidence::Values) -> Vec<f64> {
+        t.to_f64()
     }
 
     /// One step with nothing measured (the floor alone): by hand, b = |g| + wd·|w|,

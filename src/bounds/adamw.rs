@@ -10,9 +10,7 @@
 //! parameter the loss does not depend on) the update is as large as anywhere: the bound
 //! follows, since Δm/d_lo is then of the order of the step itself.
 
-use tch::Tensor;
-
-use crate::evidence::Params;
+use crate::evidence::{Params, Values};
 
 /// AdamW's settings the bounds need.
 #[derive(Clone, Copy, Debug)]
@@ -26,73 +24,74 @@ pub struct AdamWParams {
     pub lockstep: bool,
 }
 
-/// One compared run's bounds, per parameter.
+/// One compared run's bounds, per parameter and element, in float64.
 pub struct AdamWTrack {
-    em: Vec<Option<Tensor>>,
-    ev: Vec<Option<Tensor>>,
-    ew: Vec<Option<Tensor>>,
+    em: Vec<Option<Vec<f64>>>,
+    ev: Vec<Option<Vec<f64>>>,
+    ew: Vec<Option<Vec<f64>>>,
     /// This step's gradient allowance and |gradient|, until the optimizer has stepped.
-    pending: Vec<Option<(Tensor, Tensor)>>,
+    pending: Vec<Option<(Vec<f64>, Vec<f64>)>>,
 }
 
 impl AdamWTrack {
     pub fn new(params: usize) -> Self {
-        let none = || (0..params).map(|_| None).collect::<Vec<Option<Tensor>>>();
+        let none = || (0..params).map(|_| None).collect::<Vec<Option<Vec<f64>>>>();
         AdamWTrack { em: none(), ev: none(), ew: none(), pending: (0..params).map(|_| None).collect() }
     }
 
     /// The step's allowance `a` and accumulation's |gradient| for parameter `i`.
-    pub fn before_step(&mut self, i: usize, a: &Tensor, g_abs: &Tensor) {
-        self.pending[i] = Some((a.shallow_clone(), g_abs.shallow_clone()));
+    pub fn before_step(&mut self, i: usize, a: Vec<f64>, g_abs: Vec<f64>) {
+        self.pending[i] = Some((a, g_abs));
     }
 
     /// After accumulation's step `t` (from 1) at learning rate `lr`: `m`, `v` its moments
     /// and `w` its |weight| for parameter `i`.
     #[allow(clippy::too_many_arguments)]
-    pub fn after_step(&mut self, i: usize, p: &AdamWParams, t: u32, lr: f64, m: &Tensor, v: &Tensor, w: &Tensor) {
+    pub fn after_step(&mut self, i: usize, p: &AdamWParams, t: u32, lr: f64, m: &[f64], v: &[f64], w: &[f64]) {
         let Some((a, g)) = self.pending[i].take() else { return };
         let ((b1, b2), eps, u) = (p.betas, p.eps, p.u);
-        let mut em = &a * (1.0 - b1) + m.abs() * (2.0 * u);
-        if let Some(prev) = self.em[i].take() {
-            em += prev * b1;
-        }
-        let mut ev = &a * (&g * 2.0 + &a) * (1.0 - b2) + v * (3.0 * u);
-        if let Some(prev) = self.ev[i].take() {
-            ev += prev * b2;
-        }
         let t = t as f64;
         let bc2_sqrt = (1.0 - b2.powf(t)).powf(0.5);
         let step_size = lr / (1.0 - b1.powf(t));
-        let s = v.sqrt() / bc2_sqrt;
-        let denom = &s + eps;
-        // |√(v+δ) − √v| ≤ min(√|δ|, |δ|/√v).
-        let ds = ev.sqrt().minimum(&(&ev / v.sqrt())) / bc2_sqrt + &s * (4.0 * u);
-        let dd = ds + &denom * (2.0 * u);
-        let lo = (&denom - &dd).clamp_min(eps);
-        let update = m.abs() / &denom * step_size;
-        let du = (&em / &lo + m.abs() * &dd / (&denom * &lo)) * step_size + update * (6.0 * u);
-        let rounding = w * (4.0 * u);
-        self.ew[i] = Some(match (self.ew[i].take(), p.lockstep) {
-            (Some(f), false) => f * (1.0 - lr * p.weight_decay) + du + rounding,
-            _ => du + rounding,
-        });
+        let (em_prev, ev_prev, ew_prev) = (self.em[i].take(), self.ev[i].take(), self.ew[i].take());
+        let n = a.len();
+        let (mut em, mut ev, mut ew) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        for k in 0..n {
+            let (a, g, m, v, w) = (a[k], g[k], m[k].abs(), v[k], w[k]);
+            em[k] = a * (1.0 - b1) + m * (2.0 * u) + em_prev.as_ref().map_or(0.0, |e| e[k] * b1);
+            ev[k] = a * (g * 2.0 + a) * (1.0 - b2) + v * (3.0 * u) + ev_prev.as_ref().map_or(0.0, |e| e[k] * b2);
+            let s = v.sqrt() / bc2_sqrt;
+            let denom = s + eps;
+            // |√(v+δ) − √v| ≤ min(√|δ|, |δ|/√v).
+            let ds = ev[k].sqrt().min(ev[k] / v.sqrt()) / bc2_sqrt + s * (4.0 * u);
+            let dd = ds + denom * (2.0 * u);
+            let lo = (denom - dd).max(eps);
+            let update = m / denom * step_size;
+            let du = (em[k] / lo + m * dd / (denom * lo)) * step_size + update * (6.0 * u);
+            let rounding = w * (4.0 * u);
+            ew[k] = match (&ew_prev, p.lockstep) {
+                (Some(f), false) => f[k] * (1.0 - lr * p.weight_decay) + du + rounding,
+                _ => du + rounding,
+            };
+        }
         self.em[i] = Some(em);
         self.ev[i] = Some(ev);
+        self.ew[i] = Some(ew);
     }
 
     /// What each final weight and moment may differ by, `headroom` times the bound, plus
-    /// `floor`; parameters that never stepped must match to `floor`.
-    pub fn finals(&self, names: &[String], weights: &[Tensor], headroom: f64, floor: f64) -> Params {
-        let held = |f: &Option<Tensor>, w: &Tensor| match f {
-            Some(f) => f * headroom + floor,
-            None => w.zeros_like() + floor,
+    /// `floor`; parameters that never stepped must match to `floor`. `shapes`: the weights'.
+    pub fn finals(&self, names: &[String], shapes: &[Vec<usize>], headroom: f64, floor: f64) -> Params {
+        let held = |f: &Option<Vec<f64>>, shape: &[usize]| match f {
+            Some(f) => Values::f64s_shaped(shape, f.iter().map(|x| x * headroom + floor).collect()),
+            None => Values::f64s_shaped(shape, vec![floor; shape.iter().product()]),
         };
         let mut out: Params =
-            names.iter().zip(weights).zip(&self.ew).map(|((n, w), f)| (n.clone(), held(f, w))).collect();
-        for (i, (n, w)) in names.iter().zip(weights).enumerate() {
+            names.iter().zip(shapes).zip(&self.ew).map(|((n, s), f)| (n.clone(), held(f, s))).collect();
+        for (i, (n, s)) in names.iter().zip(shapes).enumerate() {
             if self.em[i].is_some() {
-                out.push((format!("exp_avg.{n}"), held(&self.em[i], w)));
-                out.push((format!("exp_avg_sq.{n}"), held(&self.ev[i], w)));
+                out.push((format!("exp_avg.{n}"), held(&self.em[i], s)));
+                out.push((format!("exp_avg_sq.{n}"), held(&self.ev[i], s)));
             }
         }
         out
@@ -134,11 +133,11 @@ mod tests {
     fn no_allowance_and_no_rounding_bound_nothing() {
         let p = AdamWParams { u: 0.0, ..params(0.0) };
         let mut t = AdamWTrack::new(1);
-        let (g, zero) = (Tensor::from_slice(&[0.5f32]), Tensor::from_slice(&[0.0f32]));
-        t.before_step(0, &zero, &g);
-        t.after_step(0, &p, 1, 0.1, &(&g * 0.1), &(&g * &g * 0.001), &Tensor::from_slice(&[1.0f32]));
-        let f = t.finals(&["w".into()], &[zero], 1.0, 0.0);
-        assert!(f.iter().all(|(_, a)| a.abs().max().double_value(&[]) == 0.0), "{f:?}");
+        let g = 0.5;
+        t.before_step(0, vec![0.0], vec![g]);
+        t.after_step(0, &p, 1, 0.1, &[g * 0.1], &[g * g * 0.001], &[1.0]);
+        let f = t.finals(&["w".into()], &[vec![1]], 1.0, 0.0);
+        assert!(f.iter().all(|(_, a)| a.abs_max() == 0.0), "{f:?}");
     }
 
     proptest! {
@@ -160,14 +159,14 @@ mod tests {
             for (t, &(g, allow, where_in)) in steps.iter().enumerate() {
                 let (g, allow) = if noise { (g * 1e-12, allow * 1e-12 + 2e-12) } else { (g, allow) };
                 let g2 = g + allow * where_in;
-                track.before_step(0, &Tensor::from_slice(&[allow]), &Tensor::from_slice(&[g.abs()]));
+                track.before_step(0, vec![f64::from(allow)], vec![f64::from(g.abs())]);
                 a.step(&p, t as i32 + 1, lr, g);
                 b.step(&p, t as i32 + 1, lr, g2);
-                let (m, v, w) = ([a.m], [a.v], [a.w.abs()]);
-                track.after_step(0, &p, t as u32 + 1, lr, &Tensor::from_slice(&m), &Tensor::from_slice(&v), &Tensor::from_slice(&w));
+                let (m, v, w) = ([f64::from(a.m)], [f64::from(a.v)], [f64::from(a.w.abs())]);
+                track.after_step(0, &p, t as u32 + 1, lr, &m, &v, &w);
             }
-            let f = track.finals(&["w".into()], &[Tensor::from_slice(&[a.w])], 1.0, 0.0);
-            let bound = |i: usize| f[i].1.double_value(&[0]);
+            let f = track.finals(&["w".into()], &[vec![1]], 1.0, 0.0);
+            let bound = |i: usize| f[i].1.get(0);
             for (i, (x, y)) in [(a.w, b.w), (a.m, b.m), (a.v, b.v)].into_iter().enumerate() {
                 prop_assert!(f64::from((x - y).abs()) <= bound(i), "{}: {x} vs {y}, bound {}", f[i].0, bound(i));
             }

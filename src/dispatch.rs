@@ -1,0 +1,34 @@
+//! Parsed flags → the command that runs them, for the commands that need no libtorch
+//! (`compare`, `split`, `-- COMMAND`): `ddp-verify-core` and the wheel's `ddp-verify` both
+//! run them from here, so a user's trace is judged by one code path whichever is installed.
+
+use ddp_verify_cli::{Cli, Command};
+
+use crate::error::{Exit, Result};
+use crate::{jobs, lower};
+
+/// What a build without libtorch says of the commands that train our own models (exit 2).
+pub const NEEDS_LIBTORCH: &str = "this ddp-verify (the pip package, built without libtorch) runs compare, split \
+     and -- COMMAND only; training ddp-verify's own models needs the full build: in a clone of the ddp-verify \
+     repository run ./scripts/setup.sh && cargo build (README, first section)";
+
+/// Test hook (`DDP_VERIFY_TEST_VALIDATE_ONLY=1`): stop after every check made before a
+/// rank starts, so the flag fuzzer covers parsing, lowering and validation without training.
+pub fn validate_only() -> bool {
+    std::env::var_os("DDP_VERIFY_TEST_VALIDATE_ONLY").is_some()
+}
+
+/// Runs `cli` where its command needs no libtorch; `None` for the others.
+pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
+    Some(match &cli.command {
+        Some(Command::Split(args)) => {
+            lower::split(args).and_then(|(train, epoch)| jobs::split(&train, epoch, args.json))
+        }
+        Some(Command::Compare(args)) => lower::compare(args).and_then(|o| jobs::compare::command(&o)),
+        None if !cli.run.script.is_empty() => lower::script(&cli.run).and_then(|o| match validate_only() {
+            true => Ok(Exit::Equivalent),
+            false => jobs::script::command(&o),
+        }),
+        _ => return None,
+    })
+}

@@ -52,7 +52,7 @@ try: import tomllib
 except ImportError: from pip._vendor import tomli as tomllib  # Python < 3.11
 print(*tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")')
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt "${deps[@]}"
-  realpath python > "$site/ddp_verify_trace_source.pth"
+  realpath python > "$site/ddp_verify_trace_checkout.pth"
 fi
 
 # Exactly the pinned framework versions, or they are installed again.

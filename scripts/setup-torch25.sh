@@ -6,7 +6,8 @@
 #    it (nothing forced), safetensors and pytest; about 2 minutes and 5.9 GB the first time
 #  - the ddp_verify_trace recorder: by default this checkout's python/ on the path (a .pth
 #    file, so the venv always runs python/'s source and nothing is built); given a wheel,
-#    that wheel instead (`scripts/setup-torch25.sh dist/ddp_verify-*.whl`)
+#    that wheel instead, the `ddp-verify` command with it
+#    (`scripts/setup-torch25.sh "$(scripts/build-wheel.sh | tail -n 1)"`)
 #
 #   scripts/setup-torch25.sh [WHEEL]     (PYTHON=python3.11 to pick the interpreter)
 set -euo pipefail
@@ -16,7 +17,7 @@ start=$(date +%s)
 venv=.venv-torch25
 req=python/requirements-torch25.txt
 # The recorder's distribution name (as pip lists it), for a wheel's install and removal.
-recorder_dist=${RECORDER_DIST:-ddp-verify-trace}
+recorder_dist=${RECORDER_DIST:-ddp-verify}
 wheel=${1:-}
 if [ -n "$wheel" ] && [ ! -f "$wheel" ]; then
   echo "setup-torch25: no wheel at $wheel" >&2

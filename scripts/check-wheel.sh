@@ -14,7 +14,8 @@
 #    wheel, the recorder and `ddp-verify --version` say one version
 #  - own-model commands answer in one line, exit 2
 #  - `ddp-verify --acc-steps 4 --gpus 2 -- python examples/nanogpt/train.py ...` (the README's
-#    check of your own script) finds the venv's recorder and says EQUIVALENT, exit 0
+#    check of your own script) finds the venv's recorder and says EQUIVALENT, exit 0; then
+#    `compare` on its two traces, and `split`
 # It prints the install time and the installed size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -107,6 +108,12 @@ set -e
 tail -n 3 "$tmp/script.out"
 [ "$code" -eq 0 ] && grep -q '^EQUIVALENT' "$tmp/script.out" \
   || fail "the own-script check: exit $code; $(tail -n 5 "$tmp/script.err")"
+
+echo "check-wheel: ddp-verify compare (the two traces just recorded) and split"
+ddp-verify compare "$tmp/legs/accumulation.safetensors" "$tmp/legs/ddp.safetensors" >"$tmp/compare.out" \
+  || fail "compare: exit $?"
+tail -n 1 "$tmp/compare.out"
+ddp-verify split --shuffle --json >/dev/null || fail "split: exit $?"
 
 installed=$(python - <<'EOF'
 import importlib.metadata as m

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::Mmap;
 
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype as St;
@@ -20,8 +23,9 @@ const FIX: &str =
     "point to a trace written by ddp-verify --save-trace, the ddp_verify_trace recorder or fixtures/make_golden.sh";
 
 impl Trace {
-    /// Reads a trace and checks it against the schema. Tensors are read one at a time in
-    /// the file's order, straight into their own dtype.
+    /// Reads a trace and checks it against the schema. Parameters' tensors (gradients,
+    /// weights, magnitudes) stay in the mapped file, read as they are judged; the small ones
+    /// are read into memory.
     pub fn load(path: &Path) -> Result<Self> {
         if !path.is_file() {
             return Err(Error::bad_file(path, crate::error::what_is(path), FIX));
@@ -33,6 +37,11 @@ impl Trace {
         let header = TraceHeader::parse(&raw).map_err(|p| {
             Error::bad_file(path, p.to_string(), "record it again with this version's ddp_verify_trace or ddp-verify")
         })?;
+        // SAFETY: mapped read-only and private; a trace is not written while it is judged
+        // (a file changed underneath would give wrong numbers, not unsafety in Rust's sense
+        // beyond what reading it would).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| bad(format!("cannot be mapped ({e})")))?;
+        let map = Arc::new(map);
         let names = meta.offset_keys();
         let info = |name: &str| meta.info(name).expect("offset_keys names indexed tensors");
         let float = names.iter().find(|n| n.starts_with("final.")).map_or("F32", |n| dtype_name(info(n).dtype));
@@ -42,7 +51,13 @@ impl Trace {
             let n = schema::parse_name(name).map_err(bad)?;
             let numel = i.shape.iter().product::<usize>();
             n.kind.check(name, dtype_name(i.dtype), numel, i.shape.len(), float).map_err(bad)?;
-            let t = read_tensor(&file, base, i).map_err(|e| bad(format!("cannot read {name} ({e})")))?;
+            let t = match (n.kind.shape == schema::Shape::Param, elem(i.dtype)) {
+                (true, Some(e)) => {
+                    let (start, end) = i.data_offsets;
+                    Values::mapped(map.clone(), base as usize + start, end - start, e, i.shape.clone())
+                }
+                _ => read_tensor(&map[base as usize..], i).map_err(|e| bad(format!("cannot read {name} ({e})")))?,
+            };
             read.add(&n, name, t).map_err(bad)?;
         }
         read.finish(header).map_err(bad)
@@ -69,19 +84,28 @@ fn read_index(file: &File) -> std::result::Result<(Metadata, u64), String> {
     Ok((meta, 8 + len))
 }
 
-/// One tensor's elements: floats and int64 as they are, smaller integers and bools as int64.
-fn read_tensor(file: &File, base: u64, info: &TensorInfo) -> std::io::Result<Values> {
+/// The dtypes a trace holds as they are.
+fn elem(d: St) -> Option<Elem> {
+    match d {
+        St::F32 => Some(Elem::F32),
+        St::F64 => Some(Elem::F64),
+        St::BF16 => Some(Elem::Bf16),
+        St::F16 => Some(Elem::F16),
+        St::I64 => Some(Elem::I64),
+        _ => None,
+    }
+}
+
+/// One tensor's elements from the file's data: floats and int64 as they are, smaller
+/// integers and bools as int64.
+fn read_tensor(data: &[u8], info: &TensorInfo) -> std::io::Result<Values> {
     let (start, end) = info.data_offsets;
-    let mut bytes = vec![0u8; end - start];
-    file.read_exact_at(&mut bytes, base + start as u64)?;
+    let bytes = &data[start..end];
     let shape = info.shape.clone();
-    let elem = match info.dtype {
-        St::F32 => Elem::F32,
-        St::F64 => Elem::F64,
-        St::BF16 => Elem::Bf16,
-        St::F16 => Elem::F16,
-        St::I64 => Elem::I64,
-        other => {
+    let elem = match elem(info.dtype) {
+        Some(e) => e,
+        None => {
+            let other = info.dtype;
             let ints: Vec<i64> = match other {
                 St::I32 => {
                     bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect()
@@ -96,7 +120,7 @@ fn read_tensor(file: &File, base: u64, info: &TensorInfo) -> std::io::Result<Val
             return Ok(Values::new(shape, Data::I64(ints)));
         }
     };
-    Ok(Values::from_le_bytes(elem, shape, &bytes))
+    Ok(Values::from_le_bytes(elem, shape, bytes))
 }
 
 /// Safetensors' name of a dtype.
@@ -194,7 +218,9 @@ impl Reading {
             .map(|(n, t)| (K::Peak.name(0, n), t))
             .chain(self.scales.iter().flat_map(|(s, ps)| ps.iter().map(move |(n, t)| (K::Scale.name(*s, n), t))));
         for (name, t) in magnitudes {
-            if !t.all_finite() {
+            let finite = t.all_finite();
+            t.release();
+            if !finite {
                 return Err(format!("{name} holds NaN or Inf; magnitudes must be finite"));
             }
         }

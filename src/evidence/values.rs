@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use memmap2::Mmap;
 
 /// The elements, in their own dtype (a float32 trace costs 4 bytes an element, not 8).
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +16,44 @@ pub enum Data {
     Bf16(Vec<bf16>),
     F16(Vec<f16>),
     I64(Vec<i64>),
+    /// Still in the trace file, mapped: read as the judge goes, and given back to the file
+    /// ([`Values::release`]) once a step is judged, so `compare` holds about one step.
+    Mapped(Mapped),
+}
+
+/// A tensor's bytes in a mapped trace file.
+#[derive(Debug, Clone)]
+pub struct Mapped {
+    pub map: Arc<Mmap>,
+    pub start: usize,
+    pub len: usize,
+    pub elem: Elem,
+}
+
+impl PartialEq for Mapped {
+    fn eq(&self, other: &Self) -> bool {
+        self.elem == other.elem && self.bytes() == other.bytes()
+    }
+}
+
+impl Mapped {
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.len]
+    }
+}
+
+/// Elements of `elem` from little-endian bytes into float64.
+fn decode(elem: Elem, b: &[u8], out: &mut [f64]) {
+    fn each<const N: usize>(b: &[u8], out: &mut [f64], f: impl Fn([u8; N]) -> f64) {
+        out.iter_mut().zip(b.chunks_exact(N)).for_each(|(o, c)| *o = f(c.try_into().expect("chunks of N")));
+    }
+    match elem {
+        Elem::F32 => each(b, out, |c| f64::from(f32::from_le_bytes(c))),
+        Elem::F64 => each(b, out, f64::from_le_bytes),
+        Elem::Bf16 => each(b, out, |c| f64::from(bf16::from_le_bytes(c))),
+        Elem::F16 => each(b, out, |c| f64::from(f16::from_le_bytes(c))),
+        Elem::I64 => each(b, out, |c| i64::from_le_bytes(c) as f64),
+    }
 }
 
 /// A shape and its elements, row-major. Cloning shares the elements, as a tensor's
@@ -139,6 +178,7 @@ impl Values {
             Data::Bf16(_) => Elem::Bf16,
             Data::F16(_) => Elem::F16,
             Data::I64(_) => Elem::I64,
+            Data::Mapped(m) => m.elem,
         }
     }
 
@@ -150,6 +190,12 @@ impl Values {
             Data::Bf16(v) => f64::from(v[i]),
             Data::F16(v) => f64::from(v[i]),
             Data::I64(v) => v[i] as f64,
+            Data::Mapped(m) => {
+                let mut out = [0.0];
+                let n = m.elem.size();
+                decode(m.elem, &m.bytes()[i * n..(i + 1) * n], &mut out);
+                out[0]
+            }
         }
     }
 
@@ -162,6 +208,10 @@ impl Values {
             Data::Bf16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = f64::from(*x)),
             Data::F16(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = f64::from(*x)),
             Data::I64(v) => out.iter_mut().zip(&v[start..end]).for_each(|(o, x)| *o = *x as f64),
+            Data::Mapped(m) => {
+                let n = m.elem.size();
+                decode(m.elem, &m.bytes()[start * n..end * n], out);
+            }
         }
     }
 
@@ -176,6 +226,9 @@ impl Values {
     pub fn to_i64(&self) -> Vec<i64> {
         match &*self.data {
             Data::I64(v) => v.clone(),
+            Data::Mapped(m) if m.elem == Elem::I64 => {
+                m.bytes().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+            }
             _ => self.to_f64().into_iter().map(|x| x as i64).collect(),
         }
     }
@@ -199,12 +252,20 @@ impl Values {
 
     /// Whether every element is finite.
     pub fn all_finite(&self) -> bool {
+        if let Data::Mapped(_) = &*self.data {
+            let mut buf = [0.0; CHUNK];
+            return (0..self.numel()).step_by(CHUNK).all(|start| {
+                let n = CHUNK.min(self.numel() - start);
+                self.read_f64(start, &mut buf[..n]);
+                buf[..n].iter().all(|x| x.is_finite())
+            });
+        }
         match &*self.data {
             Data::F32(v) => v.iter().all(|x| x.is_finite()),
             Data::F64(v) => v.iter().all(|x| x.is_finite()),
             Data::Bf16(v) => v.iter().all(|x| x.is_finite()),
             Data::F16(v) => v.iter().all(|x| x.is_finite()),
-            Data::I64(_) => true,
+            Data::I64(_) | Data::Mapped(_) => true,
         }
     }
 
@@ -219,6 +280,7 @@ impl Values {
             Data::Bf16(v) => bytes(v, bf16::to_le_bytes),
             Data::F16(v) => bytes(v, f16::to_le_bytes),
             Data::I64(v) => bytes(v, i64::to_le_bytes),
+            Data::Mapped(m) => m.bytes().to_vec(),
         }
     }
 
@@ -242,6 +304,35 @@ impl Values {
         Values { shape: vec![self.numel()], data: self.data.clone() }
     }
 
+    /// The elements in memory (a mapped tensor read out of its file).
+    pub fn owned(&self) -> Values {
+        match &*self.data {
+            Data::Mapped(m) => Values::from_le_bytes(m.elem, self.shape.clone(), m.bytes()),
+            _ => self.clone(),
+        }
+    }
+
+    /// A mapped tensor from `len` bytes at `start` of `map`.
+    pub fn mapped(map: Arc<Mmap>, start: usize, len: usize, elem: Elem, shape: Vec<usize>) -> Self {
+        Values::new(shape, Data::Mapped(Mapped { map, start, len, elem }))
+    }
+
+    /// Gives a mapped tensor's pages back to the file (they are read again if used again):
+    /// what keeps `compare`'s memory at about one step. Nothing for tensors in memory.
+    pub fn release(&self) {
+        let Data::Mapped(m) = &*self.data else { return };
+        let page = 4096;
+        let base = m.map.as_ptr() as usize;
+        // Whole pages inside the tensor; its neighbours' pages are never dropped early.
+        let (lo, hi) = ((base + m.start).div_ceil(page) * page, (base + m.start + m.len) / page * page);
+        if hi > lo {
+            // SAFETY: the range lies inside this read-only private file mapping, which stays
+            // mapped (the Arc); MADV_DONTNEED on it only drops clean pages that the kernel
+            // reads back from the unchanged file on the next access.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED) };
+        }
+    }
+
     /// At most `k` elements, flattened, at evenly strided positions `i * numel / k` (the
     /// positions `fixtures/resnet_reference.py` keeps). Tensors of `k` elements or fewer are
     /// kept whole, so sampling twice changes nothing.
@@ -250,15 +341,8 @@ impl Values {
         if n <= k {
             return self.flatten();
         }
-        let at = |i: usize| i * n / k;
-        let data = match &*self.data {
-            Data::F32(v) => Data::F32((0..k).map(|i| v[at(i)]).collect()),
-            Data::F64(v) => Data::F64((0..k).map(|i| v[at(i)]).collect()),
-            Data::Bf16(v) => Data::Bf16((0..k).map(|i| v[at(i)]).collect()),
-            Data::F16(v) => Data::F16((0..k).map(|i| v[at(i)]).collect()),
-            Data::I64(v) => Data::I64((0..k).map(|i| v[at(i)]).collect()),
-        };
-        Values::new(vec![k], data)
+        // Through float64, which holds every value of these dtypes exactly.
+        Values::from_f64_as(self.elem(), &[k], (0..k).map(|i| self.get(i * n / k)).collect())
     }
 
     /// Bytes its elements take.
@@ -272,6 +356,7 @@ pub const CHUNK: usize = 4096;
 
 fn data_len(d: &Data) -> usize {
     match d {
+        Data::Mapped(m) => m.len / m.elem.size(),
         Data::F32(v) => v.len(),
         Data::F64(v) => v.len(),
         Data::Bf16(v) => v.len(),

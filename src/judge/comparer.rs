@@ -3,7 +3,7 @@
 
 use super::elementwise::{compare_group, Scales};
 use super::{Agreement, Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch};
-use crate::evidence::{Params, Trace, Values};
+use crate::evidence::{Params, Trace};
 use crate::spec::Tolerance;
 
 /// Compares two runs step by step as their gradients arrive, so no step needs to be kept.
@@ -56,12 +56,12 @@ impl Comparer {
     /// One step's gradients; an empty side means that run made no such step. `allowed`
     /// (possibly empty) bounds each element's difference when derived.
     pub fn step(&mut self, a: &Params, b: &Params, allowed: &Params) {
-        self.step_at(a, b, allowed, &Params::new());
+        self.step_at(a, b, allowed, &[]);
     }
 
     /// Like [`Comparer::step`], with recorded per-element magnitudes (`Trace::scales`, may be
     /// empty) that differences are also measured at.
-    fn step_at(&mut self, a: &Params, b: &Params, allowed: &Params, magnitudes: &Params) {
+    fn step_at(&mut self, a: &Params, b: &Params, allowed: &Params, magnitudes: &[&Params]) {
         self.left_steps += usize::from(!a.is_empty());
         self.right_steps += usize::from(!b.is_empty());
         if !a.is_empty() && !b.is_empty() {
@@ -73,7 +73,7 @@ impl Comparer {
             let (a, b) = (self.sampled(a), self.sampled(b));
             let bounds = self.bounds(allowed);
             self.bounded |= bounds.is_some();
-            let magnitudes = self.sampled(magnitudes);
+            let magnitudes: Vec<Params> = magnitudes.iter().map(|m| self.sampled(m)).collect();
             let scales = Scales::TensorPeakAnd(&magnitudes);
             self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref()));
         }
@@ -84,7 +84,7 @@ impl Comparer {
         for i in 0..a.steps.len().max(b.steps.len()) {
             let none = Params::new();
             let allowed = a.allowances.steps.get(i).unwrap_or(&none);
-            let magnitudes = larger(a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none));
+            let magnitudes = [a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none)];
             self.step_at(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed, &magnitudes);
         }
         // Steps both loss scalers skipped were never applied: their inf/NaN gradients prove
@@ -102,7 +102,7 @@ impl Comparer {
         }
         // Final weights are measured at each weight's largest magnitude during training:
         // a weight that shrank from 1.0 to 0.09 was rounded at 1.0's scale on the way.
-        let scales = self.sampled(&peaks(a, b));
+        let scales = [self.sampled(&a.peaks), self.sampled(&b.peaks)];
         let bounds = self.bounds(&a.allowances.finals);
         let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
         // A parted step applied in one run only: even in lockstep, which restarts weights and
@@ -172,25 +172,4 @@ impl Comparer {
 /// Two whole traces; buffers count toward the verdict.
 pub fn compare(left: &str, a: &Trace, right: &str, b: &Trace, tol: &Tolerance) -> Comparison {
     Comparer::new(left, right, tol, None).finish(a, b, true)
-}
-
-/// Element-wise largest of the two traces' recorded peaks (either may be empty).
-fn peaks(a: &Trace, b: &Trace) -> Params {
-    larger(&a.peaks, &b.peaks)
-}
-
-/// Element-wise largest of two sets of magnitudes, by name (either may be empty).
-pub(super) fn larger(a: &Params, b: &Params) -> Params {
-    let mut out: Params = a.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
-    for (name, t) in b {
-        match out.iter_mut().find(|(n, _)| n == name) {
-            Some((_, mine)) if mine.shape() == t.shape() => {
-                let both = mine.to_f64().iter().zip(t.to_f64()).map(|(x, y)| x.max(y)).collect();
-                *mine = Values::from_f64_as(mine.elem(), t.shape(), both);
-            }
-            Some(_) => {}
-            None => out.push((name.clone(), t.clone())),
-        }
-    }
-    out
 }

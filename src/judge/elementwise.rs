@@ -11,11 +11,12 @@ use crate::spec::Tolerance;
 pub(super) enum Scales<'a> {
     /// The values alone.
     Own,
-    /// Each tensor's largest magnitude in either run, or per element the given magnitude
-    /// where it is larger (a tensor of the same name and shape).
-    TensorPeakAnd(&'a [(String, Values)]),
-    /// Per element, where a tensor of the same name and shape is given (final weights' peaks).
-    Given(&'a [(String, Values)]),
+    /// Each tensor's largest magnitude in either run, or per element the given magnitudes
+    /// where larger (tensors of the same name and shape, or one number: each run's).
+    TensorPeakAnd(&'a [Params]),
+    /// Per element, the largest of the given tensors of the same name and shape (final
+    /// weights' peaks in each run).
+    Given(&'a [Params]),
 }
 
 /// `bounds`: per element, the largest |Δ| allowed (derived from the arithmetic); without
@@ -32,29 +33,41 @@ pub(super) fn compare_group(
         match b.iter().find(|(n, _)| n == name) {
             Some((_, y)) => {
                 // Computed only past the fast path: most lockstep tensors are bit-identical.
-                let scale = || match scales {
+                // Tensors of this name in each set given, of this shape (or one number).
+                let given = |sets: &[Params], one: bool| -> Vec<Values> {
+                    let fits = |t: &Values| t.shape() == x.shape() || (one && t.numel() == 1);
+                    sets.iter()
+                        .filter_map(|p| p.iter().find(|(n, t)| n == name && fits(t)))
+                        .map(|(_, t)| t.clone())
+                        .collect()
+                };
+                let scale = |mx: f64, my: f64| match scales {
                     Scales::Own => None,
-                    Scales::TensorPeakAnd(given) => {
-                        let peak = round_to(x.elem(), x.abs_max().max(y.abs_max()));
+                    Scales::TensorPeakAnd(sets) => {
+                        let mut peak = round_to(x.elem(), mx.max(my));
                         // Per element, or one number for the tensor (the recorder's
                         // magnitudes="tensor").
-                        let given = given.iter().find(|(n, t)| n == name && (t.shape() == x.shape() || t.numel() == 1));
-                        Some(match given {
-                            None => Scale::One(peak),
-                            Some((_, m)) if m.shape() == x.shape() => Scale::AtLeast(m.clone(), peak, Some(x.elem())),
-                            Some((_, m)) => Scale::One(round_to(x.elem(), m.get(0).abs()).max(peak)),
-                        })
+                        let (each, one): (Vec<Values>, Vec<Values>) =
+                            given(sets, true).into_iter().partition(|t| t.shape() == x.shape());
+                        for m in one {
+                            peak = peak.max(round_to(x.elem(), m.get(0).abs()));
+                        }
+                        Some(Scale { given: each, floor: peak, round: Some(x.elem()) })
                     }
-                    Scales::Given(given) => given
-                        .iter()
-                        .find(|(n, t)| n == name && t.shape() == x.shape())
-                        .map(|(_, t)| Scale::AtLeast(t.clone(), 0.0, None)),
+                    Scales::Given(sets) => {
+                        let each = given(sets, false);
+                        (!each.is_empty()).then_some(Scale { given: each, floor: 0.0, round: None })
+                    }
                 };
                 let bound = bounds.map(|bs| {
                     // A tensor the bounds do not cover (unused in the graph) must match.
                     bs.iter().find(|(n, t)| n == name && t.shape() == x.shape()).map(|(_, t)| t.clone())
                 });
-                tensors.push(compare_tensor(name, x, y, tol, scale, bound))
+                tensors.push(compare_tensor(name, x, y, tol, scale, bound.clone()));
+                // Judged: a mapped trace's pages of these tensors go back to the file, so
+                // `compare` holds a few tensors at a time, however large the trace.
+                let measured = [scales_of(scales, name), bound.flatten().into_iter().collect()].concat();
+                [x, y].into_iter().chain(&measured).for_each(Values::release);
             }
             None => tensors.push(missing(name, Problem::Missing { on: "right" })),
         }
@@ -74,6 +87,15 @@ pub(super) fn compare_group(
     }
 }
 
+/// Every tensor of this name the scales hold.
+fn scales_of(scales: Scales, name: &str) -> Vec<Values> {
+    let sets = match scales {
+        Scales::Own => return Vec::new(),
+        Scales::TensorPeakAnd(sets) | Scales::Given(sets) => sets,
+    };
+    sets.iter().filter_map(|p| p.iter().find(|(n, _)| n == name)).map(|(_, t)| t.clone()).collect()
+}
+
 pub(super) fn missing(name: &str, problem: Problem) -> TensorDiff {
     TensorDiff {
         name: name.into(),
@@ -87,19 +109,18 @@ pub(super) fn missing(name: &str, problem: Problem) -> TensorDiff {
 }
 
 /// What relative and ulp differences are taken at, besides the two values.
-enum Scale {
-    /// One number for the whole tensor.
-    One(f64),
-    /// Per element |given| (in the compared tensors' dtype, where given), and at least the number.
-    AtLeast(Values, f64, Option<Elem>),
+/// Per element the largest |given| (rounded to the compared tensors' dtype where `round`
+/// says), and at least `floor`.
+struct Scale {
+    given: Vec<Values>,
+    floor: f64,
+    round: Option<Elem>,
 }
 
 impl Scale {
     fn at(&self, k: usize) -> f64 {
-        match self {
-            Scale::One(s) => *s,
-            Scale::AtLeast(t, floor, e) => e.map_or(t.get(k).abs(), |e| round_to(e, t.get(k).abs())).max(*floor),
-        }
+        let each = |t: &Values| self.round.map_or(t.get(k).abs(), |e| round_to(e, t.get(k).abs()));
+        self.given.iter().map(each).fold(self.floor, f64::max)
     }
 }
 
@@ -114,24 +135,59 @@ fn round_to(e: Elem, x: f64) -> f64 {
     }
 }
 
-/// Flat indices where `x` and `y` differ or either is not finite, in one pass of
-/// float64 chunks (most lockstep tensors are bit-identical: nothing is kept).
-fn differing(x: &Values, y: &Values) -> Vec<usize> {
-    let (mut a, mut b) = ([0.0; CHUNK], [0.0; CHUNK]);
-    let mut out = Vec::new();
+/// Runs `f` over both tensors' elements in float64 chunks, `f(state, index of the chunk's
+/// first element, x's chunk, y's chunk)`, on every core for large tensors, each thread over
+/// one contiguous part with its own state; the states come back in the parts' order.
+/// Nothing of the size of a tensor is allocated: a 100M-element gradient costs two 32 KiB
+/// buffers a thread.
+fn chunks<T: Send>(
+    x: &Values,
+    y: &Values,
+    init: impl Fn() -> T + Sync,
+    f: impl Fn(&mut T, usize, &[f64], &[f64]) + Sync,
+) -> Vec<T> {
     let n = x.numel();
-    for start in (0..n).step_by(CHUNK) {
-        let len = CHUNK.min(n - start);
-        x.read_f64(start, &mut a[..len]);
-        y.read_f64(start, &mut b[..len]);
-        for (k, (p, q)) in a[..len].iter().zip(&b[..len]).enumerate() {
-            // NaN != NaN, so NaN is kept; an equal infinity is kept by the second test.
-            if p != q || !p.is_finite() {
-                out.push(start + k);
-            }
+    let part = |range: std::ops::Range<usize>| {
+        let mut state = init();
+        let (mut a, mut b) = (vec![0.0; CHUNK], vec![0.0; CHUNK]);
+        for start in range.clone().step_by(CHUNK) {
+            let len = CHUNK.min(range.end - start);
+            x.read_f64(start, &mut a[..len]);
+            y.read_f64(start, &mut b[..len]);
+            f(&mut state, start, &a[..len], &b[..len]);
         }
+        state
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    if threads == 1 || n < PARALLEL_FROM {
+        return vec![part(0..n)];
     }
-    out
+    let size = n.div_ceil(threads).div_ceil(CHUNK) * CHUNK;
+    std::thread::scope(|s| {
+        let parts: Vec<_> = (0..n).step_by(size).map(|lo| s.spawn(move || part(lo..(lo + size).min(n)))).collect();
+        parts.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
+
+/// Tensors this large are judged on every core (smaller ones are not worth the threads).
+const PARALLEL_FROM: usize = 1 << 20;
+
+/// Whether any element differs or is not finite (NaN never equals itself; an equal
+/// infinity is caught by the second test), and each tensor's largest magnitude.
+fn survey(x: &Values, y: &Values) -> (bool, f64, f64) {
+    let parts = chunks(
+        x,
+        y,
+        || (false, 0.0f64, 0.0f64),
+        |(differs, mx, my), _, a, b| {
+            for (p, q) in a.iter().zip(b) {
+                *differs |= p != q || !p.is_finite();
+                *mx = mx.max(p.abs());
+                *my = my.max(q.abs());
+            }
+        },
+    );
+    parts.into_iter().fold((false, 0.0, 0.0), |(d, x, y), (e, a, b)| (d || e, x.max(a), y.max(b)))
 }
 
 /// With `scale`, relative and ulp differences are taken at max(|x|, |y|, scale) per element.
@@ -143,7 +199,7 @@ fn compare_tensor(
     x: &Values,
     y: &Values,
     tol: &Tolerance,
-    scale: impl FnOnce() -> Option<Scale>,
+    scale: impl FnOnce(f64, f64) -> Option<Scale>,
     bound: Option<Option<Values>>,
 ) -> TensorDiff {
     if x.shape() != y.shape() {
@@ -167,42 +223,54 @@ fn compare_tensor(
         problem: None,
     };
     // Fast path: bit-identical and finite values cost one pass and keep nothing.
-    let picked = differing(x, y);
-    if picked.is_empty() {
+    let (differs, mx, my) = survey(x, y);
+    if !differs {
         return d;
     }
-    let ss = scale();
-    for &k in &picked {
-        let (p, q) = (x.get(k), y.get(k));
-        // A blown-up run proves nothing, even when both blew up alike.
-        if !(p.is_finite() && q.is_finite()) {
-            d.problem.get_or_insert(Problem::NonFinite { element: k as i64, left: p, right: q });
-            d.verdict = Agreement::Diverged;
-            continue;
+    let ss = scale(mx, my);
+    let fresh = || TensorDiff { name: String::new(), ..d.clone() };
+    let parts = chunks(x, y, fresh, |d, start, a, b| {
+        for (i, (&p, &q)) in a.iter().zip(b).enumerate() {
+            if p == q && p.is_finite() {
+                continue;
+            }
+            let k = start + i;
+            // A blown-up run proves nothing, even when both blew up alike.
+            if !(p.is_finite() && q.is_finite()) {
+                d.problem.get_or_insert(Problem::NonFinite { element: k as i64, left: p, right: q });
+                d.verdict = Agreement::Diverged;
+                continue;
+            }
+            let abs = (p - q).abs();
+            let at = p.abs().max(q.abs()).max(ss.as_ref().map_or(0.0, |s| s.at(k)));
+            let rel = abs / at;
+            let ulps = match precision {
+                Precision::Int => abs as u64,
+                _ if ss.is_none() => precision.ulps_between(p, q),
+                _ => (abs / precision.ulp(at)).ceil() as u64,
+            };
+            // The fraction of the allowance used: an element passes when it is at most 1.
+            let fraction = match (&bound, precision) {
+                (_, Precision::Int) => f64::INFINITY,
+                (Some(b), _) => abs / b.as_ref().map_or(0.0, |b| b.get(k)),
+                (None, _) => (abs / tol.atol).min(rel / tol.rtol).min(ulps as f64 / f64::from(tol.max_ulps)),
+            };
+            let close = fraction <= 1.0;
+            d.worst_fraction = d.worst_fraction.max(fraction);
+            d.max_abs = d.max_abs.max(abs);
+            d.max_rel = d.max_rel.max(rel);
+            d.max_ulps = d.max_ulps.max(ulps);
+            d.verdict = d.verdict.max(if close { Agreement::WithinTolerance } else { Agreement::Diverged });
         }
-        if p == q {
-            continue;
-        }
-        let abs = (p - q).abs();
-        let at = p.abs().max(q.abs()).max(ss.as_ref().map_or(0.0, |s| s.at(k)));
-        let rel = abs / at;
-        let ulps = match precision {
-            Precision::Int => abs as u64,
-            _ if ss.is_none() => precision.ulps_between(p, q),
-            _ => (abs / precision.ulp(at)).ceil() as u64,
-        };
-        // The fraction of the allowance used: an element passes when it is at most 1.
-        let fraction = match (&bound, precision) {
-            (_, Precision::Int) => f64::INFINITY,
-            (Some(b), _) => abs / b.as_ref().map_or(0.0, |b| b.get(k)),
-            (None, _) => (abs / tol.atol).min(rel / tol.rtol).min(ulps as f64 / f64::from(tol.max_ulps)),
-        };
-        let close = fraction <= 1.0;
-        d.worst_fraction = d.worst_fraction.max(fraction);
-        d.max_abs = d.max_abs.max(abs);
-        d.max_rel = d.max_rel.max(rel);
-        d.max_ulps = d.max_ulps.max(ulps);
-        d.verdict = d.verdict.max(if close { Agreement::WithinTolerance } else { Agreement::Diverged });
+    });
+    // In the parts' order: the first non-finite element's problem is the lowest index's.
+    for part in parts {
+        d.max_abs = d.max_abs.max(part.max_abs);
+        d.max_rel = d.max_rel.max(part.max_rel);
+        d.max_ulps = d.max_ulps.max(part.max_ulps);
+        d.worst_fraction = d.worst_fraction.max(part.worst_fraction);
+        d.verdict = d.verdict.max(part.verdict);
+        d.problem = d.problem.or(part.problem);
     }
     d
 }

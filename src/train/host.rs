@@ -34,18 +34,3 @@ pub fn f64s(t: &Tensor) -> Vec<f64> {
 pub fn snapshot<'a>(named: impl IntoIterator<Item = (&'a String, Tensor)>) -> Params {
     named.into_iter().map(|(n, t)| (n.clone(), host(&t))).collect()
 }
-
-/// `v` as a CPU tensor of its dtype (a golden's or trace's values back in libtorch).
-pub fn tensor(v: &Values) -> Tensor {
-    let shape: Vec<i64> = v.size();
-    let t = match v.data() {
-        Data::F32(x) => Tensor::from_slice(x),
-        Data::F64(x) => Tensor::from_slice(x),
-        Data::I64(x) => Tensor::from_slice(x),
-        Data::Bf16(_) | Data::F16(_) => {
-            let kind = if v.elem() == Elem::Bf16 { Kind::BFloat16 } else { Kind::Half };
-            Tensor::from_data_size(&v.le_bytes(), &[v.numel() as i64], kind)
-        }
-    };
-    t.reshape(shape)
-}

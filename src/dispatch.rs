@@ -5,7 +5,8 @@
 use ddp_verify_cli::{Cli, Command};
 
 use crate::error::{Exit, Result};
-use crate::{jobs, lower};
+use crate::jobs;
+use crate::lower;
 
 /// What a build without libtorch says of the commands that train our own models (exit 2).
 pub const NEEDS_LIBTORCH: &str = "this ddp-verify (the pip package, built without libtorch) runs compare, split \

@@ -7,7 +7,8 @@ use std::path::Path;
 use crate::util::repo;
 
 /// Top to bottom. A module may use itself and anything after it, never anything before.
-const LAYERS: [&[&str]; 11] = [
+const LAYERS: [&[&str]; 12] = [
+    &["dispatch"],
     &["lower"],
     &["jobs"],
     &["report"],

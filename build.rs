@@ -13,7 +13,9 @@ fn main() {
     // links there, and dlopen searches the binary's rpath.
     if let Ok(dir) = std::env::var("LIBTORCH") {
         let nccl = std::path::Path::new(&dir).join("../nvidia/nccl/lib");
-        if let Ok(nccl) = nccl.canonicalize() {
+        // Only the build with libtorch opens NCCL; the wheel's binary carries no path of the
+        // machine that built it.
+        if let (Some(_), Ok(nccl)) = (std::env::var_os("CARGO_FEATURE_LIBTORCH"), nccl.canonicalize()) {
             println!("cargo:rustc-link-arg=-Wl,-rpath,{}", nccl.display());
         }
     }

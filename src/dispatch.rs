@@ -33,3 +33,19 @@ pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// The wheel, the recorder and `ddp-verify --version` say one version.
+    #[test]
+    fn the_python_package_has_the_crates_version() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let version = format!("\"{}\"", env!("CARGO_PKG_VERSION"));
+        for (file, key) in
+            [("python/pyproject.toml", "version = "), ("python/ddp_verify_trace/__init__.py", "__version__ = ")]
+        {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            assert!(text.lines().any(|l| l == format!("{key}{version}")), "{file} does not say {key}{version}");
+        }
+    }
+}

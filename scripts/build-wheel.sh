@@ -45,7 +45,8 @@ else
 fi
 start=$(date +%s)
 # The release profile, stripping and the features are python/pyproject.toml's [tool.maturin].
-(cd python && PATH="$PWD/../$tools/bin:$PATH" "../$tools/bin/maturin" build \
+# Its own target directory: target/release/ddp-verify stays the full build's (tests/hosts runs it).
+(cd python && PATH="$PWD/../$tools/bin:$PATH" CARGO_TARGET_DIR="$PWD/../target/wheel" "../$tools/bin/maturin" build \
   --auditwheel check "${link[@]}" --out "../$out")
 seconds=$(( $(date +%s) - start ))
 

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Every test: installs what they need (scripts/setup.sh), runs the recorder's pytest suite and
-# each crate's unit tests, then the integration tests last, so a log ends on their summary (no
-# empty doc-test run).
+# each crate's unit tests (also built without libtorch), the wheel's checks (built without
+# libtorch; installed beside torch 2.13, and beside torch 2.5.1 with Colossal-AI 0.5.0 in
+# .venv-torch25, where nanoGPT and seed 004's loop run), then the integration tests last, so a
+# log ends on their summary (no empty doc-test run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # The recorder's tests first: seconds, and they need no build.
 .venv/bin/python -m pytest -q python/tests
 cargo test --workspace --lib --bins --examples
+# The build without libtorch, in its own target directory (the full build's binaries stay).
+CARGO_TARGET_DIR=target/light cargo test -q -p ddp-verify --no-default-features --lib --bins
+wheel=$(scripts/build-wheel.sh | tail -n 1)
+scripts/check-wheel.sh "$wheel" .venv/bin/python
+scripts/setup-torch25.sh "$wheel"
+scripts/check-torch25.sh
 cargo test --test integration

@@ -58,7 +58,7 @@ fn autoload_dir(python: &str) -> Result<PathBuf> {
     let code =
         "import os, ddp_verify_trace; print(os.path.join(os.path.dirname(ddp_verify_trace.__file__), 'autoload'))";
     let out = Command::new(python).args(["-c", code]).output();
-    let fix = "install the recorder into that Python (pip install ./python from the ddp-verify repository)";
+    let fix = "install the recorder into that Python (pip install the ddp-verify wheel, docs/install.md)";
     match out {
         Ok(o) if o.status.success() => Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())),
         Ok(_) => Err(Error::bad_flag("--", format!("{python} cannot import ddp_verify_trace"), fix)),

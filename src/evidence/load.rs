@@ -78,8 +78,10 @@ fn read_index(file: &File) -> std::result::Result<(Metadata, u64), String> {
     file.read_exact_at(&mut header, 8).map_err(|e| format!("truncated header: {e}"))?;
     let meta: Metadata = serde_json::from_slice(&header).map_err(|e| format!("unreadable header: {e}"))?;
     let data = meta.tensors().values().map(|t| t.data_offsets.1 as u64).max().unwrap_or(0);
-    if 8 + len + data != size {
-        return Err(format!("its tensors end at byte {} but the file has {size}", 8 + len + data));
+    // A header may claim offsets near u64::MAX: the sum saturates rather than overflows.
+    let end = (8 + len).saturating_add(data);
+    if end != size {
+        return Err(format!("its tensors end at byte {end} but the file has {size}"));
     }
     Ok((meta, 8 + len))
 }

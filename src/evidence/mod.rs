@@ -13,7 +13,7 @@ mod writer;
 
 pub use golden::Golden;
 pub use header::{Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader};
-pub use trace::{share, Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
+pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
 pub use unrepeatable::Unrepeatable;
 pub use values::{Data, Elem, Values, CHUNK};
 pub use writer::TraceWriter;

@@ -93,10 +93,6 @@ impl Elem {
             Elem::Bf16 | Elem::F16 => 2,
         }
     }
-
-    pub fn is_float(self) -> bool {
-        self != Elem::I64
-    }
 }
 
 impl Values {
@@ -135,11 +131,6 @@ impl Values {
     /// `f64s` in `shape`.
     pub fn f64s_shaped(shape: &[usize], v: Vec<f64>) -> Self {
         Values::new(shape.to_vec(), Data::F64(v))
-    }
-
-    /// Float64 zeros in `shape` (no allowance).
-    pub fn zeros(shape: &[usize]) -> Self {
-        Values::f64s_shaped(shape, vec![0.0; shape.iter().product()])
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -302,14 +293,6 @@ impl Values {
     /// The same elements as one flat dimension.
     pub fn flatten(&self) -> Values {
         Values { shape: vec![self.numel()], data: self.data.clone() }
-    }
-
-    /// The elements in memory (a mapped tensor read out of its file).
-    pub fn owned(&self) -> Values {
-        match &*self.data {
-            Data::Mapped(m) => Values::from_le_bytes(m.elem, self.shape.clone(), m.bytes()),
-            _ => self.clone(),
-        }
     }
 
     /// A mapped tensor from `len` bytes at `start` of `map`.

@@ -113,6 +113,9 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
                 peak_abs = peak_abs.max(h.abs_max());
             }
             let g = g.to_f64();
+            if g.len() != a.finals[i].1.numel() {
+                return Err(format!("{n}'s gradient at step {s} and its final weight differ in size"));
+            }
             let mut at: Vec<f64> = g.iter().map(|x| x.abs().max(peak_abs)).collect();
             for t in [a, b] {
                 if let Some((_, m)) = t.scales.get(s).and_then(|sc| sc.iter().find(|(m, _)| m == n)) {
@@ -129,7 +132,7 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
                 ),
                 None => (g.iter().map(|g| g * (1.0 - b1)).collect(), g.iter().map(|g| g * g * (1.0 - b2)).collect(), 1),
             };
-            let w = peak(n).unwrap_or_else(|| abs(&a.finals[i].1));
+            let w = peak(n).filter(|p| p.len() == g.len()).unwrap_or_else(|| abs(&a.finals[i].1));
             track.after_step(i, &p, t, a.facts.lrs[s], &m, &v, &w);
             moments[i] = Some((m, v, t));
         }

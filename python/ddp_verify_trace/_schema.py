@@ -4,7 +4,10 @@ Regenerate with `UPDATE_SCHEMA=1 cargo test --lib evidence::schema`; a Rust test
 the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.
 """
 
-FORMAT = "ddp-verify-trace/1"
+FORMAT = "ddp-verify-trace/2"
+# sample="auto": whole tensors up to this many parameters, else SAMPLE_SIZE positions each
+SAMPLE_SIZE = 1024
+SAMPLE_FROM_PARAMETERS = 4000000
 
 # key: (value type, allowed values or None, required)
 HEADER = {
@@ -25,6 +28,8 @@ HEADER = {
     "recorded_by": ("text", None, False),
     "torch_version": ("text", None, False),
     "optimizer": ("text", None, False),
+    "sample": ("count", None, False),
+    "parameters": ("count", None, False),
     "betas": ("numbers", None, False),
     "eps": ("number", None, False),
     "weight_decay": ("number", None, False),
@@ -62,6 +67,10 @@ TENSORS = {
     "unscales": ("unscales.{step}", "finite", "one"),
     "scaler_updates": ("scaler_updates.{step}", "finite", "one"),
     "range_part": ("range_part.{step}", "finite", "one"),
+    "positions": ("positions.{param}", "i64", "vector"),
+    "shape": ("shape.{param}", "i64", "vector"),
+    "summary": ("summary.{step}.{param}", "f64", "three"),
+    "final_summary": ("final_summary.{param}", "f64", "three"),
 }
 
 

@@ -137,6 +137,10 @@ pub struct TraceHeader {
     pub written_by: Option<String>,
     pub recorded_by: Option<String>,
     pub torch_version: Option<String>,
+    /// Sampled: the element positions kept per tensor (tensors this large or smaller whole).
+    pub sample: Option<usize>,
+    /// Elements in all the recorded parameters.
+    pub parameters: Option<usize>,
     /// Keys this build does not know, kept as written.
     pub other: BTreeMap<String, String>,
 }
@@ -235,6 +239,8 @@ impl TraceHeader {
             written_by: text(schema::WRITTEN_BY),
             recorded_by: text(schema::RECORDED_BY),
             torch_version: text(schema::TORCH_VERSION),
+            sample: count(schema::SAMPLE),
+            parameters: count(schema::PARAMETERS),
             other: raw.iter().filter(|(k, _)| !known(k)).map(|(k, v)| (k.clone(), v.clone())).collect(),
         })
     }
@@ -276,6 +282,8 @@ impl TraceHeader {
         put(schema::WRITTEN_BY, self.written_by.clone());
         put(schema::RECORDED_BY, self.recorded_by.clone());
         put(schema::TORCH_VERSION, self.torch_version.clone());
+        put(schema::SAMPLE, self.sample.map(|n| n.to_string()));
+        put(schema::PARAMETERS, self.parameters.map(|n| n.to_string()));
         out
     }
 

@@ -16,6 +16,7 @@ use safetensors::Dtype as St;
 use super::header::TraceHeader;
 use super::schema::{self, Kind as K};
 use super::trace::{Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
+use super::sampled::{Sampled, Sampling, Summaries, Summary};
 use super::values::{Data, Elem, Values};
 use crate::error::{Error, Result};
 
@@ -159,6 +160,10 @@ struct Reading {
     /// loss_scale, found_inf, unscales, scaler_updates.
     scaler: [BTreeMap<usize, f64>; 4],
     range_parts: Option<RangePrediction>,
+    positions: BTreeMap<String, Vec<i64>>,
+    shapes: BTreeMap<String, Vec<i64>>,
+    summaries: BTreeMap<usize, Summaries>,
+    final_summaries: Summaries,
 }
 
 impl Reading {
@@ -198,6 +203,10 @@ impl Reading {
             K::FoundInf => _ = self.scaler[1].insert(s, first()),
             K::Unscales => _ = self.scaler[2].insert(s, first()),
             K::ScalerUpdates => _ = self.scaler[3].insert(s, first()),
+            K::Positions => _ = self.positions.insert(p, t.to_i64()),
+            K::ParamShape => _ = self.shapes.insert(p, t.to_i64()),
+            K::Summary => _ = self.summaries.entry(s).or_default().insert(p, Summary::from_values(&t)),
+            K::FinalSummary => _ = self.final_summaries.insert(p, Summary::from_values(&t)),
             K::RangePart => {
                 let parts = self.range_parts.get_or_insert_with(RangePrediction::default);
                 parts.steps.push(s);
@@ -247,6 +256,7 @@ impl Reading {
             unscales: unscales.iter().map(|&v| v as i64).collect(),
             updates: updates.iter().map(|&v| v as i64).collect(),
         };
+        let sampling = sampling(header.sample, self.positions, self.shapes, self.summaries, self.final_summaries, n)?;
         let mut ddp_sync = self.ddp_sync;
         let facts = StepFacts {
             lrs: self.lrs.into_values().collect(),
@@ -280,8 +290,51 @@ impl Reading {
             ..Trace::default()
         };
         trace.allowances.range_parts = range_parts;
+        if let Some(s) = sampling {
+            s.check(&trace)?;
+            trace.sampling = Some(s);
+        }
         Ok(trace)
     }
+}
+
+/// A sampled trace's positions, shapes and summaries, each position list increasing and
+/// inside its parameter; None for a whole trace (which must hold none of them).
+fn sampling(
+    size: Option<usize>,
+    positions: BTreeMap<String, Vec<i64>>,
+    mut shapes: BTreeMap<String, Vec<i64>>,
+    mut summaries: BTreeMap<usize, Summaries>,
+    finals: Summaries,
+    steps: usize,
+) -> std::result::Result<Option<Sampling>, String> {
+    let Some(size) = size else {
+        return match positions.keys().chain(shapes.keys()).chain(finals.keys()).next() {
+            Some(n) => Err(format!("{n} is sampled but the header has no sample key")),
+            None if !summaries.is_empty() => Err("summary.<step>.* without a sample key in the header".into()),
+            None => Ok(None),
+        };
+    };
+    let mut params = BTreeMap::new();
+    for (name, pos) in positions {
+        let shape = shapes.remove(&name).ok_or_else(|| format!("positions.{name} has no shape.{name} beside it"))?;
+        let shape: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+        let increasing = pos.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || pos.first().is_some_and(|&p| p < 0) || pos.last().is_some_and(|&p| p as u128 >= numel as u128) {
+            return Err(format!("positions.{name} must increase and lie inside shape.{name} ({shape:?})"));
+        }
+        let positions = Arc::new(pos.into_iter().map(|p| p as usize).collect());
+        params.insert(name, Sampled { positions, shape });
+    }
+    if let Some(name) = shapes.keys().next() {
+        return Err(format!("shape.{name} has no positions.{name} beside it"));
+    }
+    if let Some(s) = summaries.keys().find(|&&s| s >= steps) {
+        return Err(format!("summary.{s}.* has no grads.{s}.* beside it"));
+    }
+    let steps = (0..steps).map(|s| summaries.remove(&s).unwrap_or_default()).collect();
+    Ok(Some(Sampling { size, params, steps, finals }))
 }
 
 /// A per-step series, when present, holds exactly steps 0..n.

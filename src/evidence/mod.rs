@@ -5,6 +5,7 @@
 pub mod golden;
 mod header;
 mod load;
+mod sampled;
 pub mod schema;
 mod trace;
 mod unrepeatable;
@@ -13,6 +14,7 @@ mod writer;
 
 pub use golden::Golden;
 pub use header::{Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader};
+pub use sampled::{Sampled, Sampling, Summaries, Summary};
 pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
 pub use unrepeatable::Unrepeatable;
 pub use values::{Data, Elem, Values, CHUNK};

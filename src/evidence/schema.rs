@@ -6,8 +6,8 @@
 
 /// What every trace's `format` key starts with; the version follows the slash.
 pub const FORMAT_NAME: &str = "ddp-verify-trace";
-/// The version written now.
-pub const VERSION: u32 = 1;
+/// The version written now: 2 adds sampled traces (`sample`, `positions.*`, `summary.*`).
+pub const VERSION: u32 = 2;
 /// The versions this build reads: 1 is the layout of ddp-verify 0.1 and the recorder 0.2.
 pub const READS: std::ops::RangeInclusive<u32> = 1..=VERSION;
 
@@ -82,6 +82,15 @@ pub const DAMPENING: &str = "dampening";
 pub const AMSGRAD: &str = "amsgrad";
 pub const NESTEROV: &str = "nesterov";
 pub const MAXIMIZE: &str = "maximize";
+pub const SAMPLE: &str = "sample";
+pub const PARAMETERS: &str = "parameters";
+
+/// A sampled trace keeps this many element positions of each tensor larger than that (the
+/// recorder's `sample=` default when it samples).
+pub const SAMPLE_SIZE: usize = 1024;
+/// `sample="auto"` samples a model of more parameters than this and records a smaller one
+/// whole: 4M float32 parameters make 16 MB a step.
+pub const SAMPLE_FROM_PARAMETERS: usize = 4_000_000;
 
 /// The run kinds a header names: ddp-verify's own runs, and the recorder's one process or DDP.
 pub const RUNS: &[&str] = &["accumulation", "single", "ddp"];
@@ -123,6 +132,8 @@ const KEYS: &[Key] = &[
     key(RECORDED_BY, Text, "how the recorder saw the steps"),
     key(TORCH_VERSION, Text, "the torch (or libtorch) version"),
     key(OPTIMIZER, Text, "the stepping optimizer's class name"),
+    key(SAMPLE, Count, "sampled: element positions kept per tensor (absent: whole tensors)"),
+    key(PARAMETERS, Count, "elements in the recorded parameters, all of them"),
 ];
 
 /// The optimizer settings the recorder copies from the first param group, when present,
@@ -189,6 +200,8 @@ pub enum Shape {
     One,
     /// Exactly two elements.
     Two,
+    /// Exactly three elements.
+    Three,
     /// One element or more (one per param group).
     Some,
     /// One dimension, not empty (one per rank, one per forward).
@@ -214,6 +227,10 @@ pub enum Kind {
     Unscales,
     ScalerUpdates,
     RangePart,
+    Positions,
+    ParamShape,
+    Summary,
+    FinalSummary,
 }
 
 /// One kind of tensor: how it is named and what it holds.
@@ -259,6 +276,10 @@ pub const TENSORS: &[TensorKind] = &[
     kind(Kind::Unscales, "unscales", L::Step, E::Finite, Shape::One, "unscale_ calls (ours)"),
     kind(Kind::ScalerUpdates, "scaler_updates", L::Step, E::Finite, Shape::One, "scaler updates (ours)"),
     kind(Kind::RangePart, "range_part", L::Step, E::Finite, Shape::One, "float16's range parts the runs (ours)"),
+    kind(Kind::Positions, "positions", L::Param, E::I64, Shape::Vector, "sampled: the flat positions kept, increasing"),
+    kind(Kind::ParamShape, "shape", L::Param, E::I64, Shape::Vector, "sampled: the parameter's own shape"),
+    kind(Kind::Summary, "summary", L::StepParam, E::F64, Shape::Three, "sampled: the whole gradient's [sum, sum of squares, max |g|]"),
+    kind(Kind::FinalSummary, "final_summary", L::Param, E::F64, Shape::Three, "sampled: the final weight's [sum, sum of squares, max |w|]"),
 ];
 
 impl Kind {
@@ -325,6 +346,7 @@ impl TensorKind {
             Shape::Param => true,
             Shape::One => numel == 1,
             Shape::Two => numel == 2,
+            Shape::Three => numel == 3,
             Shape::Some => numel >= 1,
             Shape::Vector => dims == 1 && numel >= 1,
         };
@@ -339,6 +361,7 @@ impl TensorKind {
         let shape = match self.shape {
             Shape::One => "one value",
             Shape::Two => "two values",
+            Shape::Three => "three values",
             Shape::Some => "one value or more",
             Shape::Vector | Shape::Param => "a non-empty vector",
         };
@@ -359,6 +382,8 @@ pub fn python_module() -> String {
          the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.\n\"\"\"\n"
     );
     let _ = writeln!(out, "FORMAT = {}", q(&format()));
+    let _ = writeln!(out, "# sample=\"auto\": whole tensors up to this many parameters, else SAMPLE_SIZE positions each");
+    let _ = writeln!(out, "SAMPLE_SIZE = {SAMPLE_SIZE}\nSAMPLE_FROM_PARAMETERS = {SAMPLE_FROM_PARAMETERS}");
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
     for k in keys() {
         let allowed = match k.value {
@@ -443,6 +468,8 @@ mod tests {
         assert_eq!(parse_name("clip.2").unwrap().kind.kind, Kind::Clip);
         assert_eq!(parse_name("scale.0.w").unwrap().kind.kind, Kind::Scale);
         assert_eq!(parse_name("scaler_updates.0").unwrap().kind.kind, Kind::ScalerUpdates);
+        assert_eq!(parse_name("final_summary.w").unwrap().kind.kind, Kind::FinalSummary);
+        assert_eq!(parse_name("final.w").unwrap().kind.kind, Kind::Final);
         assert!(parse_name("grads.x.w").unwrap_err().contains("has no step number"));
         assert!(parse_name("weights.w").unwrap_err().contains("unexpected tensor weights.w"));
         assert!(parse_name("final.").unwrap_err().contains("names no parameter"));

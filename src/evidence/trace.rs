@@ -76,6 +76,9 @@ pub struct Trace {
     pub facts: StepFacts,
     /// The accumulation run's: what rounding alone may make the other runs differ by.
     pub allowances: Allowances,
+    /// A sampled trace's positions and summaries: its sampled parameters' tensors above
+    /// hold only the kept elements.
+    pub sampling: Option<super::sampled::Sampling>,
 }
 
 /// What was recorded of each step besides its numbers: facts two runs of one training share.
@@ -194,6 +197,7 @@ impl Trace {
             peaks: self.peaks.clone(),
             scales: Vec::new(),
             facts: self.facts.clone(),
+            sampling: self.sampling.clone(),
             allowances: Allowances {
                 steps: Vec::new(),
                 finals: a.finals.clone(),

@@ -14,9 +14,9 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype as St;
 
 use super::header::TraceHeader;
+use super::sampled::{Sampled, Sampling, Summaries, Summary};
 use super::schema::{self, Kind as K};
 use super::trace::{Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
-use super::sampled::{Sampled, Sampling, Summaries, Summary};
 use super::values::{Data, Elem, Values};
 use crate::error::{Error, Result};
 
@@ -321,7 +321,8 @@ fn sampling(
         let shape: Vec<usize> = shape.iter().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect();
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
         let increasing = pos.windows(2).all(|w| w[0] < w[1]);
-        if !increasing || pos.first().is_some_and(|&p| p < 0) || pos.last().is_some_and(|&p| p as u128 >= numel as u128) {
+        if !increasing || pos.first().is_some_and(|&p| p < 0) || pos.last().is_some_and(|&p| p as u128 >= numel as u128)
+        {
             return Err(format!("positions.{name} must increase and lie inside shape.{name} ({shape:?})"));
         }
         let positions = Arc::new(pos.into_iter().map(|p| p as usize).collect());

@@ -104,7 +104,8 @@ impl Sampling {
             ));
         }
         let differ = self.params.iter().find(|(n, s)| other.params.get(*n) != Some(s));
-        differ.map(|(n, _)| format!("{n} is sampled at other positions (sample={} and sample={})", self.size, other.size))
+        differ
+            .map(|(n, _)| format!("{n} is sampled at other positions (sample={} and sample={})", self.size, other.size))
     }
 
     /// That `trace`'s tensors are what this sampling says: each sampled parameter's
@@ -220,9 +221,7 @@ mod tests {
     #[test]
     fn a_whole_trace_is_sampled_at_another_traces_positions() {
         let w = Values::from_f64_as(super::super::Elem::F32, &[2, 3], vec![1.0, -2.0, 3.0, -4.0, 5.0, -6.0]);
-        let mut t = Trace::default();
-        t.finals = vec![("w".into(), w.clone())];
-        t.steps = vec![vec![("w".into(), w.clone())]];
+        let t = Trace { finals: vec![("w".into(), w.clone())], steps: vec![vec![("w".into(), w)]], ..Trace::default() };
         let like = Sampling {
             size: 2,
             params: [("w".to_string(), Sampled { positions: Arc::new(vec![1, 4]), shape: vec![2, 3] })].into(),
@@ -233,7 +232,74 @@ mod tests {
         assert_eq!(t.finals[0].1.to_f64(), vec![-2.0, 5.0]);
         let s = t.sampling.unwrap();
         assert_eq!(s.steps[0]["w"], Summary { sum: -3.0, sumsq: 91.0, max_abs: 6.0 });
-        let other = Sampling { params: [("w".to_string(), Sampled { positions: Arc::new(vec![0, 4]), shape: vec![2, 3] })].into(), ..like.clone() };
+        let other = Sampling {
+            params: [("w".to_string(), Sampled { positions: Arc::new(vec![0, 4]), shape: vec![2, 3] })].into(),
+            ..like.clone()
+        };
         assert!(like.mismatch(&other).unwrap().contains("w is sampled at other positions"));
+    }
+
+    /// Written and read back: the same positions and summaries; a position past the tensor
+    /// or a sampled gradient without its summary is refused naming it.
+    #[test]
+    fn a_sampled_trace_round_trips_and_bad_ones_are_refused() {
+        use super::super::header::TraceHeader;
+        let raw: BTreeMap<String, String> = [
+            ("format", "ddp-verify-trace/2"),
+            ("run", "single"),
+            ("world_size", "1"),
+            ("dtype", "float32"),
+            ("sample", "2"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let w = Values::f32s((0..6).map(|i| i as f32 - 2.5).collect());
+        let whole = Trace {
+            header: TraceHeader::parse(&raw).unwrap(),
+            steps: vec![vec![("w".into(), w.clone())]],
+            finals: vec![("w".into(), w)],
+            ..Trace::default()
+        };
+        let like = Sampling {
+            size: 2,
+            params: [("w".to_string(), Sampled { positions: Arc::new(vec![0, 5]), shape: vec![6] })].into(),
+            ..Sampling::default()
+        };
+        let t = whole.sampled_like(&like).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        t.save(&path).unwrap();
+        let back = Trace::load(&path).unwrap();
+        assert_eq!(back.sampling, t.sampling);
+        assert_eq!(back.steps[0][0].1.to_f64(), vec![-2.5, 2.5]);
+        let mut bad = t.sampling.clone().unwrap();
+        bad.params.get_mut("w").unwrap().positions = Arc::new(vec![0, 6]);
+        let path = dir.path().join("bad.safetensors");
+        Trace {
+            sampling: Some(bad),
+            steps: t.steps.clone(),
+            finals: t.finals.clone(),
+            header: t.header.clone(),
+            ..Trace::default()
+        }
+        .save(&path)
+        .unwrap();
+        let err = Trace::load(&path).unwrap_err().to_string();
+        assert!(err.contains("positions.w must increase and lie inside shape.w"), "{err}");
+        let mut bare = t.sampling.clone().unwrap();
+        bare.steps = vec![Summaries::new()];
+        let path = dir.path().join("bare.safetensors");
+        Trace {
+            sampling: Some(bare),
+            steps: t.steps.clone(),
+            finals: t.finals.clone(),
+            header: t.header.clone(),
+            ..Trace::default()
+        }
+        .save(&path)
+        .unwrap();
+        let err = Trace::load(&path).unwrap_err().to_string();
+        assert!(err.contains("grads.0.w is sampled but has no summary.0.w"), "{err}");
     }
 }

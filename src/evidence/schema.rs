@@ -278,8 +278,22 @@ pub const TENSORS: &[TensorKind] = &[
     kind(Kind::RangePart, "range_part", L::Step, E::Finite, Shape::One, "float16's range parts the runs (ours)"),
     kind(Kind::Positions, "positions", L::Param, E::I64, Shape::Vector, "sampled: the flat positions kept, increasing"),
     kind(Kind::ParamShape, "shape", L::Param, E::I64, Shape::Vector, "sampled: the parameter's own shape"),
-    kind(Kind::Summary, "summary", L::StepParam, E::F64, Shape::Three, "sampled: the whole gradient's [sum, sum of squares, max |g|]"),
-    kind(Kind::FinalSummary, "final_summary", L::Param, E::F64, Shape::Three, "sampled: the final weight's [sum, sum of squares, max |w|]"),
+    kind(
+        Kind::Summary,
+        "summary",
+        L::StepParam,
+        E::F64,
+        Shape::Three,
+        "sampled: the whole gradient's [sum, sum of squares, max |g|]",
+    ),
+    kind(
+        Kind::FinalSummary,
+        "final_summary",
+        L::Param,
+        E::F64,
+        Shape::Three,
+        "sampled: the final weight's [sum, sum of squares, max |w|]",
+    ),
 ];
 
 impl Kind {
@@ -382,7 +396,8 @@ pub fn python_module() -> String {
          the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.\n\"\"\"\n"
     );
     let _ = writeln!(out, "FORMAT = {}", q(&format()));
-    let _ = writeln!(out, "# sample=\"auto\": whole tensors up to this many parameters, else SAMPLE_SIZE positions each");
+    let _ =
+        writeln!(out, "# sample=\"auto\": whole tensors up to this many parameters, else SAMPLE_SIZE positions each");
     let _ = writeln!(out, "SAMPLE_SIZE = {SAMPLE_SIZE}\nSAMPLE_FROM_PARAMETERS = {SAMPLE_FROM_PARAMETERS}");
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
     for k in keys() {

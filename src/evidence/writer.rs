@@ -74,6 +74,16 @@ impl TraceWriter {
         for (s, scales) in trace.scales.iter().enumerate() {
             scales.iter().try_for_each(|(n, t)| self.add(&K::Scale.name(s, n), t))?;
         }
+        if let Some(s) = &trace.sampling {
+            for (n, p) in &s.params {
+                self.add(&K::Positions.name(0, n), &Values::i64s(p.positions.iter().map(|&k| k as i64).collect()))?;
+                self.add(&K::ParamShape.name(0, n), &Values::i64s(p.shape.iter().map(|&d| d as i64).collect()))?;
+            }
+            for (step, summaries) in s.steps.iter().enumerate() {
+                summaries.iter().try_for_each(|(n, m)| self.add(&K::Summary.name(step, n), &m.to_values()))?;
+            }
+            s.finals.iter().try_for_each(|(n, m)| self.add(&K::FinalSummary.name(0, n), &m.to_values()))?;
+        }
         if trace.header.is_present() {
             self.header.insert("__metadata__".into(), serde_json::json!(trace.header.to_strings()));
         }

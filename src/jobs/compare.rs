@@ -21,6 +21,8 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     let (mut a, mut b) = (Trace::load(pa)?, Trace::load(pb)?);
     strip_ddp_prefix(&mut a, &b);
     strip_ddp_prefix(&mut b, &a);
+    let recorded = [a.sampling.is_some(), b.sampling.is_some()];
+    same_sampling(&mut a, &mut b, pa, pb)?;
     line_up(&a, &b, pa, pb)?;
     let dtype = a.finals[0].1.dtype().unwrap_or(Dtype::Float32);
     // Users' runs train on their own: the free-running tolerance of their dtype.
@@ -52,6 +54,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         peaks: !a.peaks.is_empty() && !b.peaks.is_empty(),
         finals_carried,
         big: opts.big.clone(),
+        sampling: crate::judge::SampledPair::of(&a, &b, recorded),
     };
     Ok(Outcome {
         subject: Subject::Traces(Box::new(pair)),
@@ -83,6 +86,18 @@ fn judge_big_batch(
 ) -> Result<BigBatch> {
     let mut big = Trace::load(path)?;
     strip_ddp_prefix(&mut big, a);
+    if let (Some(s), None) = (&a.sampling, &big.sampling) {
+        big = std::mem::take(&mut big).sampled_like(s).map_err(|p| not_lined_up(pa, path, p))?;
+    }
+    if let (Some(x), Some(y)) = (&a.sampling, &big.sampling) {
+        if let Some(p) = x.mismatch(y) {
+            return Err(not_lined_up(pa, path, p));
+        }
+    }
+    if a.sampling.is_none() && big.sampling.is_some() {
+        let fix = "record the big batch whole too (sample=None, or --sample full), or all three sampled";
+        return Err(Error::bad_file(path, format!("is sampled and {} is not", pa.display()), fix));
+    }
     line_up(a, &big, pa, path)?;
     let mut acc = a.without_steps();
     acc.allowances.finals = Params::new();
@@ -95,6 +110,31 @@ fn judge_big_batch(
         .finish(&acc, &big, false);
     let diagnosis = crate::judge::diagnose_big_batch(&acc, &big, &comparison, cx, runs != Agreement::Diverged);
     Ok(BigBatch { trace: big, comparison, diagnosis })
+}
+
+/// Both traces sampled at the same positions: a whole trace is sampled at the other's (so a
+/// sampled leg compares with a whole one); two sampled at other positions are refused.
+fn same_sampling(a: &mut Trace, b: &mut Trace, pa: &Path, pb: &Path) -> Result<()> {
+    match (&a.sampling, &b.sampling) {
+        (None, None) => {}
+        (Some(x), Some(y)) => {
+            if let Some(p) = x.mismatch(y) {
+                return Err(not_lined_up(pa, pb, p));
+            }
+        }
+        (Some(s), None) => *b = std::mem::take(b).sampled_like(s).map_err(|p| not_lined_up(pa, pb, p))?,
+        (None, Some(s)) => *a = std::mem::take(a).sampled_like(s).map_err(|p| not_lined_up(pa, pb, p))?,
+    }
+    Ok(())
+}
+
+/// `pb` does not line up with `pa` (exit 2).
+fn not_lined_up(pa: &Path, pb: &Path, problem: String) -> Error {
+    Error::bad_file(
+        pb,
+        format!("does not line up with {}: {problem}", pa.display()),
+        "record both runs of the same model with the same sample= (ddp-verify -- COMMAND: --sample)",
+    )
 }
 
 /// What each side is called in reports: its file name without `.safetensors`, or the
@@ -119,6 +159,9 @@ fn strip_ddp_prefix(t: &mut Trace, other: &Trace) {
         return;
     }
     let strip = |p: &mut Params| p.iter_mut().for_each(|(n, _)| *n = n[P.len()..].to_string());
+    if let Some(s) = t.sampling.as_mut() {
+        s.rename(|n| n.strip_prefix(P).unwrap_or(n).to_string());
+    }
     t.steps.iter_mut().chain(t.scales.iter_mut()).for_each(strip);
     [&mut t.finals, &mut t.peaks].into_iter().for_each(strip);
     t.buffers.iter_mut().filter(|(n, _)| n.starts_with(P)).for_each(|(n, _)| *n = n[P.len()..].to_string());

@@ -97,6 +97,9 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
         .env("DDP_VERIFY_LOCAL_ACC_STEPS", leg.local_acc_steps.to_string())
         .env("DDP_VERIFY_WORLD", o.gpus.to_string())
         .env("DDP_VERIFY_BATCH", leg.batch.to_string());
+    if let Some(n) = &o.sample {
+        cmd.env("DDP_VERIFY_SAMPLE", n);
+    }
     if std::env::var_os("OMP_NUM_THREADS").is_none() {
         cmd.env("OMP_NUM_THREADS", "1");
     }

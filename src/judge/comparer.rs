@@ -2,6 +2,7 @@
 //! buffers: one [`Comparison`].
 
 use super::elementwise::{compare_group, Scales};
+use super::summaries::Wholes;
 use super::{Agreement, Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch};
 use crate::evidence::{Params, Trace};
 use crate::spec::Tolerance;
@@ -56,12 +57,13 @@ impl Comparer {
     /// One step's gradients; an empty side means that run made no such step. `allowed`
     /// (possibly empty) bounds each element's difference when derived.
     pub fn step(&mut self, a: &Params, b: &Params, allowed: &Params) {
-        self.step_at(a, b, allowed, &[]);
+        self.step_at(a, b, allowed, &[], None);
     }
 
     /// Like [`Comparer::step`], with recorded per-element magnitudes (`Trace::scales`, may be
     /// empty) that differences are also measured at.
-    fn step_at(&mut self, a: &Params, b: &Params, allowed: &Params, magnitudes: &[&Params]) {
+    /// `wholes`: sampled traces' summaries of this step's whole gradients.
+    fn step_at(&mut self, a: &Params, b: &Params, allowed: &Params, magnitudes: &[&Params], wholes: Option<Wholes>) {
         self.left_steps += usize::from(!a.is_empty());
         self.right_steps += usize::from(!b.is_empty());
         if !a.is_empty() && !b.is_empty() {
@@ -75,7 +77,7 @@ impl Comparer {
             self.bounded |= bounds.is_some();
             let magnitudes: Vec<Params> = magnitudes.iter().map(|m| self.sampled(m)).collect();
             let scales = Scales::TensorPeakAnd(&magnitudes);
-            self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref()));
+            self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref(), wholes));
         }
     }
 
@@ -85,7 +87,10 @@ impl Comparer {
             let none = Params::new();
             let allowed = a.allowances.steps.get(i).unwrap_or(&none);
             let magnitudes = [a.scales.get(i).unwrap_or(&none), b.scales.get(i).unwrap_or(&none)];
-            self.step_at(a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none), allowed, &magnitudes);
+            let wholes = sampled(a, b)
+                .and_then(|(x, y)| Some(Wholes { left: x.steps.get(i)?, right: y.steps.get(i)?, params: &x.params }));
+            let (ga, gb) = (a.steps.get(i).unwrap_or(&none), b.steps.get(i).unwrap_or(&none));
+            self.step_at(ga, gb, allowed, &magnitudes, wholes);
         }
         // Steps both loss scalers skipped were never applied: their inf/NaN gradients prove
         // nothing either way (a skip in one run only is `scaler`'s to report), nor do steps
@@ -107,13 +112,21 @@ impl Comparer {
         let (af, bf) = (self.sampled(&a.finals), self.sampled(&b.finals));
         // A parted step applied in one run only: even in lockstep, which restarts weights and
         // scaler but not momentum or AdamW's moments, the final weights differ by it.
+        // A carried bound is per element: what it adds up to over the elements not sampled is
+        // not known, so under it sampled final weights are judged at their samples alone.
+        let wholes = sampled(a, b).filter(|_| bounds.is_none()).map(|(x, y)| Wholes {
+            left: &x.finals,
+            right: &y.finals,
+            params: &x.params,
+        });
         let finals = match (range_parted.is_some(), self.finals) {
             (true, _) => GroupDiff::not_judged(NotJudged::RangeParted),
             (false, false) => GroupDiff::not_judged(NotJudged::Optimizer),
-            (false, true) => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref()),
+            (false, true) => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref(), wholes),
         };
-        let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty())
-            .then(|| compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None));
+        let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty()).then(|| {
+            compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None, None)
+        });
         let counted: Vec<&GroupDiff> =
             self.steps.iter().chain([&finals]).chain(buffers.iter().filter(|_| buffers_counted)).collect();
         let mut verdict = counted.iter().map(|s| s.verdict).max().unwrap_or(Agreement::Exact);
@@ -167,6 +180,12 @@ impl Comparer {
             None => p.iter().map(|(n, t)| (n.clone(), t.clone())).collect(),
         }
     }
+}
+
+/// Both traces' sampling, where both are sampled traces (`compare` samples a whole one at
+/// the other's positions first).
+fn sampled<'t>(a: &'t Trace, b: &'t Trace) -> Option<(&'t crate::evidence::Sampling, &'t crate::evidence::Sampling)> {
+    Some((a.sampling.as_ref()?, b.sampling.as_ref()?))
 }
 
 /// Two whole traces; buffers count toward the verdict.

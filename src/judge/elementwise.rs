@@ -1,6 +1,7 @@
 //! One group of tensors (a step's gradients, the final weights) element by element, held to
 //! the tolerance or the derived bounds.
 
+use super::summaries::{Whole, Wholes};
 use super::ulps::Precision;
 use super::{Agreement, GroupDiff, Problem, TensorDiff};
 use crate::evidence::{Elem, Params, Values, CHUNK};
@@ -20,13 +21,15 @@ pub(super) enum Scales<'a> {
 }
 
 /// `bounds`: per element, the largest |Δ| allowed (derived from the arithmetic); without
-/// them, `tol` decides.
+/// them, `tol` decides. `wholes`: sampled traces' summaries of the whole tensors, held to
+/// what the sampled elements' allowances add up to.
 pub(super) fn compare_group(
     a: &Params,
     b: &Params,
     tol: &Tolerance,
     scales: Scales,
     bounds: Option<&Params>,
+    wholes: Option<Wholes>,
 ) -> GroupDiff {
     let mut tensors = Vec::new();
     for (name, x) in a {
@@ -63,7 +66,8 @@ pub(super) fn compare_group(
                     // A tensor the bounds do not cover (unused in the graph) must match.
                     bs.iter().find(|(n, t)| n == name && t.shape() == x.shape()).map(|(_, t)| t.clone())
                 });
-                tensors.push(compare_tensor(name, x, y, tol, scale, bound.clone()));
+                let whole = wholes.and_then(|w| w.of(name));
+                tensors.push(compare_tensor(name, x, y, tol, scale, bound.clone(), whole));
                 // Judged: a mapped trace's pages of these tensors go back to the file, so
                 // `compare` holds a few tensors at a time, however large the trace.
                 let measured = [scales_of(scales, name), bound.flatten().into_iter().collect()].concat();
@@ -169,6 +173,28 @@ fn chunks<T: Send>(
     })
 }
 
+/// The largest |Δ| element `k` (values `p`, `q`) passes with: its bound, or what the
+/// tolerance allows at max(|p|, |q|, scale): the limit `compare_tensor`'s fraction holds it
+/// to (`k` past the end: no scale, no bound).
+fn allowance(
+    k: usize,
+    p: f64,
+    q: f64,
+    tol: &Tolerance,
+    precision: Precision,
+    scale: &Option<Scale>,
+    bound: &Option<Option<Values>>,
+) -> f64 {
+    if let Some(b) = bound.as_ref().filter(|_| k != usize::MAX) {
+        return b.as_ref().map_or(0.0, |b| b.get(k));
+    }
+    if precision == Precision::Int {
+        return 0.0;
+    }
+    let at = p.abs().max(q.abs()).max(scale.as_ref().filter(|_| k != usize::MAX).map_or(0.0, |s| s.at(k)));
+    tol.atol.max(tol.rtol * at).max(f64::from(tol.max_ulps) * precision.ulp(at))
+}
+
 /// Tensors this large are judged on every core (smaller ones are not worth the threads).
 const PARALLEL_FROM: usize = 1 << 20;
 
@@ -194,6 +220,8 @@ fn survey(x: &Values, y: &Values) -> (bool, f64, f64) {
 /// Ulps count in the tensors' own precision (float32, float64, bfloat16, float16); integer counters must
 /// match exactly, their "ulps" being the difference itself. With `bound`, an element passes
 /// when |Δ| is within its own entry (none given: it must match), and `tol` is not used.
+/// With `whole` (a sampled tensor), the tensor's peak is the whole tensor's, and its
+/// summaries are judged too.
 fn compare_tensor(
     name: &str,
     x: &Values,
@@ -201,6 +229,7 @@ fn compare_tensor(
     tol: &Tolerance,
     scale: impl FnOnce(f64, f64) -> Option<Scale>,
     bound: Option<Option<Values>>,
+    whole: Option<Whole>,
 ) -> TensorDiff {
     if x.shape() != y.shape() {
         return missing(name, Problem::Shape { left: x.size(), right: y.size() });
@@ -224,10 +253,22 @@ fn compare_tensor(
     };
     // Fast path: bit-identical and finite values cost one pass and keep nothing.
     let (differs, mx, my) = survey(x, y);
+    if !differs && whole.is_none_or(|w| w.left == w.right) {
+        return d;
+    }
+    let (mx, my) = whole.map_or((mx, my), |w| (mx.max(w.left.max_abs), my.max(w.right.max_abs)));
+    let ss = scale(mx, my);
+    if let Some(w) = whole {
+        // Sampled tensors are small (N elements): their allowances are listed.
+        let (xs, ys) = (x.to_f64(), y.to_f64());
+        let allowed: Vec<f64> =
+            (0..xs.len()).map(|k| allowance(k, xs[k], ys[k], tol, precision, &ss, &bound)).collect();
+        let at_peak = allowance(usize::MAX, w.peak(), w.peak(), tol, precision, &None, &None);
+        w.judge(&mut d, &allowed, at_peak);
+    }
     if !differs {
         return d;
     }
-    let ss = scale(mx, my);
     let fresh = || TensorDiff { name: String::new(), ..d.clone() };
     let parts = chunks(x, y, fresh, |d, start, a, b| {
         for (i, (&p, &q)) in a.iter().zip(b).enumerate() {

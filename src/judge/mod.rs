@@ -7,6 +7,7 @@ mod diagnose;
 mod elementwise;
 mod events;
 mod outcome;
+mod summaries;
 mod ulps;
 
 pub use carried::{adamw_finals, finals_judged};
@@ -16,7 +17,7 @@ pub use diagnose::{
     RULES,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
-pub use outcome::{BigBatch, Judging, Outcome, Subject, TracePair};
+pub use outcome::{BigBatch, Judging, Outcome, SampledPair, Subject, TracePair};
 pub use ulps::ulps_between;
 
 use serde::Serialize;
@@ -116,6 +117,14 @@ pub enum Problem {
         left: f64,
         right: f64,
     },
+    /// A sampled tensor's whole-tensor summary differs by more than its elements' allowances
+    /// add up to (`summaries`).
+    Summary {
+        what: &'static str,
+        left: f64,
+        right: f64,
+        allowed: f64,
+    },
 }
 
 impl std::fmt::Display for Problem {
@@ -123,9 +132,18 @@ impl std::fmt::Display for Problem {
         match self {
             Problem::Missing { on } => write!(f, "missing on the {on}"),
             Problem::Shape { left, right } => write!(f, "shape {left:?} vs {right:?}"),
+            // A sampled tensor's summaries saw it outside the kept elements.
+            Problem::NonFinite { element, left, right } if *element < 0 => {
+                write!(f, "non-finite value in the whole tensor (its sums: {left} vs {right})")
+            }
             Problem::NonFinite { element, left, right } => {
                 write!(f, "non-finite value at element {element} ({left} vs {right})")
             }
+            Problem::Summary { what, left, right, allowed } => write!(
+                f,
+                "the whole tensor's {what} differs: {left:.9e} vs {right:.9e}, by more than its elements' \
+                 allowances add up to ({allowed:.3e})"
+            ),
         }
     }
 }

@@ -30,6 +30,36 @@ pub struct TracePair {
     pub finals_carried: Result<(), String>,
     /// The big-batch trace, when one was given.
     pub big: Option<PathBuf>,
+    /// Where the pair was judged sampled: what was kept.
+    pub sampling: Option<SampledPair>,
+}
+
+/// A sampled pair: N elements kept of each tensor larger than that, and the summaries.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SampledPair {
+    /// N.
+    pub size: usize,
+    /// Tensors sampled, of `tensors_all` parameters.
+    pub tensors: usize,
+    pub tensors_all: usize,
+    /// Elements in all parameters, where a header says.
+    pub parameters: Option<usize>,
+    /// Which trace was recorded sampled (the other `compare` sampled at its positions).
+    pub recorded: [bool; 2],
+}
+
+impl SampledPair {
+    /// What a pair judged sampled kept, or None for a whole pair.
+    pub fn of(a: &Trace, b: &Trace, recorded: [bool; 2]) -> Option<SampledPair> {
+        let s = a.sampling.as_ref()?;
+        Some(SampledPair {
+            size: s.size,
+            tensors: s.params.len(),
+            tensors_all: a.finals.len(),
+            parameters: a.header.parameters.or(b.header.parameters),
+            recorded,
+        })
+    }
 }
 
 pub struct Outcome {

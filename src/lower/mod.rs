@@ -138,6 +138,7 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
         batch_size: args.shape.batch_size,
         out,
         timeout: args.timeout,
+        sample: args.sample.clone(),
         compare: CompareOptions {
             paths,
             big: None,

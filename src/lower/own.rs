@@ -21,6 +21,13 @@ use crate::spec::{
 /// The main command's flags as a [`Config`], the device chosen, every flag checked.
 pub fn verification(args: &RunArgs) -> Result<Config> {
     let reports = reports(&args.reports)?;
+    if args.sample.is_some() {
+        return Err(Error::bad_flag(
+            "--sample",
+            "samples what a script's legs record; ddp-verify's own runs are compared whole",
+            "drop --sample, or give your training command after -- (-- python train.py ARGS)",
+        ));
+    }
     let n = &args.net;
     if n.sync_bn {
         return Err(Error::bad_flag(

@@ -240,6 +240,9 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
             "their own values (the traces carry no peak magnitudes)"
         }
     ));
+    if let Some(s) = &pair.sampling {
+        lines.push(sampling_words(s, &pair.paths));
+    }
     if let Some(others) = pair.headers.iter().find_map(|h| h.unrecorded_optimizers.as_ref()) {
         lines.push(format!(
             "not judged: the parameters of another optimizer that stepped ({others}); the recorder follows the \
@@ -247,6 +250,32 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// A sampled pair, in words: what was kept and how the rest is judged.
+fn sampling_words(s: &crate::judge::SampledPair, paths: &[std::path::PathBuf; 2]) -> String {
+    let mut w = format!(
+        "sampled: {} elements of each of {} tensors (of {}) larger than that, at the same positions in both; \
+         each whole tensor's sum, sum of squares and max |x| held to what its elements' allowances add up to",
+        s.size, s.tensors, s.tensors_all
+    );
+    if let Some(p) = s.parameters {
+        w.push_str(&format!(" ({} parameters)", crate::report::describe::count_words(p)));
+    }
+    if let Some(i) = s.recorded.iter().position(|r| !r) {
+        w.push_str(&format!("; {} was recorded whole and sampled here", paths[i].display()));
+    }
+    w
+}
+
+/// A large count in words: 100.7M, 1.2B.
+pub(crate) fn count_words(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 10_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
 }
 
 /// tiny-lm's normalisation, in words.

@@ -42,6 +42,7 @@ pub fn json(o: &Outcome) -> Value {
                 "right": side(1),
                 "magnitudes": pair.magnitudes,
                 "peaks": pair.peaks,
+                "sampling": pair.sampling,
             });
         }
     }

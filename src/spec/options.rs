@@ -74,6 +74,8 @@ pub struct ScriptOptions {
     pub out: std::path::PathBuf,
     /// Each leg must finish within this many seconds.
     pub timeout: f64,
+    /// `--sample`, for the legs' DDP_VERIFY_SAMPLE (None: the recorder's default).
+    pub sample: Option<String>,
     /// How the two traces are judged and reported, as `compare` does.
     pub compare: CompareOptions,
 }

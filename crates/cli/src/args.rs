@@ -115,6 +115,11 @@ pub struct RunArgs {
     /// Plant a known bug in one run, to watch the gate fire.
     #[arg(long, value_name = "BUG", value_parser = named::<Bug>("bug"))]
     pub inject: Option<Bug>,
+    /// `-- COMMAND` only: what the legs record of each tensor: full (whole), N (N elements of
+    /// each tensor larger than N, and each whole tensor's sum, sum of squares and max |x|), or
+    /// auto (whole up to 4M parameters, else 1024) [default: auto, or DDP_VERIFY_SAMPLE].
+    #[arg(long, value_name = "N|full|auto", value_parser = sample)]
+    pub sample: Option<String>,
     /// Your training command, after `--` (`-- python train.py ARGS`): run as the accumulation
     /// leg (one process) and the DDP leg (torchrun, --gpus ranks), recorded with no edit and
     /// compared. In ARGS {acc_steps} is K, {local_acc_steps} this leg's micro-batches per step
@@ -348,6 +353,16 @@ pub struct SplitArgs {
     /// Print JSON: {"shards": [...], "accumulation_order": [...], ...}.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--sample`'s parser: `full`, `auto` or a positive whole number, as the recorder's
+/// DDP_VERIFY_SAMPLE reads it.
+fn sample(s: &str) -> Result<String, String> {
+    match s {
+        "full" | "auto" => Ok(s.to_string()),
+        _ if s.parse::<usize>().is_ok_and(|n| n >= 1) => Ok(s.to_string()),
+        _ => Err(format!("{s} is none of full, auto or a positive number of elements; pass e.g. --sample 1024")),
+    }
 }
 
 /// `--timeout`'s parser, for a run and a suite alike: a positive number of seconds.

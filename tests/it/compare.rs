@@ -48,6 +48,52 @@ fn compare_reaches_the_verdict_of_the_run_that_saved_the_traces() {
     }
 }
 
+/// Property: the same runs' traces, sampled (two elements of every tensor larger than that,
+/// and each whole tensor's summaries), reach the same verdicts and causes, both sides sampled
+/// or one (compare samples the whole one at the other's positions).
+#[test]
+fn sampled_traces_reach_the_verdicts_and_causes_of_whole_ones() {
+    use ddp_verify::evidence::{Sampled, Sampling, Trace};
+    let t = tempfile::tempdir().unwrap();
+    let cases = [
+        "--acc-steps 2 --gpus 2 --features 8",
+        "--acc-steps 4 --gpus 2 --data-size 16 --batch-size 2 --features 8 --optimizer adamw",
+        "--acc-steps 2 --gpus 2 --features 8 --inject no-loss-scale",
+        "--acc-steps 4 --gpus 2 --data-size 16 --batch-size 2 --features 8 --inject stale-zero-grad",
+        "--acc-steps 4 --gpus 2 --data-size 16 --batch-size 2 --features 8 --inject clip-per-micro-batch --clip-grad-norm 0.1",
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let d = dir(&t, &i.to_string());
+        let mut run = flags(case);
+        run.extend(["--save-trace", &d]);
+        ddp_verify(&run);
+        let (code, whole) = compared(&[&d]);
+        let load = |f: &str| Trace::load(Path::new(&format!("{d}/{f}.safetensors"))).unwrap();
+        let acc = load("accumulation");
+        let params = acc.finals.iter().filter(|(_, w)| w.numel() > 2).map(|(n, w)| {
+            let last = w.numel() - 1;
+            (n.clone(), Sampled { positions: std::sync::Arc::new(vec![last / 3, last]), shape: w.shape().to_vec() })
+        });
+        let like = Sampling { size: 2, params: params.collect(), ..Sampling::default() };
+        assert!(!like.params.is_empty(), "{case}");
+        let sampled = dir(&t, &format!("{i}-sampled"));
+        std::fs::create_dir(&sampled).unwrap();
+        for f in ["accumulation", "ddp"] {
+            let s = load(f).sampled_like(&like).unwrap();
+            s.save(Path::new(&format!("{sampled}/{f}.safetensors"))).unwrap();
+        }
+        let (sampled_code, both) = compared(&[&sampled]);
+        let whole_ddp = format!("{d}/ddp.safetensors");
+        let (mixed_code, mixed) = compared(&[&format!("{sampled}/accumulation.safetensors"), &whole_ddp]);
+        for (c, judged) in [(sampled_code, &both), (mixed_code, &mixed)] {
+            assert_eq!(c, code, "{case}: {judged}");
+            assert_eq!(judged["diagnosis"]["reason"], whole["diagnosis"]["reason"], "{case}: {judged}");
+            assert_eq!(judged["traces"]["sampling"]["size"], 2, "{case}");
+        }
+        assert_eq!(mixed["traces"]["sampling"]["recorded"], serde_json::json!([true, false]), "{case}");
+    }
+}
+
 /// Real PyTorch's traces (torchrun, gloo) of equivalent runs, in every dtype and model.
 #[test]
 fn pytorch_goldens_compare_equivalent() {
@@ -155,7 +201,7 @@ fn a_header_missing_a_key_or_holding_garbage_is_refused_naming_the_key() {
         ("world_size", Some("garbage"), "header key world_size: 'garbage' is not a whole number"),
         ("dtype", None, "header key dtype: missing"),
         ("run", Some("sideways"), "header key run: 'sideways' is none of"),
-        ("format", Some("ddp-verify-trace/9"), "newer than this ddp-verify reads (ddp-verify-trace/1)"),
+        ("format", Some("ddp-verify-trace/9"), "newer than this ddp-verify reads (ddp-verify-trace/1 to /2)"),
     ] {
         let edited = dir(&t, &format!("{key}.safetensors"));
         let edit = match value {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs ddp-verify on the examples under torch 2.5.1 (.venv-torch25, made by
 # scripts/setup-torch25.sh) and checks each verdict: the nanoGPT loop honest and with
-# `--bug sync-after-forward`, the Colossal-AI loop honest and with its two bugs. One line per
-# case with its time; exits 1 on any exit code or diagnosis other than expected.
+# `--bug sync-after-forward` (whole traces), the Colossal-AI loop honest and with its two bugs
+# (sampled traces: --sample 16, and the report must say so). One line per case with its time;
+# exits 1 on any exit code or diagnosis other than expected.
 #
 #   scripts/check-torch25.sh [BIN]   BIN: a ddp-verify binary (ddp-verify-core beside it);
 #                                    by default the ddp-verify on .venv-torch25's PATH
@@ -23,6 +24,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=0
 start=$(date +%s.%N)
+# Flags every case gets: --sample N for the sampled ones.
+sample=()
 
 # check NAME EXIT REASON COMMAND...: runs `BIN ... -- COMMAND` (K=4, W=2) and holds its exit
 # code and the report's diagnosis.reason ("none" where it has none). A leg failing (exit 3:
@@ -34,7 +37,7 @@ check() {
   t0=$(date +%s.%N)
   for try in 1 2; do
     rm -f "$report"
-    "$bin" --acc-steps 4 --gpus 2 --report json --report-file "$report" -- "$@" >"$log" 2>&1
+    "$bin" --acc-steps 4 --gpus 2 "${sample[@]}" --report json --report-file "$report" -- "$@" >"$log" 2>&1
     rc=$?
     [ "$rc" -eq 3 ] && [ "$try" -eq 1 ] || break
     echo "  $name: a leg failed (exit 3), running again: $(tail -n 1 "$log")"
@@ -46,7 +49,10 @@ try:
 except OSError:
     print("(no report)")
 else:
-    print(((r.get("diagnosis") or {}).get("reason")) or "none")' "$report")
+    reason = ((r.get("diagnosis") or {}).get("reason")) or "none"
+    kept = (r.get("traces") or {}).get("sampling")
+    print(reason if (kept is not None) == (len(sys.argv) > 2) else reason + " (sampling not as asked)")' \
+    "$report" "${sample[@]:1}")
   local took
   took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [ "$rc" -eq "$want_exit" ] && [ "$reason" = "$want_reason" ]; then
@@ -65,6 +71,7 @@ echo "check-torch25: $bin, torch $("$py" -c 'import torch; print(torch.__version
 check nanogpt-honest 0 none "$py" examples/nanogpt/train.py --grad-accum '{acc_steps}'
 check nanogpt-sync-after-forward 1 "unsynchronised gradient" \
   "$py" examples/nanogpt/train.py --grad-accum '{acc_steps}' --bug sync-after-forward
+sample=(--sample 16)
 check colossalai-honest 0 none "$torchrun" examples/colossalai/train.py --grad-accum '{acc_steps}'
 check colossalai-loss-not-divided 1 "loss scaling" \
   "$torchrun" examples/colossalai/train.py --grad-accum '{acc_steps}' --bug loss-not-divided

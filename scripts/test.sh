@@ -3,7 +3,8 @@
 # each crate's unit tests (also built without libtorch), the wheel's checks (built without
 # libtorch; installed beside torch 2.13, and beside torch 2.5.1 with Colossal-AI 0.5.0 in
 # .venv-torch25, where nanoGPT and seed 004's loop run), then the integration tests last, so a
-# log ends on their summary (no empty doc-test run).
+# log ends on their summary (no empty doc-test run), and the users' examples once more with
+# their traces sampled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -17,3 +18,7 @@ scripts/check-wheel.sh "$wheel" .venv/bin/python
 scripts/setup-torch25.sh "$wheel"
 scripts/check-torch25.sh
 cargo test --test integration
+# Every example's legs again with sampled traces (16 elements of each tensor larger than that,
+# and each whole tensor's summaries): the same verdicts and causes. Colossal-AI's run sampled in
+# check-torch25.sh.
+DDP_VERIFY_SAMPLE=16 cargo test --test integration -- user_loops:: own_loop::

@@ -29,7 +29,12 @@ fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (Option<i32>
         out = ddp_verify(&args);
     }
     let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&out), stderr(&out)));
-    (out.status.code(), serde_json::from_str(&text).unwrap())
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // scripts/test.sh runs these again with the legs' traces sampled: they must have been.
+    if let Ok(n) = std::env::var("DDP_VERIFY_SAMPLE") {
+        assert_eq!(json["traces"]["sampling"]["size"].to_string(), n, "{example} {extra}: {json}");
+    }
+    (out.status.code(), json)
 }
 
 fn reason(report: &serde_json::Value) -> &str {

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .hook import Session
-from .recorder import Magnitudes, PathLike, Recorder, rank_world, unwrap
+from .recorder import Magnitudes, PathLike, Recorder, Sample, check_sample, rank_world, unwrap
 from .sampler import AccumulationBatchSampler, accumulation_order
 
 if TYPE_CHECKING:
@@ -82,6 +82,26 @@ def _env_magnitudes() -> Magnitudes:
     raise ValueError(f"ddp_verify_trace: DDP_VERIFY_MAGNITUDES={raw!r}: set it to tensor, element or false, or unset it")
 
 
+def _env_sample() -> int | str | None:
+    """DDP_VERIFY_SAMPLE, the default of record()'s sample: "auto" where unset."""
+    raw = os.environ.get("DDP_VERIFY_SAMPLE", "")
+    value = raw.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value == "full":
+        return None
+    if value.isascii() and value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise ValueError(
+        f"ddp_verify_trace: DDP_VERIFY_SAMPLE={raw!r}: set it to auto, full or a positive number of positions, or unset it"
+    )
+
+
+def _sample(value: Sample) -> int | str | None:
+    """record()'s sample=, checked: None takes DDP_VERIFY_SAMPLE (else "auto")."""
+    return _env_sample() if value is None else check_sample(value)
+
+
 def record(
     path: PathLike,
     *,
@@ -90,6 +110,7 @@ def record(
     magnitudes: Magnitudes = None,
     acc_steps: int | None = None,
     steps_per_epoch: int | None = None,
+    sample: Sample = None,
 ) -> Session:
     """Records this process's training to `path` from now on, with no other change to the
     script. `model`: only where the optimizer's parameters are held by several modules that
@@ -98,6 +119,16 @@ def record(
     (the default: each backward's largest |gradient| per tensor, one read pass), "element"
     (the sum of |micro-batch gradient| per element, a copy per backward: finer, dearer; see
     bench/recorder.py) or False; DDP_VERIFY_MAGNITUDES overrides the default.
+    `sample`: N, a positive int: of each parameter tensor of more than N elements keep N
+    positions (the same in every run of the model: drawn from its name and shape), recording
+    there each step's gradient and magnitudes (per element, whatever `magnitudes` says,
+    unless False) and the final weights and peaks, plus the whole gradient's sum, sum of
+    squares and max |g| in float64; smaller tensors and buffers whole (no tensor larger than N:
+    a whole trace). A sampled trace holds about N x tensors x steps elements (x2 with
+    magnitudes) plus 3 float64 per tensor per step, whatever the model's size. "full": every
+    tensor whole. "auto": sampled at N = _schema.SAMPLE_SIZE (1024) where the recorded
+    parameters number more than _schema.SAMPLE_FROM_PARAMETERS (4M), else whole. None (the
+    default): DDP_VERIFY_SAMPLE (auto, full or N) where set, else "auto".
 
     Raises at the call where an argument is wrong (ValueError) or `path` exists without
     overwrite=True (FileExistsError); RuntimeError while an earlier record() records."""
@@ -110,8 +141,9 @@ def record(
         )
     if magnitudes is None:
         magnitudes = _env_magnitudes()
+    sample = _sample(sample)
     meta = _header(acc_steps, steps_per_epoch)
-    session = Session(path, overwrite=overwrite, magnitudes=magnitudes, meta=meta, model=model)
+    session = Session(path, overwrite=overwrite, magnitudes=magnitudes, meta=meta, model=model, sample=sample)
     _SESSION = weakref.ref(session.start())
     return session
 
@@ -132,6 +164,11 @@ class TraceRecorder:
     magnitudes: also record `scale.<step>.<param>`, the sum of |micro-batch gradient| behind
       each step's gradient, which rounding differences are relative to where terms cancel.
     acc_steps, steps_per_epoch: stored in the header when given, for the report.
+    sample: as record()'s: N positions kept per tensor of more than N elements (with each
+      whole gradient's float64 sum, sum of squares and max |g| per step; a trace of about
+      N x tensors x steps elements, x2 with magnitudes, however large the model), "full"
+      (whole), "auto" (sampled above _schema.SAMPLE_FROM_PARAMETERS parameters), or None
+      (the default): DDP_VERIFY_SAMPLE where set, else "auto".
     Wrong arguments raise here; torch is patched from here until close() (or the with block's end).
     """
 
@@ -145,9 +182,17 @@ class TraceRecorder:
         magnitudes: Magnitudes = True,
         acc_steps: int | None = None,
         steps_per_epoch: int | None = None,
+        sample: Sample = None,
     ) -> None:
         self._optimizer = optimizer
-        self._rec = Recorder(model, path, overwrite=overwrite, magnitudes=magnitudes, meta=_header(acc_steps, steps_per_epoch))
+        self._rec = Recorder(
+            model,
+            path,
+            overwrite=overwrite,
+            magnitudes=magnitudes,
+            meta=_header(acc_steps, steps_per_epoch),
+            sample=_sample(sample),
+        )
         self.path = self._rec.path
 
     def step(self) -> None:

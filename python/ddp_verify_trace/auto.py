@@ -7,6 +7,8 @@
   DDP_VERIFY_LOCAL_ACC_STEPS   micro-batches per optimizer step in this process (K, or K/W)
   DDP_VERIFY_WORLD             the DDP world size the legs compare against
   DDP_VERIFY_MAGNITUDES        optional: tensor (default), element or false
+  DDP_VERIFY_SAMPLE            optional: auto (default), full, or N positions kept per tensor
+                               (`--sample`; read by record())
 
 A setting `record()` refuses raises here, at start-up, never inside the script's training:
 Python reports it ("Error in sitecustomize", then the error's one line) and runs the script

@@ -15,10 +15,12 @@ from .hook import Session
 
 
 def _session(path: Any, kwargs: dict[str, Any]) -> Session:
-    from . import _header
+    from . import _header, _sample
 
     meta = _header(kwargs.pop("acc_steps", None), kwargs.pop("steps_per_epoch", None))
-    return Session(path, meta=meta, **kwargs)
+    # As record(): sample= not given takes DDP_VERIFY_SAMPLE, else "auto".
+    sample = _sample(kwargs.pop("sample", None))
+    return Session(path, meta=meta, sample=sample, **kwargs)
 
 
 try:

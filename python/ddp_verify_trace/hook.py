@@ -22,7 +22,18 @@ from typing import Any, Callable
 import torch
 
 from . import _watch
-from .recorder import Magnitudes, PathLike, Recorder, _framework, add_backward, check_magnitudes, check_path, unwrap
+from .recorder import (
+    Magnitudes,
+    PathLike,
+    Recorder,
+    Sample,
+    _framework,
+    add_backward,
+    check_magnitudes,
+    check_path,
+    check_sample,
+    unwrap,
+)
 
 
 def _owner(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
@@ -53,7 +64,10 @@ def _owner(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
 class Session:
     """One recording: hooks installed by `start`, the trace written by `close` (or at exit).
     Its arguments are checked here, at the call: a wrong one stops the script before it
-    trains, not inside its first optimizer step."""
+    trains, not inside its first optimizer step. `sample`: the Recorder's (N, "auto" or None
+    for whole); record() resolves DDP_VERIFY_SAMPLE before it comes here. The hooks set
+    before the first step know no positions yet: they keep what `magnitudes` says, and the
+    recorder turns that into per-element magnitudes at the positions then (take_sums)."""
 
     def __init__(
         self,
@@ -63,9 +77,12 @@ class Session:
         magnitudes: Magnitudes = True,
         meta: dict[str, str] | None = None,
         model: torch.nn.Module | None = None,
+        sample: Sample = None,
     ) -> None:
         self.path = check_path(path, overwrite)
-        self._kw: dict[str, Any] = dict(overwrite=overwrite, magnitudes=check_magnitudes(magnitudes))
+        self._kw: dict[str, Any] = dict(
+            overwrite=overwrite, magnitudes=check_magnitudes(magnitudes), sample=check_sample(sample)
+        )
         self._meta = dict(meta or {})
         self._model = model
         self._optimizer: torch.optim.Optimizer | None = None

@@ -9,13 +9,26 @@ clip's norms, under DDP each rank's gradient checksum and each forward's sync fl
 GradScaler its scale and skips; once: the peaks, final weights and buffers, and a header
 with the world size, the optimizer's kind and settings, the framework that called the step,
 and the dropout layers that train (runs with dropout draw their own masks).
+
+Sampled traces (`sample=N`, or "auto" for a model of more than `_schema.SAMPLE_FROM_PARAMETERS`
+parameters): of each parameter of more than N elements the trace keeps N flat positions
+(`positions.<p>`, with its `shape.<p>`), drawn from a fixed seed, the parameter's name and
+shape, so every leg and rank keeps the same ones. There it records each step's gradient and
+magnitudes and the final weights and peaks; per step it adds the whole gradient's sum, sum of
+squares and max |g| in float64 (`summary.<s>.<p>`; `final_summary.<p>` of the final weight).
+Smaller parameters and buffers stay whole. A sampled trace holds about N x tensors x steps
+elements (twice that with magnitudes) plus 3 float64 per tensor per step, whatever the
+model's size; a step reads each sampled gradient once (its summaries) and, under CUDA, sends
+what it keeps of all of them to the host in one copy.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import sys
 from types import FrameType
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import torch
 import torch.distributed as dist
@@ -59,19 +72,28 @@ def _bits(g: torch.Tensor) -> torch.Tensor:
     return g.detach().contiguous().view(_BITS[g.dtype]).sum(dtype=torch.int64)
 
 
-def add_backward(sums: dict[Any, Any], counts: dict[Any, int], key: Any, grad: torch.Tensor, how: str | None) -> None:
+def add_backward(
+    sums: dict[Any, Any],
+    counts: dict[Any, int],
+    key: Any,
+    grad: torch.Tensor,
+    how: str | None,
+    take: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> None:
     """One backward's gradient of one parameter: counted, and its magnitude added to `sums`
     per element (`how` "element") or as its largest |value| ("tensor"), in at least float32,
-    so that many half-precision terms keep their sum."""
+    so that many half-precision terms keep their sum. `take`: the elements kept of a sampled
+    parameter (per element, at its positions: the rest of the tensor is never read)."""
     counts[key] = counts.get(key, 0) + 1
     if not how:
         return
-    if how == "tensor":
+    if how == "tensor" and take is None:
         # One read pass that allocates nothing the size of the tensor; the rest of the
         # arithmetic waits for the step, where it is done for every backward at once.
         sums.setdefault(key, []).append(torch.aminmax(grad.detach()))
         return
-    g = grad.detach().abs().to(torch.promote_types(grad.dtype, torch.float32))
+    g = grad.detach() if take is None else take(grad.detach())
+    g = g.abs().to(torch.promote_types(grad.dtype, torch.float32))
     total = sums.get(key)
     sums[key] = g if total is None else total.add_(g)
 
@@ -88,6 +110,101 @@ def _largest_sums(
         hi = torch.stack([hi for pairs in lists for _, hi in pairs])
         out.index_add_(0, index, torch.maximum(lo.neg_(), hi).to(dtype))
     return out
+
+
+def sample_positions(name: str, shape: tuple[int, ...] | torch.Size, n: int) -> torch.Tensor:
+    """The `n` flat positions a sampled trace keeps of parameter `name` of `shape`: int64,
+    increasing, on the CPU. They depend on the name and shape alone (a fixed seed hashed with
+    them, never the data, the rank or the leg), so every run of the same model keeps the
+    same ones, whatever the torch version: drawn with Python's random.Random.random(), whose
+    sequence for a seed Python guarantees, not torch's generators (torch.randint's draws
+    for one seed differ between torch 2.5 and 2.13). About n draws, whatever the size."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if not 0 < n < numel:
+        raise ValueError(f"ddp_verify_trace: {n} positions of {name} with {numel} elements")
+    digest = hashlib.blake2b(f"ddp-verify/{name}/{tuple(int(d) for d in shape)}".encode(), digest_size=8).digest()
+    rng = random.Random(int.from_bytes(digest, "little") & (2**63 - 1))
+    # Where more than half are kept, the ones left out are drawn instead (as few draws).
+    want = min(n, numel - n)
+    drawn: dict[int, None] = {}  # distinct positions in the order drawn
+    while len(drawn) < want:
+        drawn[min(int(rng.random() * numel), numel - 1)] = None
+    if want == n:
+        return torch.tensor(sorted(drawn), dtype=torch.int64)
+    keep = torch.ones(numel, dtype=torch.bool)
+    keep[torch.tensor(list(drawn), dtype=torch.int64)] = False
+    return keep.nonzero().reshape(-1)
+
+
+def _offsets(positions: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
+    """Where the elements at flat (row-major) `positions` of a tensor of `shape` and
+    `strides` lie in its memory, counted from its first element."""
+    rest = positions.clone()
+    out = torch.zeros_like(positions)
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        out += (rest % size) * stride
+        rest //= size
+    return out
+
+
+class Summaries:
+    """Each tensor's [sum, sum of squares, max |x|] over all its elements, in float64, as a
+    float64 tensor of 3 on its device (no host sync): chunk by chunk through one reused
+    float64 buffer per device, so nothing the size of the tensor is allocated. NaN anywhere
+    gives NaN (sum, dot and amax all propagate it)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+
+    @staticmethod
+    def _chunk(device: torch.device) -> int:
+        # CPU: 2 MB of float64, which stays in cache between the copy and the three reads
+        # (bench: 1<<18 beat 1<<16 and 1<<20). GPU: larger, fewer launches.
+        return 1 << 22 if device.type != "cpu" else 1 << 18
+
+    def __call__(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Into `out` (float64, 3 elements, on `t`'s device) where given."""
+        flat = _memory_order(t.detach())
+        n, device = flat.numel(), flat.device
+        if out is not None and out.device != device:  # a model spread over devices
+            return out.copy_(self(t))
+        if out is None:
+            out = torch.empty(3, dtype=torch.float64, device=device)
+        if n == 0:
+            return out.zero_()
+        chunk = self._chunk(device)
+        buf = self._buffers.get(device)
+        if buf is None or buf.numel() < min(chunk, n):
+            buf = self._buffers[device] = torch.empty(min(chunk, n), dtype=torch.float64, device=device)
+        count = -(-n // chunk)
+        # One chunk: straight into `out`; more: each chunk's into a row, then added up.
+        parts = out.view(1, 3) if count == 1 else torch.empty(count, 3, dtype=torch.float64, device=device)
+        for i in range(count):
+            src = flat[i * chunk : (i + 1) * chunk]
+            b = buf[: src.numel()]
+            b.copy_(src)
+            torch.sum(b, 0, out=parts[i, 0])
+            torch.dot(b, b, out=parts[i, 1])
+            torch.amax(b.abs_(), 0, out=parts[i, 2])
+        if count > 1:
+            torch.sum(parts[:, :2], 0, out=out[:2])
+            torch.amax(parts[:, 2], 0, out=out[2])
+        return out
+
+    def clear(self) -> None:
+        self._buffers = {}
+
+
+def _memory_order(t: torch.Tensor) -> torch.Tensor:
+    """All of `t`'s elements once each as a 1-D tensor: a view in memory order where `t` is
+    dense (contiguous, or a permutation of contiguous such as channels_last), else a copy."""
+    if t.is_contiguous():
+        return t.reshape(-1)
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    permuted = t.permute(order)
+    return permuted.reshape(-1) if permuted.is_contiguous() else t.reshape(-1)
 
 
 def _active_dropout(module: torch.nn.Module) -> str | None:
@@ -150,6 +267,22 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 PathLike = Union[str, "os.PathLike[str]"]
 # magnitudes=: "element", "tensor", True ("element") or False/None (off).
 Magnitudes = Union[str, bool, None]
+# sample=: a positive int N (positions kept per tensor), "auto", or None/"full" (whole tensors).
+Sample = Union[int, str, None]
+
+
+def check_sample(value: Sample, what: str = "sample") -> int | str | None:
+    """`value` as the recorder keeps it (N, "auto" or None for whole), or a ValueError now."""
+    if value is None or (isinstance(value, str) and value == "full"):
+        return None
+    if isinstance(value, str) and value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(
+        f"ddp_verify_trace: {what} must be a positive int (positions kept per tensor), 'auto' or "
+        f"'full' (whole tensors), not {value!r}"
+    )
 
 
 def check_magnitudes(value: Magnitudes, what: str = "magnitudes") -> str | None:
@@ -189,7 +322,8 @@ def check_path(path: PathLike, overwrite: bool) -> str:
 
 class Recorder:
     """One run's record. `step()` takes the gradients as they are now; every rank calls it
-    at every optimizer step, and `close()` at the end; rank 0 alone writes `path`."""
+    at every optimizer step, and `close()` at the end; rank 0 alone writes `path`.
+    `sample`: N, "auto" or None (whole tensors): see the module's docstring."""
 
     def __init__(
         self,
@@ -201,10 +335,12 @@ class Recorder:
         meta: dict[str, str] | None = None,
         params: list[tuple[str, torch.nn.Parameter]] | None = None,
         watch: _watch.Watch | None = None,
+        sample: Sample = None,
     ) -> None:
         self._module = unwrap(module)
         self.path = check_path(path, overwrite)
         self._magnitudes = check_magnitudes(magnitudes)
+        sample = check_sample(sample)
         self._params = params or [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
         if not self._params:
             raise ValueError("ddp_verify_trace: the model has no parameters that require grad; nothing to record")
@@ -218,6 +354,28 @@ class Recorder:
         if self._dtype not in DTYPES:
             raise ValueError(f"ddp_verify_trace: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
         self._meta = dict(meta or {})
+        total = sum(p.numel() for _, p in self._params)
+        self._meta["parameters"] = str(total)
+        if sample == "auto":
+            sample = _schema.SAMPLE_SIZE if total > _schema.SAMPLE_FROM_PARAMETERS else None
+        if sample is not None and all(p.numel() <= sample for _, p in self._params):
+            sample = None  # nothing to sample: a whole trace, as any reader takes it
+        # N, or None: whole tensors. Each sampled parameter's positions, on its device.
+        self._sample: int | None = sample  # type: ignore[assignment]
+        self._positions: dict[str, torch.Tensor] = {}
+        self._cpu_positions: dict[str, torch.Tensor] = {}
+        self._offsets: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self._summaries = Summaries()
+        if self._sample is not None:
+            self._meta["sample"] = str(self._sample)
+            for n, p in self._params:
+                if p.numel() > self._sample:
+                    self._cpu_positions[n] = sample_positions(n, tuple(p.shape), self._sample)
+                    self._positions[n] = self._cpu_positions[n].to(p.device)
+            # Magnitudes per element at the positions (one gather per backward), whatever was
+            # asked: a per-tensor maximum of a sampled tensor would cost a read of all of it.
+            if self._magnitudes:
+                self._magnitudes = "element"
         dropout = _active_dropout(self._module)
         if dropout:
             self._meta["dropout"] = dropout
@@ -228,7 +386,8 @@ class Recorder:
         self._steps = 0
         self.state = "open"
         # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
-        self._peaks = {n: p.detach().abs() for n, p in self._params}
+        # A sampled parameter's at its positions only.
+        self._peaks = {n: self._kept(n, p.detach()).abs() for n, p in self._params}
         self._scratch: dict[str, torch.Tensor] = {}
         # Magnitudes add up in at least float32, so that many half-precision terms keep their sum.
         self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
@@ -255,17 +414,59 @@ class Recorder:
             # A gradient about to be added to in place may be one the writer still reads.
             if param.grad is not None and self._stream is not None and self._stream.busy():
                 self._stream.settle()
-            add_backward(self._sums, self._counts, name, grad, self._magnitudes)
+            take = (lambda g: self._take(name, g)) if name in self._positions else None
+            add_backward(self._sums, self._counts, name, grad, self._magnitudes, take)
 
         return hook
+
+    def _take(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """`t`'s elements at `name`'s positions (1-D, in their order), read in place: one
+        gather, never a copy of `t`, whatever its strides (channels_last, a bucket's view,
+        an expanded gradient)."""
+        pos = self._positions[name]
+        if pos.device != t.device:
+            pos = self._positions[name] = pos.to(t.device)
+        if t.is_contiguous():
+            return t.reshape(-1).index_select(0, pos)
+        strides = tuple(t.stride())
+        cached = self._offsets.get(name)
+        if cached is None or cached[0] != strides or cached[1].device != t.device:
+            cached = self._offsets[name] = (strides, _offsets(pos, tuple(t.shape), strides))
+        span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, strides))
+        return t.as_strided((span,), (1,)).index_select(0, cached[1])
+
+    def _kept_shape(self, name: str, p: torch.Tensor) -> tuple[int, ...]:
+        return (self._positions[name].numel(),) if name in self._positions else tuple(p.shape)
+
+    def _kept(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """What a trace keeps of `t`, a tensor of parameter `name`: its positions' elements
+        where it is sampled, else all of it."""
+        return self._take(name, t) if name in self._positions else t
 
     def saw_other_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Another optimizer stepped: its parameters are not in this trace, and the report says so."""
         self._others[id(optimizer)] = type(optimizer).__name__
 
     def take_sums(self, sums: dict[str, Any], counts: dict[str, int]) -> None:
-        """Magnitudes gathered before this recorder existed (the zero-edit hook's)."""
-        self._sums.update(sums)
+        """Magnitudes gathered before this recorder existed (the zero-edit hook's), as
+        `magnitudes=` said, before the positions were known. Sampled, they become per
+        element: sums per element are gathered at the positions; per-tensor maxima are
+        summed and spread over every element kept (an upper bound of each, so sound)."""
+        if self._sample is not None and self._magnitudes:
+            params = dict(self._params)
+            for n, v in sums.items():
+                p = params.get(n)
+                if p is None:
+                    continue
+                if isinstance(v, list):
+                    top = _largest_sums([v], self._acc_dtype, p.device)
+                    shape = self._kept_shape(n, p)
+                    v = top.expand(shape).clone() if v else torch.zeros(shape, dtype=self._acc_dtype, device=p.device)
+                elif n in self._positions:
+                    v = self._take(n, v)
+                self._sums[n] = v
+        else:
+            self._sums.update(sums)
         self._counts.update(counts)
 
     @property
@@ -296,6 +497,9 @@ class Recorder:
 
     def _peaks_now(self) -> None:
         for n, p in self._params:
+            if n in self._positions:
+                torch.maximum(self._peaks[n], self._take(n, p.detach()).abs_(), out=self._peaks[n])
+                continue
             scratch = self._scratch.get(n)
             if scratch is None:
                 scratch = self._scratch[n] = torch.empty_like(self._peaks[n])
@@ -313,7 +517,10 @@ class Recorder:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
                 flat.div_(world)
             return flat
-        sums = {n: torch.zeros_like(p, dtype=self._acc_dtype) if sums[n] is None else sums[n] for n, p in self._params}
+        sums = {
+            n: torch.zeros(self._kept_shape(n, p), dtype=self._acc_dtype, device=p.device) if sums[n] is None else sums[n]
+            for n, p in self._params
+        }
         if world > 1:
             flat = torch.cat([s.reshape(-1) for s in sums.values()])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -370,10 +577,21 @@ class Recorder:
             return
         big: list[tuple[str, torch.Tensor]] = []
         lent: list[tuple[str, torch.Tensor]] = []
+        # Per sampled parameter: (name, values at its positions, magnitudes there or None),
+        # and the whole gradients' summaries, all on the device until one copy to the host.
+        sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+        summaries = self._summary_rows(sum(p.grad is not None for n, p in self._params if n in self._positions))
         if self._magnitudes == "tensor":  # one small tensor for all parameters, split at close
             sums = dict(zip((n for n, _ in self._params), sums.to("cpu", self._dtype).unbind()))
         for i, (n, p) in enumerate(self._params):
             if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
+                continue
+            if bits is not None:
+                self._tensors[_schema.name("rank_bits", s, n)] = bits[:, i].contiguous()
+            if n in self._positions:
+                g = p.grad.detach()
+                self._summaries(g, summaries[len(sampled)])
+                sampled.append((n, self._take(n, g), sums[n] if self._magnitudes else None))
                 continue
             grad = (_schema.name("grads", s, n), p.grad)
             (lent if self._nulled.get(n) and _owns_memory(p.grad) else big).append(grad)
@@ -381,12 +599,48 @@ class Recorder:
                 big.append((_schema.name("scale", s, n), sums[n].to(p.grad.dtype)))
             elif self._magnitudes:
                 self._tensors[_schema.name("scale", s, n)] = sums[n]
-            if bits is not None:
-                self._tensors[_schema.name("rank_bits", s, n)] = bits[:, i].contiguous()
+        for n, kept, scale, summary in self._to_host(sampled, summaries):
+            big.append((_schema.name("grads", s, n), kept))
+            if scale is not None:
+                big.append((_schema.name("scale", s, n), scale))
+            self._tensors[_schema.name("summary", s, n)] = summary
         self._open().put(big, lent)
         self._keep()
         self._steps += 1
         self._seen = set()
+
+    def _summary_rows(self, count: int) -> torch.Tensor:
+        """[count, 3] float64 on the parameters' device, a row per sampled tensor's summaries."""
+        return torch.empty(count, 3, dtype=torch.float64, device=self._params[0][1].device)
+
+    def _to_host(
+        self, sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]], summaries: torch.Tensor
+    ) -> list[tuple[str, torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """The sampled parameters' small tensors on the host, in one copy from the device:
+        packed as float64 (which holds every float32, bfloat16 and float16 value exactly),
+        moved, split, and the samples and magnitudes cast back to the trace's dtype (a value
+        cast there rounds as it would have from where it was summed)."""
+        if not sampled:
+            return []
+        device = summaries.device
+        parts = [summaries.reshape(-1)]
+        for _, kept, scale in sampled:
+            parts += [kept.reshape(-1).to(device)] + ([] if scale is None else [scale.reshape(-1).to(device)])
+        # cat promotes every part to float64 in the one kernel.
+        wide = torch.cat(parts).cpu()
+        rows = wide[: summaries.numel()].view(-1, 3).clone()  # kept apart from the step's buffer
+        narrow = wide[summaries.numel() :].to(self._dtype)
+        out = []
+        at = 0
+        for i, (n, kept, scale) in enumerate(sampled):
+            values = narrow[at : at + kept.numel()]
+            at += kept.numel()
+            moved = None
+            if scale is not None:
+                moved = narrow[at : at + scale.numel()]
+                at += scale.numel()
+            out.append((n, values, moved, rows[i]))
+        return out
 
     def _open(self) -> Stream:
         if self._stream is None:
@@ -415,9 +669,24 @@ class Recorder:
         self.finish("closed")
         self.settle()
         self.track_peaks()
+        sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+        summaries = self._summary_rows(len(self._positions))
         for n, p in self._params:
+            if n in self._positions:
+                w = p.detach()
+                self._summaries(w, summaries[len(sampled)])
+                sampled.append((n, self._take(n, w), self._peaks[n]))
+                continue
             self._tensors[_schema.name("peak", param=n)] = _host(self._peaks[n])
             self._tensors[_schema.name("final", param=n)] = _host(p)
+        shapes = dict(self._params)
+        for n, final, peak, summary in self._to_host(sampled, summaries):
+            self._tensors[_schema.name("final", param=n)] = final
+            self._tensors[_schema.name("peak", param=n)] = peak  # type: ignore[assignment]
+            self._tensors[_schema.name("final_summary", param=n)] = summary
+            self._tensors[_schema.name("positions", param=n)] = self._cpu_positions[n]
+            self._tensors[_schema.name("shape", param=n)] = torch.tensor(list(shapes[n].shape), dtype=torch.int64)
+        self._summaries.clear()
         for n, b in self._module.named_buffers():
             self._tensors[_schema.name("buffer", param=n)] = _host(b)
         meta = {

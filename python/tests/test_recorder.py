@@ -11,7 +11,7 @@ from safetensors import safe_open
 from torch.func import functional_call
 
 from _world import run_world
-from ddp_verify_trace import TraceRecorder
+from ddp_verify_trace import TraceRecorder, _schema
 
 
 class Net(nn.Module):
@@ -115,9 +115,9 @@ def test_layout_and_metadata(run):
     assert [t[f"clips.{s}"].item() for s in range(4)] == [0] * 4
     assert not os.path.exists(str(path) + ".part")
     assert meta == {
-        "format": "ddp-verify-trace/1", "run": "single", "world_size": "1", "dtype": "float32",
+        "format": _schema.FORMAT, "run": "single", "world_size": "1", "dtype": "float32",
         "torch_version": torch.__version__, "steps": "4", "magnitudes": "true",
-        "acc_steps": "2", "steps_per_epoch": "4",
+        "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),
     }
     assert t["buffer.bn.num_batches_tracked"].dtype == torch.int64
     floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips."))}

@@ -95,7 +95,7 @@ fn judge_big_batch(
         }
     }
     if a.sampling.is_none() && big.sampling.is_some() {
-        let fix = "record the big batch whole too (sample=None, or --sample full), or all three sampled";
+        let fix = "record the big batch whole too (sample='full', or --sample full), or all three sampled";
         return Err(Error::bad_file(path, format!("is sampled and {} is not", pa.display()), fix));
     }
     line_up(a, &big, pa, path)?;

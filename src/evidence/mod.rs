@@ -5,6 +5,7 @@
 pub mod golden;
 mod header;
 mod load;
+mod resample;
 mod sampled;
 pub mod schema;
 mod trace;

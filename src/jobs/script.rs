@@ -119,6 +119,11 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
     let written = trace.is_file();
     match (status.success(), written) {
         (true, true) => Ok(()),
+        (true, false) if refused_setting(&log).is_some() => Err(Error::bad_flag(
+            "--",
+            format!("{what} ran unrecorded: {}", refused_setting(&log).unwrap_or_default()),
+            "fix the setting it names (DDP_VERIFY_SAMPLE, DDP_VERIFY_MAGNITUDES or --sample), or unset it",
+        )),
         (true, false) => Err(Error::bad_flag(
             "--",
             format!("{what} finished but recorded no optimizer step (log: {})", log.display()),
@@ -139,6 +144,15 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
             fix: format!("see its log, {}", log.display()),
         }),
     }
+}
+
+/// The recorder's refusal of its settings at start-up, where the log has one: Python prints
+/// "Error in sitecustomize", then the error's line, and runs the script unrecorded.
+fn refused_setting(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("Error in sitecustomize"));
+    lines.next()?;
+    lines.find(|l| l.contains("ddp_verify_trace:")).map(|l| l.trim().to_string())
 }
 
 /// The log's last non-empty line: usually the exception.

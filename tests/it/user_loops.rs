@@ -215,6 +215,8 @@ fn commands_it_cannot_run_are_refused_in_one_line() {
         ("--acc-steps 4 --gpus 2 --timeout 0 -- PY SCRIPT", "--timeout"),
         ("--acc-steps 4 --gpus 2 --save-trace /proc/ddp-verify -- PY SCRIPT", "--save-trace"),
         ("--acc-steps 4 --gpus 2 --batch-size 18446744073709551615 -- PY SCRIPT", "--batch-size"),
+        ("--acc-steps 4 --gpus 2 --sample 0 -- PY SCRIPT", "--sample"),
+        ("--acc-steps 4 --gpus 2 --sample 16", "--sample"),
     ] {
         let args: Vec<String> =
             flags(line).into_iter().map(|a| a.replace("PY", &python).replace("SCRIPT", &script)).collect();
@@ -225,6 +227,22 @@ fn commands_it_cannot_run_are_refused_in_one_line() {
         assert_eq!(err.lines().count(), 1, "{line}: {err}");
         assert!(err.contains(says), "{line}: {err}");
     }
+}
+
+/// A setting the recorder refuses at start-up makes the leg run unrecorded: bad input (exit
+/// 2), one line quoting the refusal.
+#[test]
+fn a_setting_the_recorder_refuses_is_named() {
+    let script = repo("examples/nanogpt/train.py").display().to_string();
+    let python = repo(".venv/bin/python").display().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+        .args(["--acc-steps", "4", "--gpus", "2", "--", &python, &script, "--grad-accum", "{acc_steps}"])
+        .env("DDP_VERIFY_SAMPLE", "bogus")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!((out.status.code(), err.lines().count()), (Some(2), 1), "{err}");
+    assert!(err.contains("ran unrecorded: ValueError: ddp_verify_trace: DDP_VERIFY_SAMPLE='bogus'"), "{err}");
 }
 
 /// A script that fails is a leg failure (exit 3) naming the leg and its last line; it

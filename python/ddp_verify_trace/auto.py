@@ -12,7 +12,7 @@
 
 A setting `record()` refuses raises here, at start-up, never inside the script's training:
 Python reports it ("Error in sitecustomize", then the error's one line) and runs the script
-unrecorded, and ddp-verify then says the leg recorded no step and where its log is.
+unrecorded, and ddp-verify then quotes that line (exit 2).
 """
 from __future__ import annotations
 

@@ -145,33 +145,25 @@ mod tests {
         let back = Trace::load(&path).unwrap();
         assert_eq!(back.sampling, t.sampling);
         assert_eq!(back.steps[0][0].1.to_f64(), vec![-2.5, 2.5]);
-        let mut bad = t.sampling.clone().unwrap();
-        bad.params.get_mut("w").unwrap().positions = Arc::new(vec![0, 6]);
-        let path = dir.path().join("bad.safetensors");
-        Trace {
-            sampling: Some(bad),
-            steps: t.steps.clone(),
-            finals: t.finals.clone(),
-            header: t.header.clone(),
-            ..Trace::default()
-        }
-        .save(&path)
-        .unwrap();
-        let err = Trace::load(&path).unwrap_err().to_string();
-        assert!(err.contains("positions.w must increase and lie inside shape.w"), "{err}");
-        let mut bare = t.sampling.clone().unwrap();
-        bare.steps = vec![Summaries::new()];
-        let path = dir.path().join("bare.safetensors");
-        Trace {
-            sampling: Some(bare),
-            steps: t.steps.clone(),
-            finals: t.finals.clone(),
-            header: t.header.clone(),
-            ..Trace::default()
-        }
-        .save(&path)
-        .unwrap();
-        let err = Trace::load(&path).unwrap_err().to_string();
-        assert!(err.contains("grads.0.w is sampled but has no summary.0.w"), "{err}");
+        // The same trace with `spoil` done to its sampling: refused, saying `says`.
+        let refused = |name: &str, spoil: &dyn Fn(&mut Sampling), says: &str| {
+            let mut sampling = t.sampling.clone().unwrap();
+            spoil(&mut sampling);
+            let path = dir.path().join(name);
+            let (steps, finals, header) = (t.steps.clone(), t.finals.clone(), t.header.clone());
+            Trace { sampling: Some(sampling), steps, finals, header, ..Trace::default() }.save(&path).unwrap();
+            let err = Trace::load(&path).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        };
+        refused(
+            "bad.safetensors",
+            &|s| s.params.get_mut("w").unwrap().positions = Arc::new(vec![0, 6]),
+            "positions.w must increase and lie inside shape.w",
+        );
+        refused(
+            "bare.safetensors",
+            &|s| s.steps = vec![Summaries::new()],
+            "grads.0.w is sampled but has no summary.0.w",
+        );
     }
 }

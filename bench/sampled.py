@@ -14,6 +14,7 @@ Prints per configuration the median step time (the first step, which warms up, l
 ratio to no recorder, and the trace's size; then `ddp-verify compare` (a release build:
 target/release/ddp-verify, or --bin) on each pair, its wall time, peak RSS (GNU time) and exit
 code (0: the reordered sums are judged EQUIVALENT).
+The traces stay in OUT_DIR for timing `compare` by hand.
 The last line is JSON with every number. Goals (issue 36): a sampled trace at most 1% of the
 whole one, recording within 5% of a step, compare at >= 1 GB/s with under 1 GB of memory.
 """

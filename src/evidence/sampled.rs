@@ -119,14 +119,6 @@ impl Sampling {
     }
 }
 
-impl Values {
-    /// The elements at `positions` of the flattened tensor, in its dtype.
-    pub fn gather(&self, positions: &[usize]) -> Values {
-        // Through float64, which holds every value of these dtypes exactly.
-        Values::from_f64_as(self.elem(), &[positions.len()], positions.iter().map(|&k| self.get(k)).collect())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -85,12 +85,8 @@ pub const MAXIMIZE: &str = "maximize";
 pub const SAMPLE: &str = "sample";
 pub const PARAMETERS: &str = "parameters";
 
-/// A sampled trace keeps this many element positions of each tensor larger than that (the
-/// recorder's `sample=` default when it samples).
-pub const SAMPLE_SIZE: usize = 1024;
-/// `sample="auto"` samples a model of more parameters than this and records a smaller one
-/// whole: 4M float32 parameters make 16 MB a step.
-pub const SAMPLE_FROM_PARAMETERS: usize = 4_000_000;
+/// What `sample="auto"` chooses, as `--sample`'s help says it: defined with the flags.
+pub use ddp_verify_cli::defaults::{SAMPLE_FROM_PARAMETERS, SAMPLE_SIZE};
 
 /// The run kinds a header names: ddp-verify's own runs, and the recorder's one process or DDP.
 pub const RUNS: &[&str] = &["accumulation", "single", "ddp"];

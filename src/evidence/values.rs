@@ -324,8 +324,14 @@ impl Values {
         if n <= k {
             return self.flatten();
         }
+        self.gather(&(0..k).map(|i| i * n / k).collect::<Vec<_>>())
+    }
+
+    /// The elements at `positions` of the flattened tensor, in its dtype (a sampled trace's
+    /// kept elements).
+    pub fn gather(&self, positions: &[usize]) -> Values {
         // Through float64, which holds every value of these dtypes exactly.
-        Values::from_f64_as(self.elem(), &[k], (0..k).map(|i| self.get(i * n / k)).collect())
+        Values::from_f64_as(self.elem(), &[positions.len()], positions.iter().map(|&k| self.get(k)).collect())
     }
 
     /// Bytes its elements take.

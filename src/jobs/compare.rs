@@ -86,23 +86,12 @@ fn judge_big_batch(
 ) -> Result<BigBatch> {
     let mut big = Trace::load(path)?;
     strip_ddp_prefix(&mut big, a);
-    if let (Some(s), None) = (&a.sampling, &big.sampling) {
-        big = std::mem::take(&mut big).sampled_like(s).map_err(|p| not_lined_up(pa, path, p))?;
-    }
-    if let (Some(x), Some(y)) = (&a.sampling, &big.sampling) {
-        if let Some(p) = x.mismatch(y) {
-            return Err(not_lined_up(pa, path, p));
-        }
-    }
-    if a.sampling.is_none() && big.sampling.is_some() {
-        let fix = "record the big batch whole too (sample='full', or --sample full), or all three sampled";
-        return Err(Error::bad_file(path, format!("is sampled and {} is not", pa.display()), fix));
-    }
-    line_up(a, &big, pa, path)?;
     let mut acc = a.without_steps();
     acc.allowances.finals = Params::new();
     acc.steps = a.steps.clone();
     acc.scales = a.scales.clone();
+    same_sampling(&mut acc, &mut big, pa, path)?;
+    line_up(&acc, &big, pa, path)?;
     let carried = crate::judge::adamw_finals(&acc, &big, tolerance, dtype).map(|b| acc.allowances.finals = b);
     let comparison = Comparer::new(label, "big batch", tolerance, None)
         .derived(carried.is_ok())

@@ -52,11 +52,10 @@ fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
     })
 }
 
-/// What the fixed tolerance allows each element, measured at `at`: the larger of atol,
-/// rtol·at and max_ulps ulps of at (an ulp of x is at most ε·|x|).
+/// What the fixed tolerance allows each element, measured at `at` (an ulp of x is at most
+/// ε·|x|).
 fn tolerance_allowance(tol: &Tolerance, at: &[f64], eps: f64) -> Vec<f64> {
-    let rel = tol.rtol.max(f64::from(tol.max_ulps) * eps);
-    at.iter().map(|x| (x * rel).max(tol.atol)).collect()
+    at.iter().map(|&x| tol.allowance(x, x * eps)).collect()
 }
 
 /// `at` raised to |m| per element (or to |m| everywhere where `m` is one number: the

@@ -192,7 +192,7 @@ fn allowance(
         return 0.0;
     }
     let at = p.abs().max(q.abs()).max(scale.as_ref().filter(|_| k != usize::MAX).map_or(0.0, |s| s.at(k)));
-    tol.atol.max(tol.rtol * at).max(f64::from(tol.max_ulps) * precision.ulp(at))
+    tol.allowance(at, precision.ulp(at))
 }
 
 /// Tensors this large are judged on every core (smaller ones are not worth the threads).

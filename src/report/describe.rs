@@ -260,7 +260,7 @@ fn sampling_words(s: &crate::judge::SampledPair, paths: &[std::path::PathBuf; 2]
         s.size, s.tensors, s.tensors_all
     );
     if let Some(p) = s.parameters {
-        w.push_str(&format!(" ({} parameters)", crate::report::describe::count_words(p)));
+        w.push_str(&format!(" ({} parameters)", count_words(p)));
     }
     if let Some(i) = s.recorded.iter().position(|r| !r) {
         w.push_str(&format!("; {} was recorded whole and sampled here", paths[i].display()));
@@ -269,7 +269,7 @@ fn sampling_words(s: &crate::judge::SampledPair, paths: &[std::path::PathBuf; 2]
 }
 
 /// A large count in words: 100.7M, 1.2B.
-pub(crate) fn count_words(n: usize) -> String {
+fn count_words(n: usize) -> String {
     match n {
         n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
         n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),

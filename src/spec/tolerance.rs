@@ -21,6 +21,13 @@ impl Default for Tolerance {
 }
 
 impl Tolerance {
+    /// The largest |Δ| this tolerance lets an element measured at `at` differ by, where one
+    /// ulp there is `ulp`: any of atol, rtol·at and max_ulps ulps (an element passes if any
+    /// holds).
+    pub fn allowance(&self, at: f64, ulp: f64) -> f64 {
+        self.atol.max(self.rtol * at).max(f64::from(self.max_ulps) * ulp)
+    }
+
     /// Ulps count in the run's own precision.
     /// - float32: a reordered sum of partial gradients moves a few ulps.
     /// - float64 in lockstep, bfloat16 and float16: float32's bounds scaled by the ratio of

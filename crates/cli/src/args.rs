@@ -457,6 +457,18 @@ mod tests {
         assert!(report("html").unwrap_err().to_string().contains("known: table, json, markdown, junit"));
     }
 
+    /// `--sample`'s help says what auto chooses, by the defaults the recorder uses.
+    #[test]
+    fn the_sample_help_says_the_auto_defaults() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let arg = cmd.get_arguments().find(|a| a.get_id() == "sample").expect("--sample");
+        let help = arg.get_help().expect("help").to_string();
+        let words =
+            format!("whole up to {}M parameters, else {}", d::SAMPLE_FROM_PARAMETERS / 1_000_000, d::SAMPLE_SIZE);
+        assert!(help.contains(&words), "{help}");
+    }
+
     #[test]
     fn a_timeout_is_a_positive_number_of_seconds_wherever_it_is_given() {
         for bad in ["0", "-1", "nan", "inf", "x"] {

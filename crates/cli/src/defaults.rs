@@ -49,3 +49,10 @@ pub const EXPLORE_MAX_GPUS: usize = 3;
 pub const EXPLORE_MODEL: Pick<ModelKind> = Pick::All;
 /// `explore --regressions`.
 pub const REGRESSIONS: &str = "proptest-regressions/explore.txt";
+
+/// A sampled trace keeps this many element positions of each tensor larger than that (the
+/// recorder's `sample=` when `auto` samples; `--sample auto`).
+pub const SAMPLE_SIZE: usize = 1024;
+/// `sample="auto"` samples a model of more parameters than this and records a smaller one
+/// whole: 4M float32 parameters make 16 MB a step.
+pub const SAMPLE_FROM_PARAMETERS: usize = 4_000_000;

@@ -20,7 +20,7 @@ HEADER = {
     "steps_per_epoch": ("count", None, False),
     "steps": ("count", None, False),
     "magnitudes": ("one of", ("true", "per tensor", "false",), False),
-    "framework": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate",), False),
+    "framework": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "ddp_forward": ("one of", ("seen", "none",), False),
     "dropout": ("text", None, False),
     "unrecorded_optimizers": ("text", None, False),
@@ -30,6 +30,11 @@ HEADER = {
     "optimizer": ("text", None, False),
     "sample": ("count", None, False),
     "parameters": ("count", None, False),
+    "engine": ("one of", ("ddp", "fsdp2", "deepspeed-zero0", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",), False),
+    "grad_divide": ("number", None, False),
+    "compute_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
+    "engine_accumulation": ("count", None, False),
+    "warnings": ("text", None, False),
     "betas": ("numbers", None, False),
     "eps": ("number", None, False),
     "weight_decay": ("number", None, False),
@@ -47,6 +52,7 @@ FRAMEWORKS = {
     "lightning": ("lightning", "pytorch_lightning",),
     "colossalai": ("colossalai",),
     "accelerate": ("accelerate",),
+    "deepspeed": ("deepspeed",),
 }
 
 # kind: (name pattern, elements, shape)
@@ -62,6 +68,8 @@ TENSORS = {
     "clip": ("clip.{step}", "f64", "two"),
     "rank_bits": ("rank_bits.{step}.{param}", "i64", "vector"),
     "ddp_sync": ("ddp_sync.{step}", "i64", "vector"),
+    "comm": ("comm.{step}", "i64", "two"),
+    "seconds": ("seconds.{step}", "finite", "one"),
     "loss_scale": ("loss_scale.{step}", "finite", "one"),
     "found_inf": ("found_inf.{step}", "finite", "one"),
     "unscales": ("unscales.{step}", "finite", "one"),

@@ -10,7 +10,12 @@
   all-reduced (DDP decides there, from require_backward_grad_sync), so a rank's unsynced
   gradient can be traced to the micro-batch that ran without the all-reduce;
 - Optimizer.__init__: the optimizers built once recording started, whose gradients
-  `record()` must see before its first step says which one it follows.
+  `record()` must see before its first step says which one it follows;
+- FSDP2's end of each parameter group's backward: whether it reduce-scattered its gradient
+  (`set_requires_gradient_sync`), how many bytes, the divide factor and the compute dtype;
+- DDP's synchronised forwards, with its buckets' bytes: the gradient collectives of a step,
+  so a loop that all-reduces every micro-batch (seed 002's slowdown) can be told so;
+- destroy_process_group: a sharded model's whole weights are gathered before it goes.
 
 Each recording opens a `Watch`, which sees only what happens while it is open. The patches
 go in when the first watch opens and come out when the last one closes: torch is left with
@@ -41,6 +46,17 @@ class Watch:
         # so the log stays this small however long the run.
         self._epochs: set[Any] = set()
         self._syncs: list[bool] = []  # per DDP forward with grad enabled: to be all-reduced?
+        # Per FSDP2 parameter group: per backward, whether it reduce-scattered its gradients.
+        self._fsdp: dict[int, list[bool]] = {}
+        self._comm = [0, 0]  # gradient collectives and their bytes since the last take
+        # Which engine synchronised gradients ("ddp", "fsdp2"), FSDP2's divide factor (None:
+        # its default, the world size) and compute dtype where it casts the parameters.
+        self.engine: str | None = None
+        self.divide: float | None = None
+        self.compute_dtype: torch.dtype | None = None
+        # Called once before the default process group is destroyed (a sharded model's
+        # weights can be gathered only while it lives).
+        self.on_destroy: Callable[[], None] | None = None
 
     def epoch_started(self, epoch: Any) -> None:
         if len(self._epochs) < 2:
@@ -60,9 +76,41 @@ class Watch:
         return calls, self.last_clip
 
     def take_syncs(self) -> list[bool]:
-        """The DDP forwards since the last take: would each one's backward be all-reduced?"""
+        """The micro-batches since the last take: DDP's forwards (would each one's backward
+        be all-reduced?), else FSDP2's backwards (did any parameter group reduce-scatter?)."""
         syncs, self._syncs = self._syncs, []
+        if self._fsdp:
+            groups, self._fsdp = list(self._fsdp.values()), {}
+            n = max(len(g) for g in groups)
+            syncs += [any(g[i] for g in groups if i < len(g)) for i in range(n)]
         return syncs
+
+    def take_comm(self) -> tuple[int, int]:
+        """Gradient collectives since the last take, and their bytes (one rank's share)."""
+        comm, self._comm = self._comm, [0, 0]
+        return comm[0], comm[1]
+
+    def synced(self, engine: str, collectives: int, nbytes: int) -> None:
+        self.engine = engine
+        self._comm[0] += collectives
+        self._comm[1] += nbytes
+
+    def fsdp_backward(self, group: Any, reduced: bool) -> None:
+        """One FSDP2 parameter group's backward ended, reduce-scattering or not."""
+        self._fsdp.setdefault(id(group), []).append(reduced)
+        self.engine = "fsdp2"
+        factor = getattr(group, "gradient_divide_factor", None)
+        if factor is not None:  # one group's own factor is the fact, whatever the others'
+            self.divide = float(factor)
+        policy = getattr(group, "mp_policy", None)
+        dtype = getattr(policy, "param_dtype", None)
+        if isinstance(dtype, torch.dtype):
+            self.compute_dtype = dtype
+        if reduced:
+            params = getattr(group, "fsdp_params", [])
+            reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or torch.float32
+            size = torch.empty((), dtype=reduce).element_size()
+            self.synced("fsdp2", 1, size * sum(int(fp.sharded_param.numel()) for fp in params))
 
     def close(self) -> None:
         """Sees nothing more; the last watch to close takes the patches out."""
@@ -167,11 +215,18 @@ def _patch_all() -> None:
 
         def _post_forward(self: DistributedDataParallel, output: Any) -> Any:
             if torch.is_grad_enabled():
+                synced = bool(self.require_backward_grad_sync)
+                buckets = _buckets(self) if synced else []
                 for watch in _OPEN:
-                    watch._syncs.append(bool(self.require_backward_grad_sync))
+                    watch._syncs.append(synced)
+                    if synced:
+                        watch.synced("ddp", len(buckets), sum(buckets))
             return post_forward(self, output)
 
         _patch(DistributedDataParallel, "_post_forward", _post_forward)
+
+    _patch_fsdp2()
+    _patch_destroy()
 
     optimizer_init = torch.optim.Optimizer.__init__
 
@@ -182,3 +237,52 @@ def _patch_all() -> None:
                 watch.on_optimizer(self)
 
     _patch(torch.optim.Optimizer, "__init__", __init__)
+
+
+def _buckets(ddp: Any) -> list[int]:
+    """The bytes of each of DDP's gradient buckets (one all-reduce each per synchronised
+    backward), from its own logging data; [] where this torch does not say."""
+    try:
+        sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
+        return [int(s) for s in sizes.replace(" ", "").split(",") if s]
+    except Exception:  # noqa: BLE001 - a torch without it: no count, training goes on
+        return []
+
+
+def _patch_fsdp2() -> None:
+    """FSDP2's per-group post_backward, where it reduce-scatters unless told not to."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except Exception:  # noqa: BLE001 - a torch without FSDP2
+        return
+    post_backward = FSDPParamGroup.post_backward
+
+    def _post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for watch in _OPEN:
+            try:
+                watch.fsdp_backward(self, bool(self.reduce_grads))
+            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
+                pass
+        return post_backward(self, *args, **kwargs)
+
+    _patch(FSDPParamGroup, "post_backward", _post_backward)
+
+
+def _patch_destroy() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    destroy = dist.destroy_process_group
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None:
+            for watch in list(_OPEN):
+                call, watch.on_destroy = watch.on_destroy, None
+                if call is not None:
+                    call()
+        return destroy(group)
+
+    # One wrapper at both names, as for clip_grad_norm_.
+    _patch(dist, "destroy_process_group", destroy_process_group)
+    _patch(dist.distributed_c10d, "destroy_process_group", destroy_process_group)

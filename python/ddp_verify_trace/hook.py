@@ -9,10 +9,15 @@ the pre-hook, before the step moves them.
 
 A session changes nothing in torch or Python that it does not undo: the patches of `_watch`,
 the step hooks, the tensor hooks, an exit handler, and from its first step a sys.excepthook
-are all taken out when it closes, is abandoned, or the interpreter exits with it open."""
+are all taken out when it closes, is abandoned, or the interpreter exits with it open.
+
+A session never breaks the training it watches: an exception inside any of its hooks stops
+the recording (one warning line on stderr, starting `STOPPED`; no trace is written, and
+ddp-verify quotes the line), and the step, backward or exit it happened in goes on."""
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import sys
 import warnings
@@ -34,6 +39,24 @@ from .recorder import (
     check_sample,
     unwrap,
 )
+
+
+# What a stopped recording prints, once, on stderr: ddp-verify looks for it in a leg's log.
+STOPPED = "ddp_verify_trace: recording stopped"
+
+
+def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook of the session's: an exception in it stops the recording, never the training."""
+
+    @functools.wraps(method)
+    def guarded(self: Session, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the user's run goes on, whatever the recorder met
+            self._stop(method.__name__, e)
+            return None
+
+    return guarded
 
 
 def _owner(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
@@ -119,6 +142,22 @@ class Session:
         atexit.register(self._at_exit)
         return self
 
+    def _stop(self, where: str, e: BaseException) -> None:
+        """Ends the recording after an exception in `where`: hooks out, nothing written."""
+        steps = self.recorder.steps if self.recorder is not None else 0
+        print(
+            f"{STOPPED} at optimizer step {steps} (in {where.strip('_')}): {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}; the training goes on unrecorded, and no trace is "
+            "written",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            self._end(f"stopped by {type(e).__name__} in {where}")
+        except Exception:  # noqa: BLE001 - as much as can be undone is undone
+            pass
+
+    @_never_raises
     def _hook_early(self, opt: torch.optim.Optimizer) -> None:
         """Hooks every parameter of an optimizer that exists or is built before the first
         step, so that step's micro-batch magnitudes are kept before the model is known."""
@@ -132,14 +171,20 @@ class Session:
 
     def _early_hook(self, key: int) -> Callable[[torch.Tensor], None]:
         how = self._kw["magnitudes"]
-        return lambda grad: add_backward(self._early, self._early_counts, key, grad, how)
+        return lambda grad: self._early_backward(key, grad, how)
 
+    @_never_raises
+    def _early_backward(self, key: int, grad: torch.Tensor, how: Any) -> None:
+        add_backward(self._early, self._early_counts, key, grad, how)
+
+    @_never_raises
     def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._optimizer is None:
             self._begin(optimizer)
         if optimizer is self._optimizer and self.recorder is not None:
             self.recorder.settle()
 
+    @_never_raises
     def _skipped(self, optimizer: torch.optim.Optimizer, scale: float) -> None:
         # A GradScaler found inf/NaN and skipped the step: recorded as a step all the same,
         # as ddp-verify's own runs record it, so both runs' skips line up.
@@ -150,6 +195,7 @@ class Session:
             self.recorder.track_peaks()
             self.recorder.step(optimizer, skipped=True)
 
+    @_never_raises
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # The weights this step made are seen by the next step's pre-hook, or by close().
         if self.recorder is None:
@@ -180,6 +226,8 @@ class Session:
         self._early_hooks, self._early, self._early_counts = [], {}, {}
         if self._watch is not None:
             self._watch.on_optimizer = None
+            if self.recorder._sharded:  # gathered while the process group lives
+                self._watch.on_destroy = self._destroyed
         self._catch_crash()
 
     def _catch_crash(self) -> None:
@@ -194,6 +242,13 @@ class Session:
         sys.excepthook = excepthook
         self._excepthook = (excepthook, previous)
 
+    @_never_raises
+    def _destroyed(self) -> None:
+        rec = self.recorder
+        if rec is not None and rec.state == "open" and rec.steps and not self._crashed:
+            self._end(None)
+
+    @_never_raises
     def _at_exit(self) -> None:
         # A trace on disk is a run that finished: written where the run stepped, nothing
         # closed it and no exception ended the script; the streamed part goes otherwise.

@@ -27,13 +27,14 @@ import hashlib
 import os
 import random
 import sys
+import time
 from types import FrameType
 from typing import Any, Callable, Union
 
 import torch
 import torch.distributed as dist
 
-from . import _schema, _watch
+from . import _schema, _sharded, _watch
 from ._stream import Stream
 
 FORMAT = _schema.FORMAT
@@ -351,6 +352,8 @@ class Recorder:
                 "dtype, so cast the model to one (model.to(dtype)) before recording"
             )
         self._dtype = self._params[0][1].dtype
+        # FSDP2: parameters are DTensors, each rank holding a shard; every rank gathers.
+        self._sharded = any(_sharded.is_sharded(p) for _, p in self._params)
         if self._dtype not in DTYPES:
             raise ValueError(f"ddp_verify_trace: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
         self._meta = dict(meta or {})
@@ -376,6 +379,14 @@ class Recorder:
             # asked: a per-tensor maximum of a sampled tensor would cost a read of all of it.
             if self._magnitudes:
                 self._magnitudes = "element"
+        self._shards: dict[str, _sharded.Shard] = {}
+        if self._sharded:
+            # FSDP2 adds each backward's gradient into its own unsharded buffers, which no
+            # tensor hook on the (sharded) parameters sees: no magnitudes per micro-batch.
+            self._magnitudes = None
+            self._shards = {
+                n: _sharded.Shard(p, self._cpu_positions.get(n)) for n, p in self._params if _sharded.is_sharded(p)
+            }
         dropout = _active_dropout(self._module)
         if dropout:
             self._meta["dropout"] = dropout
@@ -386,8 +397,14 @@ class Recorder:
         self._steps = 0
         self.state = "open"
         # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
-        # A sampled parameter's at its positions only.
-        self._peaks = {n: self._kept(n, p.detach()).abs() for n, p in self._params}
+        # A sampled parameter's at its positions only; a sharded one's on its own shard (each
+        # rank its own), gathered at close.
+        self._peaks = {
+            n: _sharded.local(p.detach()).abs() if n in self._shards else self._kept(n, p.detach()).abs()
+            for n, p in self._params
+        }
+        self._last_step: float | None = None  # perf_counter at the previous step
+        self._closed_at_destroy = False
         self._scratch: dict[str, torch.Tensor] = {}
         # Magnitudes add up in at least float32, so that many half-precision terms keep their sum.
         self._acc_dtype = torch.promote_types(self._dtype, torch.float32)
@@ -402,7 +419,9 @@ class Recorder:
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
         self._own_watch = watch is None
         self._watch = _watch.open_watch() if watch is None else watch
-        self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params]
+        self._hooks = [] if self._sharded else [p.register_hook(self._summer(n, p)) for n, p in self._params]
+        if self._sharded:
+            self._watch.on_destroy = self._on_destroy
 
     def _summer(self, name: str, param: torch.nn.Parameter) -> Any:
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
@@ -482,8 +501,9 @@ class Recorder:
         """|w| into the peaks. `later`: on the writer thread, from weights that nothing changes
         until the caller's `settle()` (the hooks settle before the next optimizer step)."""
         # Into a scratch buffer kept from step to step: a fresh one per step costs more in
-        # page faults than the arithmetic. Rank 0's alone are written (DDP's weights agree).
-        if rank_world()[0] != 0:
+        # page faults than the arithmetic. Rank 0's alone are written (DDP's weights agree);
+        # under FSDP2 every rank keeps its shard's.
+        if rank_world()[0] != 0 and not self._sharded:
             return
         if later and self._stream is not None:
             self._stream.later(self._peaks_now)
@@ -497,6 +517,9 @@ class Recorder:
 
     def _peaks_now(self) -> None:
         for n, p in self._params:
+            if n in self._shards:
+                torch.maximum(self._peaks[n], _sharded.local(p.detach()).abs(), out=self._peaks[n])
+                continue
             if n in self._positions:
                 torch.maximum(self._peaks[n], self._take(n, p.detach()).abs_(), out=self._peaks[n])
                 continue
@@ -529,10 +552,86 @@ class Recorder:
             sums = {n: part.view(s.shape) for (n, s), part in zip(sums.items(), parts)}
         return sums
 
-    def _rank_bits(self, world: int) -> torch.Tensor:
-        """Every rank's checksum of every gradient, gathered on every rank (one all_gather)."""
+    def _gradients(self) -> tuple[dict[str, torch.Tensor | None], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """Each parameter's gradient as the trace keeps it: `.grad`, or under FSDP2 the whole
+        gradient gathered from the shards (whole traces), and for sampled sharded parameters
+        (second dict) their kept values and summaries on the host, gathered without the whole
+        tensor. Collectives under FSDP2: every rank calls this at every step."""
+        grads = {n: p.grad for n, p in self._params}
+        if not self._sharded:
+            return grads, {}
+        out: dict[str, torch.Tensor | None] = {}
+        gathered: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        pick = [n for n, _ in self._params if n in self._positions and n in self._shards and grads[n] is not None]
+        for n, _ in self._params:
+            g = grads[n]
+            out[n] = None if g is None or n in pick else _sharded.whole(g.detach())
+        if pick:
+            shards = [self._shards[n] for n in pick]
+            n_kept = [self._positions[n].numel() for n in pick]
+            kept = _sharded.gather_kept([sh.take(grads[n], k) for n, sh, k in zip(pick, shards, n_kept)], shards)  # type: ignore[arg-type]
+            rows = _sharded.whole_summaries([grads[n] for n in pick], shards, self._summaries)  # type: ignore[misc]
+            rows = rows.cpu()
+            for i, n in enumerate(pick):
+                gathered[n] = (kept[i].cpu(), rows[i].clone())
+                out[n] = grads[n]
+        return out, gathered
+
+    def _engine_facts(self, s: int, world: int) -> None:
+        """What synchronised the step's gradients and at what cost: the engine, FSDP2's
+        divide factor and compute dtype, the step's gradient collectives and bytes (one
+        rank's) and the seconds since the previous step."""
+        now = time.perf_counter()
+        if self._last_step is not None:
+            self._tensors[_schema.name("seconds", s)] = torch.tensor([now - self._last_step], dtype=torch.float64)
+        self._last_step = now
+        collectives, nbytes = self._watch.take_comm()
+        w = self._watch
+        if w.engine is not None and world > 1:
+            self._meta["engine"] = w.engine
+            self._tensors[_schema.name("comm", s)] = torch.tensor([collectives, nbytes], dtype=torch.int64)
+        if w.engine == "fsdp2" and world > 1:
+            self._meta["grad_divide"] = repr(float(w.divide if w.divide is not None else world))
+        if w.compute_dtype is not None and w.compute_dtype != self._dtype and w.compute_dtype in DTYPES:
+            self._meta["compute_dtype"] = DTYPES[w.compute_dtype]
+
+    def _on_destroy(self) -> None:
+        """The process group is about to go: a sharded model's trace is written now, while
+        its weights can still be gathered (a later close() has nothing left to do)."""
+        if self.state == "open" and self._steps:
+            self.close()
+            self._closed_at_destroy = True
+
+    def _sharded_finals(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Each sharded parameter's final weight and peaks as the trace keeps them, on the
+        host, gathered from every rank's shard (collectives: every rank calls this once, at
+        close); with the whole weight's summaries where sampled, else None."""
+        if not self._shards:
+            return {}
+        out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        params = dict(self._params)
+        pick = [n for n in self._shards if n in self._positions]
+        for n, sh in self._shards.items():
+            if n not in pick:
+                out[n] = (_host(_sharded.whole(params[n].detach())), _host(sh.gather(self._peaks[n])), None)
+        if pick:
+            shards = [self._shards[n] for n in pick]
+            sizes = [self._positions[n].numel() for n in pick]
+            finals = _sharded.gather_kept([sh.take(params[n], k) for n, sh, k in zip(pick, shards, sizes)], shards)
+            peaks = _sharded.gather_kept([sh.take(self._peaks[n], k) for n, sh, k in zip(pick, shards, sizes)], shards)
+            rows = _sharded.whole_summaries([params[n].detach() for n in pick], shards, self._summaries).cpu()
+            for i, n in enumerate(pick):
+                out[n] = (finals[i].cpu().to(self._dtype), peaks[i].cpu().to(self._dtype), rows[i].clone())
+        return out
+
+    def _rank_bits(self, world: int, grads: dict[str, torch.Tensor | None]) -> torch.Tensor:
+        """Every rank's checksum of every gradient, gathered on every rank (one all_gather).
+        Under FSDP2 of the gathered whole gradient: every rank must have gathered the same."""
         mine = torch.stack(
-            [_bits(p.grad) if p.grad is not None else torch.zeros((), dtype=torch.int64, device=p.device) for _, p in self._params]
+            [
+                _bits(g) if (g := grads[n]) is not None and not _sharded.is_sharded(g) else torch.zeros((), dtype=torch.int64, device=p.device)
+                for n, p in self._params
+            ]
         )
         out = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(out, mine)
@@ -553,9 +652,12 @@ class Recorder:
         self._world = max(self._world, world)
         sums: Any = self._reduced_sums(world) if self._magnitudes else {}
         s = self._steps
-        micro = max(self._counts.values(), default=0)
+        syncs = self._watch.take_syncs()
+        # Under FSDP2 the backwards are its parameter groups' (no tensor hook sees them).
+        micro = len(syncs) if self._sharded else max(self._counts.values(), default=0)
         self._counts = {}
         self._tensors[_schema.name("micro", s)] = torch.tensor([micro], dtype=torch.int64)
+        self._engine_facts(s, world)
         if optimizer is not None:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
             self._tensors[_schema.name("lr", s)] = torch.tensor(lrs, dtype=torch.float64)
@@ -564,11 +666,14 @@ class Recorder:
         self._tensors[_schema.name("clips", s)] = torch.tensor([calls], dtype=torch.int64)
         if calls:
             self._tensors[_schema.name("clip", s)] = torch.tensor(last, dtype=torch.float64)
-        syncs = self._watch.take_syncs()
         if syncs:
             self._tensors[_schema.name("ddp_sync", s)] = torch.tensor(syncs, dtype=torch.int64)
-            self._meta["ddp_forward"] = "seen"
-        bits = self._rank_bits(world) if world > 1 else None
+            if not self._sharded:
+                self._meta["ddp_forward"] = "seen"
+        # Each parameter's gradient as the whole tensor: gathered from the shards under FSDP2
+        # (every rank takes part), or kept positions and summaries gathered where sampled.
+        grads, gathered = self._gradients()
+        bits = self._rank_bits(world, grads) if world > 1 and (not self._sharded or not self._positions) else None
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
         # so they do not slow every DDP step with copies of their gradients.
         if rank_world()[0] != 0:
@@ -580,23 +685,29 @@ class Recorder:
         # Per sampled parameter: (name, values at its positions, magnitudes there or None),
         # and the whole gradients' summaries, all on the device until one copy to the host.
         sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-        summaries = self._summary_rows(sum(p.grad is not None for n, p in self._params if n in self._positions))
+        summaries = self._summary_rows(sum(grads[n] is not None for n, _ in self._params if n in self._positions and n not in gathered))
         if self._magnitudes == "tensor":  # one small tensor for all parameters, split at close
             sums = dict(zip((n for n, _ in self._params), sums.to("cpu", self._dtype).unbind()))
         for i, (n, p) in enumerate(self._params):
-            if p.grad is None:  # no gradient: the optimizer leaves this parameter alone
+            g = grads[n]
+            if g is None:  # no gradient: the optimizer leaves this parameter alone
                 continue
             if bits is not None:
                 self._tensors[_schema.name("rank_bits", s, n)] = bits[:, i].contiguous()
+            if n in gathered:
+                kept, summary = gathered[n]
+                big.append((_schema.name("grads", s, n), kept.to(self._dtype)))
+                self._tensors[_schema.name("summary", s, n)] = summary
+                continue
             if n in self._positions:
-                g = p.grad.detach()
+                g = g.detach()
                 self._summaries(g, summaries[len(sampled)])
                 sampled.append((n, self._take(n, g), sums[n] if self._magnitudes else None))
                 continue
-            grad = (_schema.name("grads", s, n), p.grad)
-            (lent if self._nulled.get(n) and _owns_memory(p.grad) else big).append(grad)
+            grad = (_schema.name("grads", s, n), g)
+            (lent if self._nulled.get(n) and g is p.grad and _owns_memory(g) else big).append(grad)
             if self._magnitudes == "element":
-                big.append((_schema.name("scale", s, n), sums[n].to(p.grad.dtype)))
+                big.append((_schema.name("scale", s, n), sums[n].to(g.dtype)))
             elif self._magnitudes:
                 self._tensors[_schema.name("scale", s, n)] = sums[n]
         for n, kept, scale, summary in self._to_host(sampled, summaries):
@@ -665,13 +776,25 @@ class Recorder:
 
     def close(self) -> None:
         """Records the final weights and buffers and writes the file (rank 0 only)."""
+        if self.state == "closed" and self._closed_at_destroy:
+            return  # written when the process group went (FSDP2)
         self.check_open("close()")
         self.finish("closed")
         self.settle()
         self.track_peaks()
         sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-        summaries = self._summary_rows(len(self._positions))
+        finals = self._sharded_finals()
+        summaries = self._summary_rows(len([n for n in self._positions if n not in finals]))
         for n, p in self._params:
+            if n in finals:
+                final, peak, summary = finals[n]
+                self._tensors[_schema.name("final", param=n)] = final
+                self._tensors[_schema.name("peak", param=n)] = peak
+                if summary is not None:
+                    self._tensors[_schema.name("final_summary", param=n)] = summary
+                    self._tensors[_schema.name("positions", param=n)] = self._cpu_positions[n]
+                    self._tensors[_schema.name("shape", param=n)] = torch.tensor(list(p.shape), dtype=torch.int64)
+                continue
             if n in self._positions:
                 w = p.detach()
                 self._summaries(w, summaries[len(sampled)])

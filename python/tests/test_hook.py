@@ -63,7 +63,8 @@ def test_hooks_record_what_the_hand_recorder_records(tmp_path):
     (hand, hmeta), (hook, kmeta) = load(tmp_path / "hand.safetensors"), load(tmp_path / "hook.safetensors")
     assert set(hand) == set(hook)
     for k in hand:
-        assert torch.equal(hand[k], hook[k]), k
+        if not k.startswith("seconds."):  # wall time: no two runs alike
+            assert torch.equal(hand[k], hook[k]), k
     assert "grads.2.0.weight" in hook and hook["micro.0"].item() == 2
     assert kmeta["optimizer"] == "AdamW" and kmeta["framework"] == "plain" and kmeta["betas"] == "0.9 0.999"
 
@@ -78,7 +79,8 @@ def test_a_closures_backward_is_in_the_recorded_gradient(tmp_path):
     closure, _ = load(tmp_path / "closure.safetensors")
     plain, _ = load(tmp_path / "plain.safetensors")
     for k in plain:
-        assert torch.equal(plain[k], closure[k]), k
+        if not k.startswith("seconds."):  # wall time: no two runs alike
+            assert torch.equal(plain[k], closure[k]), k
 
 
 def test_a_run_that_raises_writes_nothing(tmp_path):

@@ -110,6 +110,8 @@ def test_layout_and_metadata(run):
     want |= {f"buffer.{n}" for n, _ in model.named_buffers()}
     # Each step's record beside its gradients: backward passes, clip_grad_norm_ calls.
     want |= {f"{k}.{s}" for k in ("micro", "clips") for s in range(4)}
+    # The wall seconds of each step after the first.
+    want |= {f"seconds.{s}" for s in range(1, 4)}
     assert set(t) == want
     assert [t[f"micro.{s}"].item() for s in range(4)] == [2] * 4
     assert [t[f"clips.{s}"].item() for s in range(4)] == [0] * 4
@@ -120,7 +122,7 @@ def test_layout_and_metadata(run):
         "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),
     }
     assert t["buffer.bn.num_batches_tracked"].dtype == torch.int64
-    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips."))}
+    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips.", "seconds."))}
     assert all(v.dtype == torch.float32 and v.is_contiguous() for v in floats.values())
 
 

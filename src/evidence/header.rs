@@ -41,6 +41,18 @@ pub enum Framework {
     Lightning,
     ColossalAi,
     Accelerate,
+    DeepSpeed,
+}
+
+/// What synchronised a multi-process run's gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Ddp,
+    Fsdp2,
+    DeepSpeed0,
+    DeepSpeed1,
+    DeepSpeed2,
+    DeepSpeed3,
 }
 
 /// The stepping optimizer, by class: the ones whose steps a bound is carried through, and
@@ -141,6 +153,17 @@ pub struct TraceHeader {
     pub sample: Option<usize>,
     /// Elements in all the recorded parameters.
     pub parameters: Option<usize>,
+    /// What synchronised the ranks' gradients (DDP, FSDP2, DeepSpeed ZeRO).
+    pub engine: Option<Engine>,
+    /// What a sharded engine divided the reduced gradients by (the world size: averaged).
+    pub grad_divide: Option<f64>,
+    /// The forward and backward's dtype where the engine casts the weights (FSDP2's
+    /// MixedPrecisionPolicy), when it differs from `dtype`.
+    pub compute_dtype: Option<Dtype>,
+    /// The engine's own accumulation steps (DeepSpeed's gradient_accumulation_steps).
+    pub engine_accumulation: Option<usize>,
+    /// What the recorder could not record; the training went on.
+    pub warnings: Option<String>,
     /// Keys this build does not know, kept as written.
     pub other: BTreeMap<String, String>,
 }
@@ -165,7 +188,24 @@ macro_rules! words {
 words!(RunKind, schema::RUNS, [Accumulation, Single, Ddp]);
 words!(Leg, schema::LEGS, [Accumulation, Ddp, BigBatch]);
 words!(Magnitudes, schema::MAGNITUDE_KINDS, [PerElement, PerTensor, None]);
-words!(Framework, schema::FRAMEWORK_NAMES, [Plain, Transformers, Lightning, ColossalAi, Accelerate]);
+words!(Framework, schema::FRAMEWORK_NAMES, [Plain, Transformers, Lightning, ColossalAi, Accelerate, DeepSpeed]);
+words!(Engine, schema::ENGINES, [Ddp, Fsdp2, DeepSpeed0, DeepSpeed1, DeepSpeed2, DeepSpeed3]);
+
+impl Engine {
+    /// Shards parameters, gradients or optimizer state over the ranks.
+    pub fn is_sharded(self) -> bool {
+        self != Engine::Ddp
+    }
+
+    /// How a loop tells this engine to skip the gradient reduction of a micro-batch.
+    pub fn no_sync(self) -> &'static str {
+        match self {
+            Engine::Ddp => "no_sync()",
+            Engine::Fsdp2 => "set_requires_gradient_sync(False)",
+            _ => "DeepSpeed's gradient_accumulation_steps (engine.backward reduces at its boundary only)",
+        }
+    }
+}
 
 impl RunKind {
     /// One process: ddp-verify's accumulation run, or the recorder's outside DDP.
@@ -241,6 +281,11 @@ impl TraceHeader {
             torch_version: text(schema::TORCH_VERSION),
             sample: count(schema::SAMPLE),
             parameters: count(schema::PARAMETERS),
+            engine: text(schema::ENGINE).and_then(|v| Engine::parse(&v)),
+            grad_divide: number(schema::GRAD_DIVIDE),
+            compute_dtype: text(schema::COMPUTE_DTYPE).and_then(|v| Dtype::ALL.into_iter().find(|d| d.name() == v)),
+            engine_accumulation: count(schema::ENGINE_ACCUMULATION),
+            warnings: text(schema::WARNINGS),
             other: raw.iter().filter(|(k, _)| !known(k)).map(|(k, v)| (k.clone(), v.clone())).collect(),
         })
     }
@@ -284,6 +329,11 @@ impl TraceHeader {
         put(schema::TORCH_VERSION, self.torch_version.clone());
         put(schema::SAMPLE, self.sample.map(|n| n.to_string()));
         put(schema::PARAMETERS, self.parameters.map(|n| n.to_string()));
+        put(schema::ENGINE, self.engine.map(|e| e.name().into()));
+        put(schema::GRAD_DIVIDE, num(self.grad_divide));
+        put(schema::COMPUTE_DTYPE, self.compute_dtype.map(|d| d.name().into()));
+        put(schema::ENGINE_ACCUMULATION, self.engine_accumulation.map(|n| n.to_string()));
+        put(schema::WARNINGS, self.warnings.clone());
         out
     }
 

@@ -156,6 +156,8 @@ struct Reading {
     micro: BTreeMap<usize, i64>,
     clip_norms: BTreeMap<usize, (f64, f64)>,
     ddp_sync: BTreeMap<usize, Vec<bool>>,
+    comm: BTreeMap<usize, (i64, i64)>,
+    seconds: BTreeMap<usize, f64>,
     rank_drift: Option<RankDrift>,
     /// loss_scale, found_inf, unscales, scaler_updates.
     scaler: [BTreeMap<usize, f64>; 4],
@@ -189,6 +191,8 @@ impl Reading {
             K::Clips => _ = self.clips.insert(s, first() as i64),
             K::Clip => _ = self.clip_norms.insert(s, (first(), second())),
             K::DdpSync => _ = self.ddp_sync.insert(s, all.iter().map(|&f| f != 0.0).collect()),
+            K::Comm => _ = self.comm.insert(s, (first() as i64, second() as i64)),
+            K::Seconds => _ = self.seconds.insert(s, first()),
             K::RankBits => {
                 let bits = t.to_i64();
                 if let Some(rank) = bits.iter().position(|b| *b != bits[0]) {
@@ -217,7 +221,7 @@ impl Reading {
     }
 
     /// The trace, once every series is checked to cover the steps it must.
-    fn finish(self, header: TraceHeader) -> std::result::Result<Trace, String> {
+    fn finish(mut self, header: TraceHeader) -> std::result::Result<Trace, String> {
         if self.finals.is_empty() {
             return Err("no final.<param> tensors".into());
         }
@@ -235,13 +239,16 @@ impl Reading {
                 return Err(format!("{name} holds NaN or Inf; magnitudes must be finite"));
             }
         }
-        let n = self.steps.len();
-        if let Some(i) = (0..n).find(|i| !self.steps.contains_key(i)) {
+        // A step the recorder counted (micro.<s>) may hold no gradient at all: an engine that
+        // never reduced one left the optimizer none (FSDP2 without a synchronised backward).
+        let n = self.steps.keys().chain(self.micro.keys()).max().map_or(0, |s| s + 1);
+        if let Some(i) = (0..n).find(|i| !self.steps.contains_key(i) && !self.micro.contains_key(i)) {
             return Err(format!("step {i} is missing"));
         }
         if let Some(s) = self.scales.keys().find(|s| !self.steps.contains_key(s)) {
             return Err(format!("scale.{s}.* has no grads.{s}.* beside it"));
         }
+        let mut steps = std::mem::take(&mut self.steps);
         covers("scale.<step>.*", &self.scales, n)?;
         covers("lr.<step>", &self.lrs, n)?;
         covers("clips.<step>", &self.clips, n)?;
@@ -267,6 +274,8 @@ impl Reading {
                 true => Vec::new(),
                 false => (0..n).map(|s| ddp_sync.remove(&s).unwrap_or_default()).collect(),
             },
+            comm: (0..n).map(|s| self.comm.get(&s).copied()).collect(),
+            seconds: (0..n).map(|s| self.seconds.get(&s).copied()).collect(),
             rank_drift: self.rank_drift,
             dropout_keys: Vec::new(),
             scaler,
@@ -281,7 +290,7 @@ impl Reading {
         };
         let mut trace = Trace {
             header,
-            steps: self.steps.into_values().map(sorted).collect(),
+            steps: (0..n).map(|s| sorted(steps.remove(&s).unwrap_or_default())).collect(),
             scales: self.scales.into_values().map(sorted).collect(),
             finals: sorted(self.finals),
             peaks: sorted(self.peaks),

@@ -84,6 +84,11 @@ pub const NESTEROV: &str = "nesterov";
 pub const MAXIMIZE: &str = "maximize";
 pub const SAMPLE: &str = "sample";
 pub const PARAMETERS: &str = "parameters";
+pub const ENGINE: &str = "engine";
+pub const GRAD_DIVIDE: &str = "grad_divide";
+pub const COMPUTE_DTYPE: &str = "compute_dtype";
+pub const WARNINGS: &str = "warnings";
+pub const ENGINE_ACCUMULATION: &str = "engine_accumulation";
 
 /// What `sample="auto"` chooses, as `--sample`'s help says it: defined with the flags.
 pub use ddp_verify_cli::defaults::{SAMPLE_FROM_PARAMETERS, SAMPLE_SIZE};
@@ -98,6 +103,8 @@ pub const DTYPES: &[&str] = &["float32", "float64", "bfloat16", "float16"];
 pub const MAGNITUDE_KINDS: &[&str] = &["true", "per tensor", "false"];
 /// Whether any DistributedDataParallel forward ran under the recorder.
 pub const DDP_FORWARDS: &[&str] = &["seen", "none"];
+/// The engines that synchronise a multi-process run's gradients, as the recorder saw them.
+pub const ENGINES: &[&str] = &["ddp", "fsdp2", "deepspeed-zero0", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"];
 
 const fn key(name: &'static str, value: Value, about: &'static str) -> Key {
     Key { name, value, required: false, about }
@@ -130,6 +137,11 @@ const KEYS: &[Key] = &[
     key(OPTIMIZER, Text, "the stepping optimizer's class name"),
     key(SAMPLE, Count, "sampled: element positions kept per tensor (absent: whole tensors)"),
     key(PARAMETERS, Count, "elements in the recorded parameters, all of them"),
+    key(ENGINE, OneOf(ENGINES), "what synchronised the ranks' gradients"),
+    key(GRAD_DIVIDE, Number, "what the sharded engine divided the reduced gradients by (W: averaged)"),
+    key(COMPUTE_DTYPE, OneOf(DTYPES), "the forward and backward's dtype, where the engine casts the weights"),
+    key(ENGINE_ACCUMULATION, Count, "the engine's own gradient_accumulation_steps (DeepSpeed)"),
+    key(WARNINGS, Text, "what the recorder could not record (training went on), one per line"),
 ];
 
 /// The optimizer settings the recorder copies from the first param group, when present,
@@ -159,9 +171,10 @@ pub const FRAMEWORKS: &[(&str, &[&str])] = &[
     ("lightning", &["lightning", "pytorch_lightning"]),
     ("colossalai", &["colossalai"]),
     ("accelerate", &["accelerate"]),
+    ("deepspeed", &["deepspeed"]),
 ];
 /// Every value the `framework` key may hold.
-pub const FRAMEWORK_NAMES: &[&str] = &["plain", "transformers", "lightning", "colossalai", "accelerate"];
+pub const FRAMEWORK_NAMES: &[&str] = &["plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed"];
 
 /// How a tensor's name carries its step and parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +240,8 @@ pub enum Kind {
     ParamShape,
     Summary,
     FinalSummary,
+    Comm,
+    Seconds,
 }
 
 /// One kind of tensor: how it is named and what it holds.
@@ -266,7 +281,16 @@ pub const TENSORS: &[TensorKind] = &[
     kind(Kind::Clips, "clips", L::Step, E::I64, Shape::One, "clip_grad_norm_ calls"),
     kind(Kind::Clip, "clip", L::Step, E::F64, Shape::Two, "the last clip's [total norm, max norm]"),
     kind(Kind::RankBits, "rank_bits", L::StepParam, E::I64, Shape::Vector, "each rank's gradient checksum"),
-    kind(Kind::DdpSync, "ddp_sync", L::Step, E::I64, Shape::Vector, "per DDP forward: 1 if all-reduced"),
+    kind(
+        Kind::DdpSync,
+        "ddp_sync",
+        L::Step,
+        E::I64,
+        Shape::Vector,
+        "per micro-batch (DDP forward, FSDP2 backward): 1 if its gradient was reduced",
+    ),
+    kind(Kind::Comm, "comm", L::Step, E::I64, Shape::Two, "one rank's [gradient collectives, bytes] this step"),
+    kind(Kind::Seconds, "seconds", L::Step, E::Finite, Shape::One, "wall seconds since the previous step"),
     kind(Kind::LossScale, "loss_scale", L::Step, E::Finite, Shape::One, "the loss scaler's scale"),
     kind(Kind::FoundInf, "found_inf", L::Step, E::Finite, Shape::One, "1 where the scaler skipped"),
     kind(Kind::Unscales, "unscales", L::Step, E::Finite, Shape::One, "unscale_ calls (ours)"),

@@ -98,6 +98,12 @@ pub struct StepFacts {
     /// backward was to be all-reduced (DDP decides at the end of the forward). Empty where
     /// no DDP forward was seen.
     pub ddp_sync: Vec<Vec<bool>>,
+    /// The recorder's, under a multi-process engine: per step, one rank's gradient
+    /// collectives and their bytes (DDP's buckets per synchronised backward, FSDP2's
+    /// reduce-scatters), where recorded.
+    pub comm: Vec<Option<(i64, i64)>>,
+    /// The recorder's: per step, wall seconds since the previous step (none for the first).
+    pub seconds: Vec<Option<f64>>,
     /// A DDP rank's: the first step at which some rank held another model or gradient than
     /// rank 0 (DDP all-reduces into identical gradients, so a difference is a gradient not
     /// synchronised).

@@ -25,8 +25,12 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
     same_sampling(&mut a, &mut b, pa, pb)?;
     line_up(&a, &b, pa, pb)?;
     let dtype = a.finals[0].1.dtype().unwrap_or(Dtype::Float32);
-    // Users' runs train on their own: the free-running tolerance of their dtype.
-    let tolerance = opts.tolerance.tolerance(dtype, false);
+    // Users' runs train on their own: the free-running tolerance of their dtype, or of the
+    // dtype an engine computed in where coarser (FSDP2's MixedPrecisionPolicy): the same
+    // reordering, rounded at that precision.
+    let computed = [a.header.compute_dtype, b.header.compute_dtype].into_iter().flatten();
+    let coarsest = computed.chain([dtype]).max_by(|x, y| x.epsilon().total_cmp(&y.epsilon())).unwrap_or(dtype);
+    let tolerance = opts.tolerance.tolerance(coarsest, false);
     let labels = labels(pa, pb);
     // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.
     let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
@@ -167,7 +171,9 @@ fn line_up(a: &Trace, b: &Trace, pa: &Path, pb: &Path) -> Result<()> {
     };
     // Different numbers of optimizer steps are judged (NOT EQUIVALENT, with their cause),
     // not refused: the steps both made must hold the same tensors.
-    let groups = a.steps.iter().zip(&b.steps).enumerate().map(|(s, (x, y))| (format!("step {s}"), x, y));
+    // A step with no gradient at all (an engine that reduced none) is judged too.
+    let steps = a.steps.iter().zip(&b.steps).enumerate().filter(|(_, (x, y))| !x.is_empty() && !y.is_empty());
+    let groups = steps.map(|(s, (x, y))| (format!("step {s}"), x, y));
     let groups = groups.chain([("the final weights".to_string(), &a.finals, &b.finals)]).chain([(
         "the buffers".to_string(),
         &a.buffers,

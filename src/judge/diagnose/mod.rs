@@ -58,10 +58,11 @@ pub enum Reason {
     OptimizerStep,
     Buffers,
     HiddenFactor,
+    SummedOverRanks,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 25] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -86,6 +87,7 @@ impl Reason {
         Reason::OptimizerStep,
         Reason::Buffers,
         Reason::HiddenFactor,
+        Reason::SummedOverRanks,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -115,6 +117,7 @@ impl Reason {
             Reason::OptimizerStep => "optimizer step",
             Reason::Buffers => "buffers",
             Reason::HiddenFactor => "factor hidden by clipping",
+            Reason::SummedOverRanks => "summed over ranks",
         }
     }
 }
@@ -148,9 +151,11 @@ pub struct Rule {
 /// of the first differing step.
 pub const RULES: &[Rule] = &[
     Rule { name: "one process", test: sync::one_process },
+    Rule { name: "never reduced", test: sync::never_reduced },
     Rule { name: "step count", test: steps::step_count },
     Rule { name: "unsynchronised gradient", test: sync::unsynced },
     Rule { name: "ranks differ", test: sync::ranks_differ },
+    Rule { name: "summed over ranks", test: sync::summed_over_ranks },
     Rule { name: "learning-rate schedule", test: schedule::lr_schedule },
     Rule { name: "loss scaler", test: scaling::loss_scaler },
     Rule { name: "non-finite", test: rounding::non_finite },

@@ -72,6 +72,7 @@ fn loss_division(f: Framework) -> Option<&'static str> {
         Framework::Lightning => Some("Lightning's Trainer(accumulate_grad_batches=K)"),
         Framework::Accelerate => Some("Accelerate's accelerator.backward under accumulate()"),
         Framework::Transformers => Some("Transformers' Trainer (gradient_accumulation_steps)"),
+        Framework::DeepSpeed => Some("DeepSpeed's engine.backward (gradient_accumulation_steps)"),
         Framework::Plain | Framework::ColossalAi => None,
     }
 }

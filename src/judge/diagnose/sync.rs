@@ -79,6 +79,52 @@ fn synced_micro_batches(head: &str, f: &[bool]) -> String {
     )
 }
 
+/// A sharded engine's step none of whose micro-batches reduced its gradients: FSDP2 keeps
+/// an unreduced gradient in its own buffers and gives the optimizer none, so nothing
+/// differs between ranks for `unsynced` to see; the recorded flags say it.
+pub fn never_reduced(ev: &Evidence) -> Option<Diagnosis> {
+    [(ev.left(), ev.a), (ev.right(), ev.b)].into_iter().find_map(|(label, t)| {
+        let engine = t.header.engine.filter(|e| e.is_sharded())?;
+        let s = t.facts.ddp_sync.iter().position(|f| !f.is_empty() && f.iter().all(|synced| !synced))?;
+        let m = t.facts.ddp_sync[s].len();
+        let moved = match t.steps.get(s).is_none_or(|g| g.is_empty()) {
+            true => "so the optimizer got no gradient at all and the weights did not move",
+            false => "so each rank stepped with whatever gradient it kept unreduced",
+        };
+        Diagnosis::new(
+            Reason::UnsyncedGradient,
+            format!(
+                "at step {s} none of {label}'s {m} micro-batches per rank reduced its gradients ({} was on through \
+                 the last backward, and never set back), {moved}; turn the reduction back on before the last \
+                 micro-batch's backward of every step (set_requires_gradient_sync(micro == last))",
+                engine.no_sync()
+            ),
+        )
+    })
+}
+
+/// A sharded engine that divided the reduced gradients by something else than the world
+/// size (FSDP2's set_gradient_divide_factor; pytorch#162338 summed on gloo): a fact the
+/// recorder read from the engine, said with the factor it makes.
+pub fn summed_over_ranks(ev: &Evidence) -> Option<Diagnosis> {
+    [(ev.left(), ev.a), (ev.right(), ev.b)].into_iter().find_map(|(label, t)| {
+        let (w, f) = (t.header.world_size? as f64, t.header.grad_divide?);
+        if f <= 0.0 || (f - w).abs() <= 1e-9 * w {
+            return None;
+        }
+        let r = w / f;
+        let how = if f == 1.0 { "summed over ranks, not averaged" } else { "divided by the wrong count" };
+        Diagnosis::new(
+            Reason::SummedOverRanks,
+            format!(
+                "{label}'s gradients are {r}x: {how}; its engine divided the reduced gradients by {f} where averaging \
+                 over W={w} ranks divides by {w} (set_gradient_divide_factor({f:?}); pytorch#162338 summed this way on \
+                 gloo): remove the divide factor, or set it to the world size"
+            ),
+        )
+    })
+}
+
 /// A DDP rank that held another model than rank 0 (weights or optimizer state).
 pub fn ranks_differ(ev: &Evidence) -> Option<Diagnosis> {
     let d = ev.c.rank_drift.as_ref()?;

@@ -59,10 +59,11 @@ pub enum Reason {
     Buffers,
     HiddenFactor,
     SummedOverRanks,
+    EngineBoundary,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 26] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -88,6 +89,7 @@ impl Reason {
         Reason::Buffers,
         Reason::HiddenFactor,
         Reason::SummedOverRanks,
+        Reason::EngineBoundary,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -118,6 +120,7 @@ impl Reason {
             Reason::Buffers => "buffers",
             Reason::HiddenFactor => "factor hidden by clipping",
             Reason::SummedOverRanks => "summed over ranks",
+            Reason::EngineBoundary => "engine accumulation boundary",
         }
     }
 }
@@ -153,6 +156,7 @@ pub const RULES: &[Rule] = &[
     Rule { name: "one process", test: sync::one_process },
     Rule { name: "never reduced", test: sync::never_reduced },
     Rule { name: "step count", test: steps::step_count },
+    Rule { name: "engine accumulation boundary", test: steps::engine_boundary },
     Rule { name: "unsynchronised gradient", test: sync::unsynced },
     Rule { name: "ranks differ", test: sync::ranks_differ },
     Rule { name: "summed over ranks", test: sync::summed_over_ranks },

@@ -7,6 +7,32 @@ use super::{Diagnosis, Evidence};
 use crate::evidence::Trace;
 use crate::judge::Reason;
 
+/// An engine that accumulates itself (DeepSpeed's gradient_accumulation_steps) told to
+/// expect fewer backward passes per step than the loop made: every backward it took for a
+/// boundary reduced and restarted the gradients, so only the last micro-batches' survived
+/// (open-instruct PR 1498: manual accumulation over engine.backward with GAS=1).
+pub fn engine_boundary(ev: &Evidence) -> Option<Diagnosis> {
+    [(ev.left(), ev.a), (ev.right(), ev.b)].into_iter().find_map(|(label, t)| {
+        let gas = t.header.engine_accumulation?;
+        let mut micro = t.facts.micro.clone();
+        micro.sort_unstable();
+        let m = usize::try_from(*micro.get(micro.len() / 2)?).ok()?;
+        (m > gas).then(|| {
+            Diagnosis {
+                reason: Reason::EngineBoundary,
+                detail: format!(
+                    "{label} ran {m} backward passes per optimizer step per rank under DeepSpeed's \
+                     gradient_accumulation_steps={gas}: engine.backward takes every {gas}th backward for an \
+                     accumulation boundary, where it reduces and restarts the gradients, so the earlier micro-batches \
+                     of each step are lost (stage 3 keeps them, undivided); set gradient_accumulation_steps to the \
+                     micro-batches per step and call engine.step() after every engine.backward (it steps only at \
+                     the boundary)"
+                ),
+            }
+        })
+    })
+}
+
 /// Different numbers of optimizer steps, named by what the recorder counted: a run that
 /// steps every micro-batch, or at another cadence, else different numbers of micro-batches.
 pub fn step_count(ev: &Evidence) -> Option<Diagnosis> {

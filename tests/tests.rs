@@ -80,6 +80,8 @@ mod reports;
 mod resnet;
 #[path = "it/sampler.rs"]
 mod sampler;
+#[path = "it/sharded.rs"]
+mod sharded;
 #[path = "it/suite.rs"]
 mod suite;
 #[path = "it/tiny_lm.rs"]

@@ -61,15 +61,16 @@ def main():
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--clip", type=float, default=5.0, help="max_norm (5: clips none of these steps' norms)")
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: NCCL, one GPU per rank")
     p.add_argument("--always-sync", action="store_true")
     p.add_argument("--bug", default=None, choices=["divide-factor-sum", "sync-never-on"])
     args = p.parse_args()
 
     sharded = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    cuda = torch.cuda.is_available() and os.environ.get("DDP_VERIFY_DEVICE", "") == "cuda"
+    cuda = args.device == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if sharded:
         dist.init_process_group("nccl" if cuda else "gloo")

@@ -12,6 +12,8 @@ the forward, which DDP reads in the forward, so the last micro-step is never all
 `--optimizer adam|rmsprop` (AdamW by default): honest loops under other adaptive optimizers.
 `--bug forward-raw-model` calls nanoGPT's `raw_model` (DDP's `.module`) in the loop, so DDP
 never sees a forward and nothing all-reduces the gradients.
+`--always-sync` never touches `require_backward_grad_sync` (nor `no_sync`): correct, but every
+micro-batch's backward all-reduces (seed 002's slowdown), which ddp-verify cautions about.
 """
 import argparse
 import gc
@@ -76,6 +78,7 @@ def main():
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "rmsprop"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--always-sync", action="store_true")
     p.add_argument("--bug", default=None, choices=["sync-after-forward", "step-every-micro-batch", "forward-raw-model"])
     args = p.parse_args()
 
@@ -110,7 +113,7 @@ def main():
         for _ in range(len(loader) // local):
             for micro_step in range(local):
                 x, y = next(batches)
-                if ddp and args.bug != "sync-after-forward":
+                if ddp and args.bug != "sync-after-forward" and not args.always_sync:
                     model.require_backward_grad_sync = micro_step == local - 1
                 loss = forward(x, y) / local
                 if ddp and args.bug == "sync-after-forward":

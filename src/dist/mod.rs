@@ -95,16 +95,19 @@ pub(crate) fn broadcast_through_host<C: Collective + ?Sized>(comm: &C, t: &Tenso
 }
 
 /// The DDP reducer's average of every gradient: multiply by 1/W, then all-reduce SUM, in
-/// buckets as DDP's reducer does (see [`broadcast_all`] for why not per tensor).
-pub fn average_gradients(comm: &dyn Collective, grads: &[Tensor]) -> Result<()> {
+/// buckets as DDP's reducer does (see [`broadcast_all`] for why not per tensor). Returns
+/// the all-reduces made and the bytes they carried from this rank (the report's cost).
+pub fn average_gradients(comm: &dyn Collective, grads: &[Tensor]) -> Result<(i64, i64)> {
     let scale = 1.0 / comm.world_size() as f64;
     let mut flats = flatten(grads)?;
+    let mut bytes = 0i64;
     for flat in &mut flats {
         let _ = flat.g_mul_scalar_(scale);
         comm.all_reduce_tensor(flat)?;
+        bytes += (flat.numel() * flat.kind().elt_size_in_bytes()) as i64;
     }
     unflatten(&flats, grads);
-    Ok(())
+    Ok((flats.len() as i64, bytes))
 }
 
 /// Copies `root`'s tensors into every rank's, one collective per bucket. W processes share

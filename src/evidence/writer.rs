@@ -67,6 +67,11 @@ impl TraceWriter {
         for (s, n) in facts.clips.iter().enumerate() {
             self.add(&K::Clips.name(s, ""), &Values::i64s(vec![*n]))?;
         }
+        for (s, c) in facts.comm.iter().enumerate() {
+            if let Some((count, bytes)) = c {
+                self.add(&K::Comm.name(s, ""), &Values::i64s(vec![*count, *bytes]))?;
+            }
+        }
         let parts = trace.allowances.range_parts.iter().flat_map(|p| p.tensors());
         for (name, t) in facts.scaler.tensors().into_iter().chain(parts) {
             self.add(&name, &t)?;

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use crate::error::{Error, Exit, Result};
 use crate::evidence::{Params, Trace};
-use crate::judge::{caution, diagnose, Agreement, BigBatch, Comparer, Context, Outcome, Subject, TracePair};
+use crate::judge::{
+    caution, diagnose, needless_sync, Agreement, BigBatch, Comparer, Context, Outcome, Subject, TracePair,
+};
 pub use crate::spec::CompareOptions;
 use crate::spec::Dtype;
 
@@ -44,7 +46,8 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         .finish(&a, &b, opts.strict_buffers || same_kind);
     let cx = Context::of_traces(&a, &b);
     let diagnosis = diagnose(&a, &b, &runs, &cx);
-    let caution = diagnosis.is_none().then(|| caution(&a, &b, &runs, &cx)).flatten();
+    let costs = crate::judge::costs([&labels[0], &labels[1]], &a, &b);
+    let caution = diagnosis.is_none().then(|| caution(&a, &b, &runs, &cx).or_else(|| needless_sync(&costs))).flatten();
     let big_batch = match &opts.big {
         Some(path) => Some(judge_big_batch(&a, path, pa, &labels[0], &tolerance, dtype, &cx, runs.verdict)?),
         None => None,
@@ -59,6 +62,7 @@ pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
         finals_carried,
         big: opts.big.clone(),
         sampling: crate::judge::SampledPair::of(&a, &b, recorded),
+        costs,
     };
     Ok(Outcome {
         subject: Subject::Traces(Box::new(pair)),

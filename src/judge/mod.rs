@@ -3,6 +3,7 @@
 
 mod carried;
 mod comparer;
+mod cost;
 mod diagnose;
 mod elementwise;
 mod events;
@@ -12,6 +13,7 @@ mod ulps;
 
 pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
+pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
     big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin, Reason, Rule, ShortWindow,
     RULES,

@@ -32,6 +32,8 @@ pub struct TracePair {
     pub big: Option<PathBuf>,
     /// Where the pair was judged sampled: what was kept.
     pub sampling: Option<SampledPair>,
+    /// Each run's synchronisation and time per step, where recorded.
+    pub costs: Vec<super::LegCost>,
 }
 
 /// A sampled pair: N elements kept of each tensor larger than that, and the summaries.

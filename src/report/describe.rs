@@ -140,6 +140,21 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
     if t.run.device == DeviceKind::Cuda {
         let _ = writeln!(s, "DDP collective: {}", engine(t));
     }
+    if let Some(words) = all_reduced(o) {
+        let _ = writeln!(s, "{words}");
+    }
+}
+
+/// What the DDP run's ranks all-reduced per optimizer step (once, after the micro-batches
+/// under no_sync), where recorded.
+pub(crate) fn all_reduced(o: &Outcome) -> Option<String> {
+    let c = crate::judge::LegCost::of("ddp", &o.ddp)?;
+    Some(format!(
+        "ddp all-reduce: {} buckets, {} per rank per optimizer step (once per step, after the K/W micro-batches \
+         under no_sync)",
+        c.collectives?,
+        crate::judge::size_words(c.megabytes?)
+    ))
 }
 
 /// The Markdown header for a run.
@@ -243,6 +258,7 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     if let Some(s) = &pair.sampling {
         lines.push(sampling_words(s, &pair.paths));
     }
+    lines.extend(pair.costs.iter().map(|c| format!("cost: {}", c.words())));
     if let Some(others) = pair.headers.iter().find_map(|h| h.unrecorded_optimizers.as_ref()) {
         lines.push(format!(
             "not judged: the parameters of another optimizer that stepped ({others}); the recorder follows the \

@@ -33,6 +33,7 @@ pub fn json(o: &Outcome) -> Value {
             v["device"] = json!(cfg.train.run.device.name());
             v["device_note"] = json!(cfg.device_note);
             v["kernels"] = json!(cfg.kernels);
+            v["cost"] = json!(crate::judge::LegCost::of("ddp", &o.ddp));
         }
         // `compare`: the files and their headers instead of a configuration.
         Subject::Traces(pair) => {
@@ -43,6 +44,7 @@ pub fn json(o: &Outcome) -> Value {
                 "magnitudes": pair.magnitudes,
                 "peaks": pair.peaks,
                 "sampling": pair.sampling,
+                "cost": pair.costs,
             });
         }
     }

@@ -89,6 +89,8 @@ struct Recorded {
     /// Each step's digest of the keys its dropout masks were drawn from (all ranks'
     /// together in DDP).
     dropout_keys: Vec<f64>,
+    /// Per step under DDP: the all-reduces and the bytes this rank sent into them.
+    comm: Vec<Option<(i64, i64)>>,
     /// What the loss scaler did each step.
     scaler: ScalerRecord,
     /// The accumulation run's prediction of where float16's range parts it from DDP.
@@ -224,7 +226,8 @@ impl<'a> Run<'a> {
             let left_out = self.torch_order.last().copied().filter(|_| self.planted.leaves_out_last_param());
             let params = self.model.parameters().iter().enumerate();
             let grads: Vec<Tensor> = params.filter(|(i, _)| Some(*i) != left_out).map(|(_, (_, p))| p.grad()).collect();
-            collective::average_gradients(d.comm, &grads)?;
+            let comm = collective::average_gradients(d.comm, &grads)?;
+            self.recorded.comm.push(Some(comm));
         }
         let found_inf = match start_scale {
             Some(start) => self.unscale(s, group.len(), start)?,
@@ -358,6 +361,7 @@ impl<'a> Run<'a> {
                 clips: self.recorded.clips,
                 rank_drift: self.recorded.rank_drift,
                 dropout_keys: self.recorded.dropout_keys,
+                comm: self.recorded.comm,
                 scaler: self.recorded.scaler,
                 ..StepFacts::default()
             },

@@ -8,12 +8,12 @@ use crate::util::{ddp_verify, flags, repo, stderr, stdout};
 
 /// Runs an example as both legs and returns (exit code, the JSON report). A leg that fails
 /// (exit 3: torchrun's rendezvous under a loaded machine) is run once more, said in the log.
-fn zero_edit(example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
+pub(crate) fn zero_edit(example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
     zero_edit_with(&[&repo(".venv/bin/python").display().to_string()], example, extra)
 }
 
 /// `zero_edit` with the script started by `launcher` (python, torchrun, accelerate launch).
-fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
+pub(crate) fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
     let t = tempfile::tempdir().unwrap();
     let report = t.path().join("report.json").display().to_string();
     let script = repo(&format!("examples/{example}/train.py")).display().to_string();
@@ -37,13 +37,13 @@ fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (Option<i32>
     (out.status.code(), json)
 }
 
-fn reason(report: &serde_json::Value) -> &str {
+pub(crate) fn reason(report: &serde_json::Value) -> &str {
     report["diagnosis"]["reason"].as_str().unwrap_or("none")
 }
 
 /// Runs an example with a planted bug and holds it NOT EQUIVALENT (exit 1) with `want` as
 /// the cause, whose detail says `says` where given.
-fn caught(example: &str, extra: &str, want: &str, says: Option<&str>) {
+pub(crate) fn caught(example: &str, extra: &str, want: &str, says: Option<&str>) {
     let (code, bug) = zero_edit(example, extra);
     assert_eq!((code, reason(&bug)), (Some(1), want), "{bug}");
     if let Some(phrase) = says {

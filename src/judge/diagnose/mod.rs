@@ -60,10 +60,11 @@ pub enum Reason {
     HiddenFactor,
     SummedOverRanks,
     EngineBoundary,
+    NeedlessSync,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -90,6 +91,7 @@ impl Reason {
         Reason::HiddenFactor,
         Reason::SummedOverRanks,
         Reason::EngineBoundary,
+        Reason::NeedlessSync,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -121,6 +123,7 @@ impl Reason {
             Reason::HiddenFactor => "factor hidden by clipping",
             Reason::SummedOverRanks => "summed over ranks",
             Reason::EngineBoundary => "engine accumulation boundary",
+            Reason::NeedlessSync => "needless synchronisation",
         }
     }
 }

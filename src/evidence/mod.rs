@@ -14,7 +14,9 @@ mod values;
 mod writer;
 
 pub use golden::Golden;
-pub use header::{Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader};
+pub use header::{
+    Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
+};
 pub use sampled::{Sampled, Sampling, Summaries, Summary};
 pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
 pub use unrepeatable::Unrepeatable;

@@ -104,7 +104,8 @@ pub const MAGNITUDE_KINDS: &[&str] = &["true", "per tensor", "false"];
 /// Whether any DistributedDataParallel forward ran under the recorder.
 pub const DDP_FORWARDS: &[&str] = &["seen", "none"];
 /// The engines that synchronise a multi-process run's gradients, as the recorder saw them.
-pub const ENGINES: &[&str] = &["ddp", "fsdp2", "deepspeed-zero0", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"];
+pub const ENGINES: &[&str] =
+    &["ddp", "fsdp2", "deepspeed-zero0", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"];
 
 const fn key(name: &'static str, value: Value, about: &'static str) -> Key {
     Key { name, value, required: false, about }

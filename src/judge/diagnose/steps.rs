@@ -17,18 +17,16 @@ pub fn engine_boundary(ev: &Evidence) -> Option<Diagnosis> {
         let mut micro = t.facts.micro.clone();
         micro.sort_unstable();
         let m = usize::try_from(*micro.get(micro.len() / 2)?).ok()?;
-        (m > gas).then(|| {
-            Diagnosis {
-                reason: Reason::EngineBoundary,
-                detail: format!(
-                    "{label} ran {m} backward passes per optimizer step per rank under DeepSpeed's \
+        (m > gas).then(|| Diagnosis {
+            reason: Reason::EngineBoundary,
+            detail: format!(
+                "{label} ran {m} backward passes per optimizer step per rank under DeepSpeed's \
                      gradient_accumulation_steps={gas}: engine.backward takes every {gas}th backward for an \
                      accumulation boundary, where it reduces and restarts the gradients, so the earlier micro-batches \
                      of each step are lost (stage 3 keeps them, undivided); set gradient_accumulation_steps to the \
                      micro-batches per step and call engine.step() after every engine.backward (it steps only at \
                      the boundary)"
-                ),
-            }
+            ),
         })
     })
 }

@@ -121,6 +121,20 @@ class Engine:
                 out.extend(lp)
         return out
 
+    def lrs(self, optimizer: torch.optim.Optimizer) -> dict[int, float]:
+        """{index of the user's parameter group: its learning rate} for the (sub-)groups the
+        inner optimizer's step now running applies (stage 1/2 narrow `param_groups` to the
+        one group stepping; stage 3 keeps them all and fills the stepping one's params)."""
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        out: dict[int, float] = {}
+        for i, flat in enumerate(self._flat_groups()):
+            if id(flat) not in held:
+                continue
+            group = next(g for g in optimizer.param_groups if any(p is flat for p in g["params"]))
+            key = int(self.zero.sub_group_to_group_id[i]) if self.stage == 3 else i
+            out[key] = float(group["lr"])
+        return out
+
     def groups(self) -> int:
         """How many inner optimizer steps make one engine step (one per (sub-)group)."""
         return len(self._flat_groups())

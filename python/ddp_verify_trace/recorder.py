@@ -198,6 +198,13 @@ class Summaries:
         self._buffers = {}
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def _memory_order(t: torch.Tensor) -> torch.Tensor:
     """All of `t`'s elements once each as a 1-D tensor: a view in memory order where `t` is
     dense (contiguous, or a permutation of contiguous such as channels_last), else a copy."""
@@ -337,6 +344,7 @@ class Recorder:
         params: list[tuple[str, torch.nn.Parameter]] | None = None,
         watch: _watch.Watch | None = None,
         sample: Sample = None,
+        engine: Any = None,
     ) -> None:
         self._module = unwrap(module)
         self.path = check_path(path, overwrite)
@@ -345,23 +353,33 @@ class Recorder:
         self._params = params or [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
         if not self._params:
             raise ValueError("ddp_verify_trace: the model has no parameters that require grad; nothing to record")
+        # DeepSpeed ZeRO (a `_deepspeed.Engine`): the optimizer steps fp32 partitions, not
+        # the model's parameters (bit16 copies, or under stage 3 empty between forwards).
+        # The caller gives each step's whole gradients (`step(grads=)`) and weights
+        # (`keep_whole`), gathered in the inner optimizer's hooks; nothing here is a collective
+        # after this constructor, so the trace is written at exit after the engine is gone.
+        self._engine = engine
+        self._shapes = {n: tuple(engine.shape(p)) if engine is not None else tuple(p.shape) for n, p in self._params}
         dtypes = sorted({str(p.dtype) for _, p in self._params})
+        if engine is not None:
+            dtypes = ["torch.float32"]  # the master weights and the gradients they step with
         if len(dtypes) > 1:
             raise ValueError(
                 f"ddp_verify_trace: the parameters mix dtypes ({', '.join(dtypes)}); a trace holds one float "
                 "dtype, so cast the model to one (model.to(dtype)) before recording"
             )
-        self._dtype = self._params[0][1].dtype
+        self._dtype = self._params[0][1].dtype if engine is None else torch.float32
         # FSDP2: parameters are DTensors, each rank holding a shard; every rank gathers.
         self._sharded = any(_sharded.is_sharded(p) for _, p in self._params)
         if self._dtype not in DTYPES:
             raise ValueError(f"ddp_verify_trace: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
         self._meta = dict(meta or {})
-        total = sum(p.numel() for _, p in self._params)
+        numels = {n: _numel(shape) for n, shape in self._shapes.items()}
+        total = sum(numels.values())
         self._meta["parameters"] = str(total)
         if sample == "auto":
             sample = _schema.SAMPLE_SIZE if total > _schema.SAMPLE_FROM_PARAMETERS else None
-        if sample is not None and all(p.numel() <= sample for _, p in self._params):
+        if sample is not None and all(numels[n] <= sample for n, _ in self._params):
             sample = None  # nothing to sample: a whole trace, as any reader takes it
         # N, or None: whole tensors. Each sampled parameter's positions, on its device.
         self._sample: int | None = sample  # type: ignore[assignment]
@@ -372,9 +390,9 @@ class Recorder:
         if self._sample is not None:
             self._meta["sample"] = str(self._sample)
             for n, p in self._params:
-                if p.numel() > self._sample:
-                    self._cpu_positions[n] = sample_positions(n, tuple(p.shape), self._sample)
-                    self._positions[n] = self._cpu_positions[n].to(p.device)
+                if numels[n] > self._sample:
+                    self._cpu_positions[n] = sample_positions(n, self._shapes[n], self._sample)
+                    self._positions[n] = self._cpu_positions[n].to(p.device if engine is None else "cpu")
             # Magnitudes per element at the positions (one gather per backward), whatever was
             # asked: a per-tensor maximum of a sampled tensor would cost a read of all of it.
             if self._magnitudes:
@@ -387,6 +405,19 @@ class Recorder:
             self._shards = {
                 n: _sharded.Shard(p, self._cpu_positions.get(n)) for n, p in self._params if _sharded.is_sharded(p)
             }
+        # The whole weights on the host (DeepSpeed: gathered by the engine; None otherwise).
+        self._whole: dict[str, torch.Tensor] | None = None
+        self._counter: Any = None
+        if engine is not None:
+            # No tensor hook sees a micro-batch's gradient of a flat partition: no magnitudes;
+            # the backwards are counted by a hook on one parameter.
+            self._magnitudes = None
+            self._whole = {n: engine.full_param(p) for n, p in self._params}  # collective
+            self._meta["engine"] = engine.name
+            self._meta["engine_accumulation"] = str(engine.gas)
+            bit16 = {p.dtype for _, p in self._params} - {torch.float32}
+            if len(bit16) == 1 and next(iter(bit16)) in DTYPES:
+                self._meta["compute_dtype"] = DTYPES[next(iter(bit16))]
         dropout = _active_dropout(self._module)
         if dropout:
             self._meta["dropout"] = dropout
@@ -400,7 +431,7 @@ class Recorder:
         # A sampled parameter's at its positions only; a sharded one's on its own shard (each
         # rank its own), gathered at close.
         self._peaks = {
-            n: _sharded.local(p.detach()).abs() if n in self._shards else self._kept(n, p.detach()).abs()
+            n: _sharded.local(p.detach()).abs() if n in self._shards else self._kept(n, self._weight(n, p)).abs()
             for n, p in self._params
         }
         self._last_step: float | None = None  # perf_counter at the previous step
@@ -419,9 +450,23 @@ class Recorder:
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
         self._own_watch = watch is None
         self._watch = _watch.open_watch() if watch is None else watch
-        self._hooks = [] if self._sharded else [p.register_hook(self._summer(n, p)) for n, p in self._params]
+        if engine is not None:
+            self._hooks = []
+            self._counter = engine.count_backwards()
+        else:
+            self._hooks = [] if self._sharded else [p.register_hook(self._summer(n, p)) for n, p in self._params]
         if self._sharded:
             self._watch.on_destroy = self._on_destroy
+
+    def _weight(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        """The parameter's weight as the optimizer keeps it: the whole weight kept on the
+        host under DeepSpeed, else the parameter itself."""
+        return self._whole[name] if self._whole is not None else p.detach()
+
+    def keep_whole(self, weights: dict[str, torch.Tensor]) -> None:
+        """The whole weights a DeepSpeed step made (on the host; every rank's), for the
+        peaks and the final weights: close() then needs no collective."""
+        self._whole = {n: weights.get(n, w) for n, w in (self._whole or {}).items()}
 
     def _summer(self, name: str, param: torch.nn.Parameter) -> Any:
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
@@ -471,6 +516,9 @@ class Recorder:
         `magnitudes=` said, before the positions were known. Sampled, they become per
         element: sums per element are gathered at the positions; per-tensor maxima are
         summed and spread over every element kept (an upper bound of each, so sound)."""
+        if self._engine is not None:  # DeepSpeed: the first step's backwards only
+            self._counts.update(counts)
+            return
         if self._sample is not None and self._magnitudes:
             params = dict(self._params)
             for n, v in sums.items():
@@ -521,12 +569,12 @@ class Recorder:
                 torch.maximum(self._peaks[n], _sharded.local(p.detach()).abs(), out=self._peaks[n])
                 continue
             if n in self._positions:
-                torch.maximum(self._peaks[n], self._take(n, p.detach()).abs_(), out=self._peaks[n])
+                torch.maximum(self._peaks[n], self._take(n, self._weight(n, p)).abs_(), out=self._peaks[n])
                 continue
             scratch = self._scratch.get(n)
             if scratch is None:
                 scratch = self._scratch[n] = torch.empty_like(self._peaks[n])
-            torch.abs(p.detach(), out=scratch)
+            torch.abs(self._weight(n, p), out=scratch)
             torch.maximum(self._peaks[n], scratch, out=self._peaks[n])
 
     def _reduced_sums(self, world: int) -> Any:
@@ -637,9 +685,20 @@ class Recorder:
         dist.all_gather(out, mine)
         return torch.stack([o.cpu() for o in out])  # [W, P]
 
-    def step(self, optimizer: torch.optim.Optimizer | None = None, skipped: bool = False) -> None:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer | None = None,
+        skipped: bool = False,
+        *,
+        grads: dict[str, torch.Tensor | None] | None = None,
+        lrs: list[float] | None = None,
+    ) -> None:
         """Records the gradients as they are now: the ones this optimizer step applies (or,
-        `skipped`, the ones a GradScaler found inf/NaN in and did not apply)."""
+        `skipped`, the ones a GradScaler found inf/NaN in and did not apply). `grads`: each
+        parameter's whole gradient as the step applied it, given by the caller instead of read
+        from `.grad` (DeepSpeed's, gathered from the partitions; None or missing: not
+        stepped); `lrs`: the learning rates per parameter group, where the optimizer's
+        `param_groups` do not say them all at the call (ZeRO narrows them)."""
         self.check_open("step()")
         scale = self._watch.scale
         if scale is not None:
@@ -655,11 +714,14 @@ class Recorder:
         syncs = self._watch.take_syncs()
         # Under FSDP2 the backwards are its parameter groups' (no tensor hook sees them).
         micro = len(syncs) if self._sharded else max(self._counts.values(), default=0)
+        if self._counter is not None:  # DeepSpeed: the hook's count, the early hooks' at step 0
+            micro += self._counter.take()
         self._counts = {}
         self._tensors[_schema.name("micro", s)] = torch.tensor([micro], dtype=torch.int64)
         self._engine_facts(s, world)
         if optimizer is not None:
-            lrs = [float(g["lr"]) for g in optimizer.param_groups]
+            if lrs is None:
+                lrs = [float(g["lr"]) for g in optimizer.param_groups]
             self._tensors[_schema.name("lr", s)] = torch.tensor(lrs, dtype=torch.float64)
             self._settings(optimizer)
         calls, last = self._watch.take_clips()
@@ -672,8 +734,13 @@ class Recorder:
                 self._meta["ddp_forward"] = "seen"
         # Each parameter's gradient as the whole tensor: gathered from the shards under FSDP2
         # (every rank takes part), or kept positions and summaries gathered where sampled.
-        grads, gathered = self._gradients()
-        bits = self._rank_bits(world, grads) if world > 1 and (not self._sharded or not self._positions) else None
+        if grads is not None:
+            grads, gathered = {n: grads.get(n) for n, _ in self._params}, {}
+        else:
+            grads, gathered = self._gradients()
+        # DeepSpeed's ranks hold partitions, and its gradients come gathered: no checksums.
+        ranks_agree = self._engine is None and (not self._sharded or not self._positions)
+        bits = self._rank_bits(world, grads) if world > 1 and ranks_agree else None
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
         # so they do not slow every DDP step with copies of their gradients.
         if rank_world()[0] != 0:
@@ -722,7 +789,8 @@ class Recorder:
 
     def _summary_rows(self, count: int) -> torch.Tensor:
         """[count, 3] float64 on the parameters' device, a row per sampled tensor's summaries."""
-        return torch.empty(count, 3, dtype=torch.float64, device=self._params[0][1].device)
+        device = self._params[0][1].device if self._engine is None else torch.device("cpu")
+        return torch.empty(count, 3, dtype=torch.float64, device=device)
 
     def _to_host(
         self, sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]], summaries: torch.Tensor
@@ -796,19 +864,18 @@ class Recorder:
                     self._tensors[_schema.name("shape", param=n)] = torch.tensor(list(p.shape), dtype=torch.int64)
                 continue
             if n in self._positions:
-                w = p.detach()
+                w = self._weight(n, p)
                 self._summaries(w, summaries[len(sampled)])
                 sampled.append((n, self._take(n, w), self._peaks[n]))
                 continue
             self._tensors[_schema.name("peak", param=n)] = _host(self._peaks[n])
-            self._tensors[_schema.name("final", param=n)] = _host(p)
-        shapes = dict(self._params)
+            self._tensors[_schema.name("final", param=n)] = _host(self._weight(n, p))
         for n, final, peak, summary in self._to_host(sampled, summaries):
             self._tensors[_schema.name("final", param=n)] = final
             self._tensors[_schema.name("peak", param=n)] = peak  # type: ignore[assignment]
             self._tensors[_schema.name("final_summary", param=n)] = summary
             self._tensors[_schema.name("positions", param=n)] = self._cpu_positions[n]
-            self._tensors[_schema.name("shape", param=n)] = torch.tensor(list(shapes[n].shape), dtype=torch.int64)
+            self._tensors[_schema.name("shape", param=n)] = torch.tensor(list(self._shapes[n]), dtype=torch.int64)
         self._summaries.clear()
         for n, b in self._module.named_buffers():
             self._tensors[_schema.name("buffer", param=n)] = _host(b)
@@ -822,7 +889,7 @@ class Recorder:
             "magnitudes": {"element": "true", "tensor": "per tensor", None: "false"}[self._magnitudes],
             **self._meta,
         }
-        if self._world > 1:
+        if self._world > 1 and self._engine is None:  # DeepSpeed's engine is no DDP
             meta.setdefault("ddp_forward", "none")
         if self._others:
             meta["unrecorded_optimizers"] = ", ".join(sorted(self._others.values()))
@@ -841,6 +908,9 @@ class Recorder:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
         if self._own_watch:
             self._watch.close()
 

@@ -48,19 +48,44 @@ def _reference():
 
 
 RUNS = [(1, None), (2, None), (3, None), (2, "reset-every-backward")]
+# Stages recorded by a zero-edit Session (the optimizer step hooks of hook.py).
+RECORDED = [2, 3]
 
 
 def _worker(rank, world, path):
-    """Every run of RUNS in one process per rank (importing deepspeed is the slow part)."""
-    # DeepSpeed loads its (cached) shm comm op at init and wants ninja on PATH for it.
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    """Every run of RUNS in one process per rank (importing deepspeed is the slow part), then
+    a Session's recording of each stage of RECORDED, and at W=1 one whose gathering fails."""
+    import io
+    from contextlib import redirect_stderr
+
+    from ddp_verify_trace.hook import Session
+
+    # DeepSpeed JIT-builds its shm comm op at init on CPUs unless told it cannot (unused here).
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     out = {run: _train(rank, world, *run) for run in RUNS}
+    folder = os.path.dirname(path)
+    for stage in RECORDED:
+        session = Session(os.path.join(folder, f"w{world}-zero{stage}.safetensors"), overwrite=True).start()
+        _train(rank, world, stage, None, hooks=False)
+        session.close()
+    if world == 1:
+        original = _deepspeed.Engine.full_grad
+        _deepspeed.Engine.full_grad = lambda self, p: 1 / 0
+        err = io.StringIO()
+        try:
+            with redirect_stderr(err):
+                session = Session(os.path.join(folder, "stopped.safetensors"), overwrite=True).start()
+                out["stopped_steps"] = _train(rank, world, 2, None, hooks=False, steps=2)
+                session.close()
+        finally:
+            _deepspeed.Engine.full_grad = original
+        out["stopped"] = err.getvalue()
     if rank == 0:
         torch.save(out, path)
 
 
-def _train(rank, world, stage, bug):
+def _train(rank, world, stage, bug, hooks=True, steps=1):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     local = K // world
@@ -93,29 +118,33 @@ def _train(rank, world, stage, bug):
 
         return hook
 
-    handles = [register_optimizer_step_pre_hook(read("pre")), register_optimizer_step_post_hook(read("post"))]
+    handles = [register_optimizer_step_pre_hook(read("pre")), register_optimizer_step_post_hook(read("post"))] if hooks else []
     try:
         micro = _data()[rank * local : (rank + 1) * local]
-        for x, y in micro:
-            engine.backward(engine(x, y))
-            if bug != "reset-every-backward":
+        for _ in range(steps):
+            for x, y in micro:
+                engine.backward(engine(x, y))
+                if bug != "reset-every-backward":
+                    engine.step()
+            if bug == "reset-every-backward":
                 engine.step()
-        if bug == "reset-every-backward":
-            engine.step()
     finally:
         for h in handles:
             h.remove()
     assert _deepspeed.find(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1)) is None
+    steps_made = engine.global_steps
     engine.destroy()
-    return seen
+    return seen if hooks else steps_made
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{world: {(stage, bug): what the hooks saw}} at W=1 and W=2."""
-    out = {}
+    """{world: {(stage, bug): what the hooks saw}} at W=1 and W=2, and "folder": where the
+    Sessions' traces are."""
+    folder = tmp_path_factory.mktemp("deepspeed")
+    out = {"folder": folder}
     for world in (1, 2):
-        path = str(tmp_path_factory.mktemp("deepspeed") / f"w{world}.pt")
+        path = str(folder / f"w{world}.pt")
         run_world(_worker, world, path)
         out[world] = torch.load(path)
     return out
@@ -161,3 +190,38 @@ def test_imports_and_finds_nothing_without_deepspeed():
         "assert _deepspeed.find(opt) is None and _deepspeed.engines() == []\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _trace(path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("stage", RECORDED)
+def test_session_records_the_whole_gradient_and_weights_at_one_and_two_ranks(runs, stage):
+    """hook.py's Session under ZeRO: one step of the whole gradient the engine applied (the
+    mean of the K micro-batches'), the backwards of this rank, the engine and its
+    accumulation in the header, and the same final weights at W=1 and W=2."""
+    ref = _reference()
+    mean = {k: sum(m[k] for m in ref) / K for k in ref[0]}
+    finals = {}
+    for world in (1, 2):
+        meta, t = _trace(runs["folder"] / f"w{world}-zero{stage}.safetensors")
+        assert (meta["steps"], meta["world_size"], meta["framework"]) == ("1", str(world), "deepspeed")
+        assert (meta["engine"], meta["engine_accumulation"]) == (f"deepspeed-zero{stage}", str(K // world))
+        assert meta["magnitudes"] == "false" and "ddp_forward" not in meta
+        assert int(t["micro.0"]) == K // world and t["lr.0"].tolist() == [1e-2]
+        assert not any(k.startswith("rank_bits") for k in t)
+        assert _rel({k: t[f"grads.0.{k}"] for k in mean}, mean) < 1e-6
+        finals[world] = {k: t[f"final.{k}"] for k in mean}
+        assert all(t[f"peak.{k}"].shape == mean[k].shape for k in mean)
+    assert _rel(finals[2], finals[1]) < 1e-6
+
+
+def test_a_failing_gather_stops_the_recording_not_the_training(runs):
+    assert runs[1]["stopped"].startswith("ddp_verify_trace: recording stopped at optimizer step 0 (in post)")
+    assert "ZeroDivisionError" in runs[1]["stopped"]
+    assert runs[1]["stopped_steps"] == 2  # the training went on
+    assert not (runs["folder"] / "stopped.safetensors").exists()

@@ -6,7 +6,7 @@
 #    and the fixtures' reference scripts
 #  - the ddp_verify_trace recorder: python/ on .venv's path (a .pth file), its dependencies and
 #    pytest for its tests
-#  - the frameworks the examples run under (Transformers, Accelerate, Lightning; ~20 s)
+#  - the frameworks the examples run under (Transformers, Accelerate, Lightning, DeepSpeed; ~30 s)
 #  - .libtorch -> the wheel's torch directory, which .cargo/config.toml points LIBTORCH at
 #  - libnccl.so beside the wheel's libnccl.so.2, the name cudarc opens for GPU runs
 set -euo pipefail
@@ -63,7 +63,7 @@ for line in open("python/requirements-frameworks.txt"):
     if line:
         name, version = line.split("==")
         assert m.version(name) == version, name' 2>/dev/null; then
-  echo "setup: installing the examples' frameworks into .venv (pip, about 20 s)"
+  echo "setup: installing the examples' frameworks into .venv (pip, about 30 s)"
   .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-frameworks.txt
 fi
 

@@ -21,7 +21,6 @@ micro-batches by hand, on top of DeepSpeed's own division by gradient_accumulati
 import argparse
 import logging
 import os
-import shutil
 import socket
 import sys
 
@@ -43,13 +42,15 @@ class MLP(nn.Module):
         return F.mse_loss(self.fc2(F.gelu(self.fc1(x))), y)
 
 
-def find_ninja():
-    """DeepSpeed JIT-builds its shared-memory comm op (inference all-reduce only) at
-    init_distributed on CPUs, and wants `ninja` on PATH even to load the cached build (about
-    25 s the first time, then ~/.cache/torch_extensions): the interpreter's own bin holds the
-    pip-installed one when the venv is not activated."""
-    if shutil.which("ninja") is None:
-        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+def skip_shm_op():
+    """DeepSpeed JIT-builds its shared-memory comm op (an inference all-reduce, unused here:
+    gloo does the training's collectives) at init_distributed on CPUs, when its probe of the
+    ops finds a compiler: about a minute on two cores the first time, and `ninja` on PATH
+    even to load the cached build. Said incompatible, it is skipped (the probe, which runs
+    compilers for every op, too: nothing else reads it)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
 def one_process_rendezvous():
@@ -80,8 +81,9 @@ def main():
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if not ddp:
         one_process_rendezvous()
-    find_ninja()
     import deepspeed  # after the environment: it reads the accelerator and world at import
+
+    skip_shm_op()
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)

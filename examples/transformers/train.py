@@ -18,9 +18,13 @@ cannot agree, and the report says so before anything finer.
 gradient_accumulation_steps itself, as hand-written loops do: Trainer already normalises
 over the accumulation window (num_items_in_batch), so the loss is divided by K in one process
 and by K/W under DDP, and the runs part by a factor W.
+`--deepspeed STAGE` trains under DeepSpeed ZeRO stage 1, 2 or 3 (TrainingArguments(deepspeed=
+a config whose batch sizes, accumulation and clipping Trainer fills in: "auto")); one process
+sets the rendezvous DeepSpeed wants itself, as examples/deepspeed/train.py does.
 """
 import argparse
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -67,6 +71,31 @@ class DividesByAccumulation(Trainer):
         return (loss, out) if return_outputs else loss
 
 
+def deepspeed_config(stage):
+    """A ZeRO config Trainer completes from its own arguments ("auto"), DeepSpeed made ready
+    for one process and for CPUs: what examples/deepspeed/train.py does, see there."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    import deepspeed.ops
+
+    # The shared-memory comm op (inference only) is JIT-built at init_distributed otherwise.
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+    return {
+        "zero_optimization": {"stage": stage},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step in this process")
@@ -74,7 +103,9 @@ def main():
     p.add_argument("--out", default="out/transformers-example")
     p.add_argument("--bug", default=None, choices=["divide-by-accumulation", "mean-per-micro-batch"])
     p.add_argument("--dropout", type=float, default=0.0, help="GPT-2's own default is 0.1")
+    p.add_argument("--deepspeed", type=int, default=None, choices=[1, 2, 3], help="DeepSpeed ZeRO stage")
     args = p.parse_args()
+    ds = deepspeed_config(args.deepspeed) if args.deepspeed else None
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=args.dropout,
                         embd_pdrop=args.dropout, attn_pdrop=args.dropout)
@@ -84,7 +115,7 @@ def main():
         num_train_epochs=1, learning_rate=1e-3, lr_scheduler_type="constant", optim="adamw_torch",
         weight_decay=0.01, max_grad_norm=1.0, seed=0, data_seed=0, report_to=[], save_strategy="no",
         logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, deepspeed=ds,
     )
     cls = {"divide-by-accumulation": DividesByAccumulation, "mean-per-micro-batch": MeanPerMicroBatch}.get(args.bug, Trainer)
     cls(model=model, args=targs, train_dataset=Lengths(), data_collator=collate).train()

@@ -10,6 +10,7 @@
 //! | ci_examples | the CI configurations in examples/ci |
 //! | cli | flags, exit codes, files written, launch modes, printed commands that round-trip |
 //! | compare | two recorded traces judged like a run |
+//! | deepspeed | DeepSpeed ZeRO 1, 2, 3 scripts unmodified, and Trainer with a DeepSpeed config |
 //! | devices | --device and `ddp-verify devices` |
 //! | explore | random configurations, shrunk failures, planted bugs |
 //! | faults | ranks that fail, hang or are signalled |
@@ -56,6 +57,8 @@ mod ci_examples;
 mod cli;
 #[path = "it/compare.rs"]
 mod compare;
+#[path = "it/deepspeed.rs"]
+mod deepspeed;
 #[path = "it/devices.rs"]
 mod devices;
 #[path = "it/explore.rs"]

@@ -157,7 +157,7 @@ pub struct Rule {
 /// of the first differing step.
 pub const RULES: &[Rule] = &[
     Rule { name: "one process", test: sync::one_process },
-    Rule { name: "never reduced", test: sync::never_reduced },
+    Rule { name: "unreduced micro-batches", test: sync::unreduced_tail },
     Rule { name: "step count", test: steps::step_count },
     Rule { name: "engine accumulation boundary", test: steps::engine_boundary },
     Rule { name: "unsynchronised gradient", test: sync::unsynced },

@@ -79,25 +79,42 @@ fn synced_micro_batches(head: &str, f: &[bool]) -> String {
     )
 }
 
-/// A sharded engine's step none of whose micro-batches reduced its gradients: FSDP2 keeps
-/// an unreduced gradient in its own buffers and gives the optimizer none, so nothing
-/// differs between ranks for `unsynced` to see; the recorded flags say it.
-pub fn never_reduced(ev: &Evidence) -> Option<Diagnosis> {
+/// A sharded engine's step whose last micro-batch did not reduce its gradients: FSDP2 keeps
+/// an unreduced gradient in its own buffers (the optimizer gets none of it) and adds it into
+/// the next reduction, so nothing differs between ranks for `unsynced` to see; the recorded
+/// flags say which micro-batches.
+pub fn unreduced_tail(ev: &Evidence) -> Option<Diagnosis> {
     [(ev.left(), ev.a), (ev.right(), ev.b)].into_iter().find_map(|(label, t)| {
         let engine = t.header.engine.filter(|e| e.is_sharded())?;
-        let s = t.facts.ddp_sync.iter().position(|f| !f.is_empty() && f.iter().all(|synced| !synced))?;
-        let m = t.facts.ddp_sync[s].len();
-        let moved = match t.steps.get(s).is_none_or(|g| g.is_empty()) {
-            true => "so the optimizer got no gradient at all and the weights did not move",
-            false => "so each rank stepped with whatever gradient it kept unreduced",
+        let s = t.facts.ddp_sync.iter().position(|f| f.last() == Some(&false))?;
+        let f = &t.facts.ddp_sync[s];
+        let m = f.len();
+        let tail = f.iter().rev().take_while(|synced| !**synced).count();
+        let off = engine.no_sync();
+        let detail = if tail == m {
+            let moved = match t.steps.get(s).is_none_or(|g| g.is_empty()) {
+                true => "so the optimizer got no gradient at all and the weights did not move",
+                false => "so each rank stepped with whatever gradient it kept unreduced",
+            };
+            format!(
+                "at step {s} none of {label}'s {m} micro-batches per rank reduced its gradients ({off} was on through \
+                 the last backward, and never set back), {moved}"
+            )
+        } else {
+            let which =
+                if tail == 1 { format!("micro-batch {m}") } else { format!("micro-batches {}-{m}", m - tail + 1) };
+            format!(
+                "at step {s} {which} of {label}'s {m} per rank did not reduce its gradients ({off} on its backward) \
+                 although an earlier one did: the engine keeps an unreduced gradient aside and adds it into the next \
+                 reduction, so this step applied only the micro-batches up to the last reduction and the next step \
+                 carries the rest"
+            )
         };
         Diagnosis::new(
             Reason::UnsyncedGradient,
             format!(
-                "at step {s} none of {label}'s {m} micro-batches per rank reduced its gradients ({} was on through \
-                 the last backward, and never set back), {moved}; turn the reduction back on before the last \
-                 micro-batch's backward of every step (set_requires_gradient_sync(micro == last))",
-                engine.no_sync()
+                "{detail}; reduce on the last micro-batch's backward of every step, and only there \
+                 (set_requires_gradient_sync(micro == last))"
             ),
         )
     })

@@ -343,3 +343,84 @@ mod big {
         assert_eq!(d.reason, Reason::ShortWindowScaling, "{d:?}");
     }
 }
+
+/// Sharded engines: the facts the recorder reads from FSDP2 and DeepSpeed name the cause.
+mod sharded {
+    use super::*;
+    use crate::evidence::Engine;
+
+    fn fsdp2(mut t: Trace, world: usize) -> Trace {
+        t = ddp(t, world);
+        t.header.engine = Some(Engine::Fsdp2);
+        t.header.grad_divide = Some(world as f64);
+        t
+    }
+
+    #[test]
+    fn a_divide_factor_other_than_w_is_a_sum_over_ranks() {
+        let a = trace(&[G], F);
+        let mut b = fsdp2(trace(&[&scaled(G, 2.0)], F), 2);
+        b.header.grad_divide = Some(1.0);
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::SummedOverRanks);
+        assert!(d.detail.contains("gradients are 2x: summed over ranks, not averaged"), "{}", d.detail);
+        assert!(d.detail.contains("set_gradient_divide_factor(1.0)"), "{}", d.detail);
+    }
+
+    #[test]
+    fn micro_batches_left_unreduced_are_named_by_their_flags() {
+        let a = trace(&[G, G], F);
+        // Never reduced: the optimizer got no gradient.
+        let mut b = fsdp2(trace(&[&[], &[]], F), 2);
+        b.steps = vec![Vec::new(), Vec::new()];
+        b.facts.micro = vec![2, 2];
+        b.facts.ddp_sync = vec![vec![false, false], vec![false, false]];
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::UnsyncedGradient);
+        assert!(d.detail.contains("none of ddp's 2 micro-batches per rank") && d.detail.contains("did not move"));
+        // Reduced on the first, not the last: the last is carried into the next step.
+        let mut b = fsdp2(trace(&[&scaled(G, 0.5), G], F), 2);
+        b.facts.ddp_sync = vec![vec![true, false], vec![true, false]];
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::UnsyncedGradient);
+        assert!(d.detail.contains("micro-batch 2 of ddp's 2 per rank did not reduce"), "{}", d.detail);
+        // Under DDP the flags are the rank checksums' to explain: this rule keeps out.
+        let mut b = ddp(trace(&[&scaled(G, 0.5), G], F), 2);
+        b.facts.ddp_sync = vec![vec![true, false], vec![true, false]];
+        assert_ne!(recorded(&a, &b).reason, Reason::UnsyncedGradient);
+    }
+
+    #[test]
+    fn deepspeed_told_fewer_accumulation_steps_than_backwards_loses_micro_batches() {
+        let a = trace(&[G], F);
+        let mut b = ddp(trace(&[&scaled(G, 0.7)], F), 2);
+        b.header.engine = Some(Engine::DeepSpeed2);
+        b.header.engine_accumulation = Some(1);
+        b.facts.micro = vec![2];
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::EngineBoundary);
+        assert!(d.detail.contains("gradient_accumulation_steps=1"), "{}", d.detail);
+    }
+
+    #[test]
+    fn reducing_every_micro_batch_is_a_caution_with_its_cost() {
+        use crate::judge::{costs, needless_sync};
+        let a = trace(&[G, G], F);
+        let mut b = ddp(trace(&[G, G], F), 2);
+        b.header.engine = Some(Engine::Ddp);
+        b.facts.ddp_sync = vec![vec![true, true], vec![true, true]];
+        b.facts.comm = vec![Some((2, 2_000_000)), Some((2, 2_000_000))];
+        b.facts.seconds = vec![None, Some(0.5)];
+        let c = costs(["accumulation", "ddp"], &a, &b);
+        let d = needless_sync(&c).expect("a caution");
+        assert_eq!(d.reason, Reason::NeedlessSync);
+        assert!(d.detail.starts_with("1 of the 2 micro-batches per rank were all-reduced needlessly in ddp: 1.0 MB"));
+        assert!(d.detail.contains("ddp 0.5000 s"), "{}", d.detail);
+        // Once per step: no caution; DeepSpeed ZeRO reduces every backward by design.
+        b.facts.ddp_sync = vec![vec![false, true], vec![false, true]];
+        assert!(needless_sync(&costs(["accumulation", "ddp"], &a, &b)).is_none());
+        b.facts.ddp_sync = vec![vec![true, true], vec![true, true]];
+        b.header.engine = Some(Engine::DeepSpeed2);
+        assert!(needless_sync(&costs(["accumulation", "ddp"], &a, &b)).is_none());
+    }
+}

@@ -611,9 +611,10 @@ class Recorder:
         out: dict[str, torch.Tensor | None] = {}
         gathered: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         pick = [n for n, _ in self._params if n in self._positions and n in self._shards and grads[n] is not None]
+        gather = [n for n, _ in self._params if grads[n] is not None and n not in pick]
+        wholes = dict(zip(gather, _sharded.whole_many([grads[n].detach() for n in gather])))  # type: ignore[union-attr]
         for n, _ in self._params:
-            g = grads[n]
-            out[n] = None if g is None or n in pick else _sharded.whole(g.detach())
+            out[n] = wholes.get(n)
         if pick:
             shards = [self._shards[n] for n in pick]
             n_kept = [self._positions[n].numel() for n in pick]

@@ -8,6 +8,8 @@ FORMAT = "ddp-verify-trace/2"
 # sample="auto": whole tensors up to this many parameters, else SAMPLE_SIZE positions each
 SAMPLE_SIZE = 1024
 SAMPLE_FROM_PARAMETERS = 4000000
+# How a recording stopped by an exception says so on stderr (ddp-verify quotes the line)
+STOPPED = "ddp_verify_trace: recording stopped"
 
 # key: (value type, allowed values or None, required)
 HEADER = {

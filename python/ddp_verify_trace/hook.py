@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _deepspeed, _watch
+from . import _deepspeed, _schema, _watch
 from .recorder import (
     Magnitudes,
     PathLike,
@@ -49,7 +49,7 @@ from .recorder import (
 
 
 # What a stopped recording prints, once, on stderr: ddp-verify looks for it in a leg's log.
-STOPPED = "ddp_verify_trace: recording stopped"
+STOPPED = _schema.STOPPED
 
 
 def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:

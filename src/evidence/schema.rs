@@ -93,6 +93,10 @@ pub const ENGINE_ACCUMULATION: &str = "engine_accumulation";
 /// What `sample="auto"` chooses, as `--sample`'s help says it: defined with the flags.
 pub use ddp_verify_cli::defaults::{SAMPLE_FROM_PARAMETERS, SAMPLE_SIZE};
 
+/// What the recorder prints first on the line that says an exception stopped it (the user's
+/// training going on); ddp-verify finds and quotes that line from a leg's log.
+pub const STOPPED: &str = "ddp_verify_trace: recording stopped";
+
 /// The run kinds a header names: ddp-verify's own runs, and the recorder's one process or DDP.
 pub const RUNS: &[&str] = &["accumulation", "single", "ddp"];
 /// The legs `ddp-verify -- COMMAND` runs a script as.
@@ -420,6 +424,8 @@ pub fn python_module() -> String {
     let _ =
         writeln!(out, "# sample=\"auto\": whole tensors up to this many parameters, else SAMPLE_SIZE positions each");
     let _ = writeln!(out, "SAMPLE_SIZE = {SAMPLE_SIZE}\nSAMPLE_FROM_PARAMETERS = {SAMPLE_FROM_PARAMETERS}");
+    let _ = writeln!(out, "# How a recording stopped by an exception says so on stderr (ddp-verify quotes the line)");
+    let _ = writeln!(out, "STOPPED = {STOPPED:?}");
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
     for k in keys() {
         let allowed = match k.value {

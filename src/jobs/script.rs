@@ -124,6 +124,10 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
             format!("{what} ran unrecorded: {}", refused_setting(&log).unwrap_or_default()),
             "fix the setting it names (DDP_VERIFY_SAMPLE, DDP_VERIFY_MAGNITUDES or --sample), or unset it",
         )),
+        (true, false) if stopped(&log).is_some() => Err(Error::Launcher {
+            problem: format!("{what} trained, but its recording stopped: {}", stopped(&log).unwrap_or_default()),
+            fix: format!("the training went on unrecorded; its log: {}", log.display()),
+        }),
         (true, false) => Err(Error::bad_flag(
             "--",
             format!("{what} finished but recorded no optimizer step (log: {})", log.display()),
@@ -153,6 +157,12 @@ fn refused_setting(log: &Path) -> Option<String> {
     let mut lines = text.lines().skip_while(|l| !l.starts_with("Error in sitecustomize"));
     lines.next()?;
     lines.find(|l| l.contains("ddp_verify_trace:")).map(|l| l.trim().to_string())
+}
+
+/// The recorder's own line where an exception stopped it (the training went on), if any.
+fn stopped(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find(|l| l.contains(crate::evidence::schema::STOPPED)).map(|l| l.trim().to_string())
 }
 
 /// The log's last non-empty line: usually the exception.

@@ -17,11 +17,15 @@ pub fn engine_boundary(ev: &Evidence) -> Option<Diagnosis> {
         let mut micro = t.facts.micro.clone();
         micro.sort_unstable();
         let m = usize::try_from(*micro.get(micro.len() / 2)?).ok()?;
+        let every = match gas {
+            1 => "every backward".to_string(),
+            n => format!("every {n}th backward"),
+        };
         (m > gas).then(|| Diagnosis {
             reason: Reason::EngineBoundary,
             detail: format!(
                 "{label} ran {m} backward passes per optimizer step per rank under DeepSpeed's \
-                     gradient_accumulation_steps={gas}: engine.backward takes every {gas}th backward for an \
+                     gradient_accumulation_steps={gas}: engine.backward takes {every} for an \
                      accumulation boundary, where it reduces and restarts the gradients, so the earlier micro-batches \
                      of each step are lost (stage 3 keeps them, undivided); set gradient_accumulation_steps to the \
                      micro-batches per step and call engine.step() after every engine.backward (it steps only at \

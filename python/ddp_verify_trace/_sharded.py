@@ -13,6 +13,7 @@ must agree (the gathered gradient, every rank stepping) is checked from the gath
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
@@ -20,6 +21,10 @@ import torch.distributed as dist
 
 
 def _dtensor_type() -> Any:
+    # A DTensor exists only once its module was imported: the recorder never imports it
+    # itself (importing torch's sharding machinery into a DDP run is not leaving it alone).
+    if "torch.distributed.tensor" not in sys.modules and "torch.distributed._tensor" not in sys.modules:
+        return None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch 2.4 keeps it here

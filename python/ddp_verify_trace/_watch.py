@@ -23,6 +23,9 @@ the very objects it had, except where something else patched over them since (le
 the patch under it passing every call through)."""
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
 from typing import Any, Callable
 
 import torch
@@ -249,13 +252,59 @@ def _buckets(ddp: Any) -> list[int]:
         return []
 
 
+# FSDP2's module whose parameter groups end each backward. Imported by the user's script, never
+# by the recorder: importing it in a DDP run changes how its process group ends (a run that
+# imported it hung at exit now and then, gloo's worker releasing an all-gather's tensors).
+_FSDP2_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once `name` is imported (by anyone, after this was installed)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        _drop_finder(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            try:
+                self.then(module)
+            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
+                pass
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _drop_finder(finder: Any) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+
+
 def _patch_fsdp2() -> None:
-    """FSDP2's per-group post_backward, where it reduce-scatters unless told not to."""
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    except Exception:  # noqa: BLE001 - a torch without FSDP2
+    """FSDP2's per-group post_backward, where it reduce-scatters unless told not to: patched
+    now where the script imported FSDP2 already, else when it does."""
+    module = sys.modules.get(_FSDP2_GROUP)
+    if module is not None:
+        _patch_fsdp2_group(module)
         return
-    post_backward = FSDPParamGroup.post_backward
+    finder = _AfterImport(_FSDP2_GROUP, _patch_fsdp2_group)
+    sys.meta_path.insert(0, finder)
+    _UNDO.append(lambda: _drop_finder(finder))
+
+
+def _patch_fsdp2_group(module: Any) -> None:
+    group_class = module.FSDPParamGroup
+    post_backward = group_class.post_backward
 
     def _post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
         for watch in _OPEN:
@@ -265,7 +314,7 @@ def _patch_fsdp2() -> None:
                 pass
         return post_backward(self, *args, **kwargs)
 
-    _patch(FSDPParamGroup, "post_backward", _post_backward)
+    _patch(group_class, "post_backward", _post_backward)
 
 
 def _patch_destroy() -> None:

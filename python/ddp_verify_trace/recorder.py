@@ -398,9 +398,13 @@ class Recorder:
             if self._magnitudes:
                 self._magnitudes = "element"
         self._shards: dict[str, _sharded.Shard] = {}
+        # What this recorder could not record (the header's `warnings`, one per line).
+        self._warnings: list[str] = []
         if self._sharded:
             # FSDP2 adds each backward's gradient into its own unsharded buffers, which no
             # tensor hook on the (sharded) parameters sees: no magnitudes per micro-batch.
+            if self._magnitudes:
+                self._warnings.append("FSDP2: no per-micro-batch magnitudes (each backward adds into FSDP2's own buffers)")
             self._magnitudes = None
             self._shards = {
                 n: _sharded.Shard(p, self._cpu_positions.get(n)) for n, p in self._params if _sharded.is_sharded(p)
@@ -411,6 +415,8 @@ class Recorder:
         if engine is not None:
             # No tensor hook sees a micro-batch's gradient of a flat partition: no magnitudes;
             # the backwards are counted by a hook on one parameter.
+            if self._magnitudes:
+                self._warnings.append("DeepSpeed: no per-micro-batch magnitudes (its partitions are flat)")
             self._magnitudes = None
             self._whole = {n: engine.full_param(p) for n, p in self._params}  # collective
             self._meta["engine"] = engine.name
@@ -892,6 +898,8 @@ class Recorder:
         }
         if self._world > 1 and self._engine is None:  # DeepSpeed's engine is no DDP
             meta.setdefault("ddp_forward", "none")
+        if self._warnings:
+            meta["warnings"] = "\n".join(self._warnings)
         if self._others:
             meta["unrecorded_optimizers"] = ", ".join(sorted(self._others.values()))
         if rank_world()[0] == 0:

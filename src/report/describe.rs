@@ -259,6 +259,11 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         lines.push(sampling_words(s, &pair.paths));
     }
     lines.extend(pair.costs.iter().map(|c| format!("cost: {}", c.words())));
+    for (path, h) in pair.paths.iter().zip(&pair.headers) {
+        for w in h.warnings.iter().flat_map(|w| w.lines()) {
+            lines.push(format!("not recorded in {}: {w}", path.display()));
+        }
+    }
     if let Some(others) = pair.headers.iter().find_map(|h| h.unrecorded_optimizers.as_ref()) {
         lines.push(format!(
             "not judged: the parameters of another optimizer that stepped ({others}); the recorder follows the \

@@ -80,7 +80,8 @@ fn save_trace_writes_the_pytorch_layout_and_refuses_to_overwrite_without_force()
         let tensors = tch::Tensor::read_safetensors(dir.join(format!("{run}.safetensors"))).unwrap();
         let mut names: Vec<String> = tensors.into_iter().map(|(n, _)| n).collect();
         names.sort();
-        let mut want = vec!["final.linear.weight", "grads.0.linear.weight", "grads.1.linear.weight", "peak.linear.weight"];
+        let mut want =
+            vec!["final.linear.weight", "grads.0.linear.weight", "grads.1.linear.weight", "peak.linear.weight"];
         if run == "ddp" {
             // Each step's all-reduces and their bytes (the report's cost).
             want.extend(["comm.0", "comm.1"]);

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._args import Magnitudes, PathLike, Sample, check_sample
 from .hook import Session
-from .recorder import Magnitudes, PathLike, Recorder, Sample, check_sample, rank_world, unwrap
+from .recorder import Recorder
 from .sampler import AccumulationBatchSampler, accumulation_order
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ __all__ = [
 ]
 __version__ = "0.2.0"
 
-_CALLBACKS = ("DDPVerifyCallback", "DDPVerifyLightningCallback", "TrainerCallback", "LightningCallback")
 # The last record()'s session, while something else holds it (its hooks do while it records).
 _SESSION: weakref.ref[Session] | None = None
 
@@ -222,8 +222,8 @@ class TraceRecorder:
 def __getattr__(name: str) -> Any:
     # Framework callbacks subclass the framework's own class: built on first use, so the
     # package imports without them.
-    if name in _CALLBACKS:
-        from . import frameworks
+    from . import frameworks
 
+    if name in frameworks.CALLBACKS:
         return getattr(frameworks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,16 +6,13 @@
   a mismatch that starts in a later epoch can be named as a sampler's epoch;
 - GradScaler.step: the loss scale each step ran at, and the steps it skipped (inf/NaN found),
   which never reach optimizer.step() and so are recorded from here;
-- DistributedDataParallel's end of forward: whether each micro-batch's backward would be
-  all-reduced (DDP decides there, from require_backward_grad_sync), so a rank's unsynced
-  gradient can be traced to the micro-batch that ran without the all-reduce;
 - Optimizer.__init__: the optimizers built once recording started, whose gradients
   `record()` must see before its first step says which one it follows;
-- FSDP2's end of each parameter group's backward: whether it reduce-scattered its gradient
-  (`set_requires_gradient_sync`), how many bytes, the divide factor and the compute dtype;
-- DDP's synchronised forwards, with its buckets' bytes: the gradient collectives of a step,
-  so a loop that all-reduces every micro-batch (seed 002's slowdown) can be told so;
-- destroy_process_group: a sharded model's whole weights are gathered before it goes.
+- each engine's own points (`engines/`: where it decides or ends a reduction) and each
+  framework's (`frameworks/`), through `Patches`: whether each micro-batch's
+  gradient was reduced, the gradient collectives and their bytes, the divide factor and
+  the compute dtype;
+- destroy_process_group: an engine that gathers at the end does so before it goes.
 
 Each recording opens a `Watch`, which sees only what happens while it is open. The patches
 go in when the first watch opens and come out when the last one closes: torch is left with
@@ -31,6 +28,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
+
+from .engines.base import Patches
 
 
 class Watch:
@@ -48,17 +47,18 @@ class Watch:
         # Two distinct epochs are all a recorder asks of set_epoch (did a second one start?),
         # so the log stays this small however long the run.
         self._epochs: set[Any] = set()
-        self._syncs: list[bool] = []  # per DDP forward with grad enabled: to be all-reduced?
-        # Per FSDP2 parameter group: per backward, whether it reduce-scattered its gradients.
-        self._fsdp: dict[int, list[bool]] = {}
+        self._syncs: list[bool] = []  # per micro-batch (DDP's forward): to be reduced?
+        # Per parameter group of an engine that reduces by group: per backward,
+        # whether it reduced its gradients.
+        self._groups: dict[int, list[bool]] = {}
         self._comm = [0, 0]  # gradient collectives and their bytes since the last take
-        # Which engine synchronised gradients ("ddp", "fsdp2"), FSDP2's divide factor (None:
-        # its default, the world size) and compute dtype where it casts the parameters.
+        # Which engine synchronised gradients (its header word), the divide factor it ran
+        # with (None: its default) and the compute dtype where it casts the parameters.
         self.engine: str | None = None
         self.divide: float | None = None
         self.compute_dtype: torch.dtype | None = None
-        # Called once before the default process group is destroyed (a sharded model's
-        # weights can be gathered only while it lives).
+        # Called once before the default process group is destroyed (an engine's
+        # parts of the weights can be gathered only while it lives).
         self.on_destroy: Callable[[], None] | None = None
 
     def epoch_started(self, epoch: Any) -> None:
@@ -78,12 +78,19 @@ class Watch:
         calls, self.clip_calls = self.clip_calls, 0
         return calls, self.last_clip
 
+    def reduced(self, flag: bool, group: int | None = None) -> None:
+        """One micro-batch's gradient was (`flag`) or was not reduced: as a whole (DDP's
+        forward), or by parameter `group`, each group's backwards in turn."""
+        if group is None:
+            self._syncs.append(flag)
+        else:
+            self._groups.setdefault(group, []).append(flag)
+
     def take_syncs(self) -> list[bool]:
-        """The micro-batches since the last take: DDP's forwards (would each one's backward
-        be all-reduced?), else FSDP2's backwards (did any parameter group reduce-scatter?)."""
+        """The micro-batches since the last take, each reduced or not (by any group)."""
         syncs, self._syncs = self._syncs, []
-        if self._fsdp:
-            groups, self._fsdp = list(self._fsdp.values()), {}
+        if self._groups:
+            groups, self._groups = list(self._groups.values()), {}
             n = max(len(g) for g in groups)
             syncs += [any(g[i] for g in groups if i < len(g)) for i in range(n)]
         return syncs
@@ -97,23 +104,6 @@ class Watch:
         self.engine = engine
         self._comm[0] += collectives
         self._comm[1] += nbytes
-
-    def fsdp_backward(self, group: Any, reduced: bool) -> None:
-        """One FSDP2 parameter group's backward ended, reduce-scattering or not."""
-        self._fsdp.setdefault(id(group), []).append(reduced)
-        self.engine = "fsdp2"
-        factor = getattr(group, "gradient_divide_factor", None)
-        if factor is not None:  # one group's own factor is the fact, whatever the others'
-            self.divide = float(factor)
-        policy = getattr(group, "mp_policy", None)
-        dtype = getattr(policy, "param_dtype", None)
-        if isinstance(dtype, torch.dtype):
-            self.compute_dtype = dtype
-        if reduced:
-            params = getattr(group, "fsdp_params", [])
-            reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or torch.float32
-            size = torch.empty((), dtype=reduce).element_size()
-            self.synced("fsdp2", 1, size * sum(int(fp.sharded_param.numel()) for fp in params))
 
     def close(self) -> None:
         """Sees nothing more; the last watch to close takes the patches out."""
@@ -163,7 +153,6 @@ def _unpatch() -> None:
 
 def _patch_all() -> None:
     from torch.amp import GradScaler
-    from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.utils.data import DistributedSampler
 
@@ -213,23 +202,12 @@ def _patch_all() -> None:
 
     _patch(GradScaler, "step", step)
 
-    post_forward = getattr(DistributedDataParallel, "_post_forward", None)
-    if post_forward is not None:  # where DDP decides, in the torch versions supported
-
-        def _post_forward(self: DistributedDataParallel, output: Any) -> Any:
-            if torch.is_grad_enabled():
-                synced = bool(self.require_backward_grad_sync)
-                buckets = _buckets(self) if synced else []
-                for watch in _OPEN:
-                    watch._syncs.append(synced)
-                    if synced:
-                        watch.synced("ddp", len(buckets), sum(buckets))
-            return post_forward(self, output)
-
-        _patch(DistributedDataParallel, "_post_forward", _post_forward)
-
-    _patch_fsdp2()
     _patch_destroy()
+    # Each engine's and framework's own points, through the one interface they share.
+    from . import engines, frameworks
+
+    engines.patch(PATCHES)
+    frameworks.patch(PATCHES)
 
     optimizer_init = torch.optim.Optimizer.__init__
 
@@ -240,22 +218,6 @@ def _patch_all() -> None:
                 watch.on_optimizer(self)
 
     _patch(torch.optim.Optimizer, "__init__", __init__)
-
-
-def _buckets(ddp: Any) -> list[int]:
-    """The bytes of each of DDP's gradient buckets (one all-reduce each per synchronised
-    backward), from its own logging data; [] where this torch does not say."""
-    try:
-        sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
-        return [int(s) for s in sizes.replace(" ", "").split(",") if s]
-    except Exception:  # noqa: BLE001 - a torch without it: no count, training goes on
-        return []
-
-
-# FSDP2's module whose parameter groups end each backward. Imported by the user's script, never
-# by the recorder: importing it in a DDP run changes how its process group ends (a run that
-# imported it hung at exit now and then, gloo's worker releasing an all-gather's tensors).
-_FSDP2_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -290,31 +252,20 @@ def _drop_finder(finder: Any) -> None:
         sys.meta_path.remove(finder)
 
 
-def _patch_fsdp2() -> None:
-    """FSDP2's per-group post_backward, where it reduce-scatters unless told not to: patched
-    now where the script imported FSDP2 already, else when it does."""
-    module = sys.modules.get(_FSDP2_GROUP)
+def _after_import(name: str, then: Callable[[Any], None]) -> None:
+    """`then(module)` now where `name` is imported already, else once it is (by anyone):
+    a module the recorder must never import itself (an engine's, in another engine's run)."""
+    module = sys.modules.get(name)
     if module is not None:
-        _patch_fsdp2_group(module)
+        then(module)
         return
-    finder = _AfterImport(_FSDP2_GROUP, _patch_fsdp2_group)
+    finder = _AfterImport(name, then)
     sys.meta_path.insert(0, finder)
     _UNDO.append(lambda: _drop_finder(finder))
 
 
-def _patch_fsdp2_group(module: Any) -> None:
-    group_class = module.FSDPParamGroup
-    post_backward = group_class.post_backward
-
-    def _post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for watch in _OPEN:
-            try:
-                watch.fsdp_backward(self, bool(self.reduce_grads))
-            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
-                pass
-        return post_backward(self, *args, **kwargs)
-
-    _patch(group_class, "post_backward", _post_backward)
+# What engines and frameworks patch torch through.
+PATCHES = Patches(replace=_patch, after_import=_after_import, watches=lambda: list(_OPEN))
 
 
 def _patch_destroy() -> None:

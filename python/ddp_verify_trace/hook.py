@@ -15,12 +15,9 @@ A session never breaks the training it watches: an exception inside any of its h
 the recording (one warning line on stderr, starting `STOPPED`; no trace is written, and
 ddp-verify quotes the line), and the step, backward or exit it happened in goes on.
 
-DeepSpeed ZeRO (stages 1, 2, 3): the optimizer whose hooks fire is DeepSpeed's inner (client)
-optimizer, stepping flat partitions once per parameter (sub-)group per engine step. The engine
-names the model (`_deepspeed.find`); each inner step's post-hook gathers the whole gradients it
-applied (a collective: every rank the same), and after the engine step's last one the step is
-recorded with them and the whole weights it made are kept on the host, so the trace is written
-at destroy_process_group or at exit without a collective (the engine may be gone by then)."""
+Where engines differ (an optimizer stepping flat partitions once per parameter group, whose
+engine names the model; gathers that need the process group alive), the session asks the
+run's engine (`engines/`), found at the first step: it names no engine itself."""
 from __future__ import annotations
 
 import atexit
@@ -33,19 +30,11 @@ from typing import Any, Callable
 
 import torch
 
-from . import _deepspeed, _schema, _watch
-from .recorder import (
-    Magnitudes,
-    PathLike,
-    Recorder,
-    Sample,
-    _framework,
-    add_backward,
-    check_magnitudes,
-    check_path,
-    check_sample,
-    unwrap,
-)
+from . import _schema, _watch, engines, frameworks
+from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample
+from ._detect import owner, unwrap
+from ._magnitudes import add_backward
+from .recorder import Recorder
 
 
 # What a stopped recording prints, once, on stderr: ddp-verify looks for it in a leg's log.
@@ -64,31 +53,6 @@ def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
             return None
 
     return guarded
-
-
-def _owner(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
-    """The innermost module that holds every parameter the optimizer steps: the user's model
-    inside any wrapper (DDP, Lightning's module, Accelerate's), so both runs name alike."""
-    want = {id(p) for p in params}
-    covering = []
-    # Some objects warn when merely looked at (deprecated proxies such as dist.reduce_op).
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            try:
-                if isinstance(obj, torch.nn.Module):
-                    have = {id(p) for p in obj.parameters()}
-                    if want <= have:
-                        covering.append((len(have), obj))
-            except ReferenceError:
-                continue
-    if not covering:
-        return None
-    fewest = min(n for n, _ in covering)
-    tied = [m for n, m in covering if n == fewest]
-    # Among modules holding the same parameters, the one none of the others is inside.
-    inner = [m for m in tied if not any(o is not m and any(c is o for c in m.modules()) for o in tied)]
-    return unwrap((inner or tied)[0])
 
 
 class Session:
@@ -127,14 +91,6 @@ class Session:
         # (our sys.excepthook, the one it replaced), from the first step; set when it ran.
         self._excepthook: tuple[Callable[..., None], Callable[..., None]] | None = None
         self._crashed = False
-        # DeepSpeed ZeRO: the engine, names by parameter identity, and the engine step under
-        # way (its inner optimizer steps once per (sub-)group): whole gradients and learning
-        # rates gathered so far, and how many of its inner steps ran.
-        self._engine: _deepspeed.Engine | None = None
-        self._engine_names: dict[int, str] = {}
-        self._engine_grads: dict[str, torch.Tensor | None] = {}
-        self._engine_lrs: dict[int, float] = {}
-        self._engine_calls = 0
 
     def start(self) -> Session:
         """Hooks every optimizer step from now on; the first one says which model is recorded."""
@@ -213,53 +169,45 @@ class Session:
     @_never_raises
     def _post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # The weights this step made are seen by the next step's pre-hook, or by close().
-        if self.recorder is None:
+        rec = self.recorder
+        if rec is None:
             return
         if optimizer is not self._optimizer:
-            self.recorder.saw_other_optimizer(optimizer)
-        elif self._engine is not None:
-            self._engine_step(optimizer)
-        else:
-            self.recorder.step(optimizer)
-            self.recorder.track_peaks(later=True)
-
-    def _engine_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """One of DeepSpeed's inner steps (one per (sub-)group) ended: the whole gradients it
-        applied are gathered now, the only time they are there; after the engine step's last
-        one, the step is recorded with them and the whole weights it made are kept, so the
-        trace is written later without a collective. Every rank gathers the same tensors in
-        the same order (each rank's inner optimizer steps the same groups)."""
-        engine, rec = self._engine, self.recorder
-        assert engine is not None and rec is not None
-        for p in engine.stepping(optimizer):
-            self._engine_grads[self._engine_names[id(p)]] = engine.full_grad(p)
-        self._engine_lrs.update(engine.lrs(optimizer))
-        self._engine_calls += 1
-        if self._engine_calls < engine.groups():
+            rec.saw_other_optimizer(optimizer)
             return
-        grads, lrs = self._engine_grads, [lr for _, lr in sorted(self._engine_lrs.items())]
-        self._engine_grads, self._engine_lrs, self._engine_calls = {}, {}, 0
+        # The engine's whole gradients where it gathers them (in each of its inner steps),
+        # once its step is over; else the parameters' .grad, read now.
+        applied = rec.engine.applied(optimizer)
+        if applied is None:
+            return
+        grads, lrs = applied
         rec.step(optimizer, grads=grads, lrs=lrs)
-        rec.keep_whole({n: engine.full_param(p) for n, p in rec._params})
-        rec.track_peaks()
+        rec.engine.after_step()
+        rec.track_peaks(later=True)
 
     def _begin(self, optimizer: torch.optim.Optimizer) -> None:
-        meta = {"framework": _framework(), "recorded_by": "optimizer step hooks", **self._meta}
-        # DeepSpeed ZeRO's inner optimizer steps flat partitions that no module holds: the
-        # engine says which model they train.
-        found = _deepspeed.find(optimizer)
-        if found is not None:
-            model, named, self._engine = found
-            self._engine_names = {id(p): n for n, p in named}
-            self.recorder = Recorder(
-                model, self.path, meta=meta, params=named, watch=self._watch, engine=self._engine, **self._kw
-            )
+        meta = {
+            _schema.Key.FRAMEWORK: frameworks.calling(sys._getframe(1)),
+            _schema.Key.RECORDED_BY: "optimizer step hooks",
+            **self._meta,
+        }
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        engine = engines.find(optimizer, params)
+        # An engine whose optimizer steps tensors no module holds (flat partitions) says
+        # which model they train; else the model is the one holding them.
+        known = engine.model()
+        if known is not None:
+            model, named = known
         else:
-            self._begin_recorder(optimizer, meta)
+            model = unwrap(self._model) if self._model is not None else owner(params)
+            if model is None:
+                raise RuntimeError("ddp_verify_trace: no nn.Module holds the optimizer's parameters; pass model=")
+            ids = {id(p) for p in params}
+            named = [(n, p) for n, p in model.named_parameters() if id(p) in ids]
+        self.recorder = Recorder(model, self.path, meta=meta, params=named, watch=self._watch, engine=engine, **self._kw)
         self._optimizer = optimizer
-        named = self.recorder._params  # type: ignore[union-attr]
-        names = {id(p): n for n, p in named}
-        self.recorder.take_sums(  # type: ignore[union-attr]
+        names = {id(p): n for n, p in self.recorder.params}
+        self.recorder.take_sums(
             {names[k]: v for k, v in self._early.items() if k in names},
             {names[k]: v for k, v in self._early_counts.items() if k in names and v},
         )
@@ -268,20 +216,10 @@ class Session:
         self._early_hooks, self._early, self._early_counts = [], {}, {}
         if self._watch is not None:
             self._watch.on_optimizer = None
-            # Sharded or DeepSpeed: written while the process group lives (FSDP2 gathers then;
-            # DeepSpeed's whole weights are on the host already).
-            if self.recorder._sharded or self._engine is not None:  # type: ignore[union-attr]
+            # Written while the process group lives where the engine says so.
+            if engine.write_at_destroy:
                 self._watch.on_destroy = self._destroyed
         self._catch_crash()
-
-    def _begin_recorder(self, optimizer: torch.optim.Optimizer, meta: dict[str, str]) -> None:
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        model = unwrap(self._model) if self._model is not None else _owner(params)
-        if model is None:
-            raise RuntimeError("ddp_verify_trace: no nn.Module holds the optimizer's parameters; pass model=")
-        ids = {id(p) for p in params}
-        named = [(n, p) for n, p in model.named_parameters() if id(p) in ids]
-        self.recorder = Recorder(model, self.path, meta=meta, params=named, watch=self._watch, **self._kw)
 
     def _catch_crash(self) -> None:
         """An exception that ends the script leaves no trace at exit. Set at the first step,

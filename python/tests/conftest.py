@@ -62,3 +62,13 @@ class Untouched:
 @pytest.fixture
 def torch_as_found(monkeypatch):
     return Untouched(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_runs(tmp_path_factory):
+    """DeepSpeed ZeRO's runs and recordings at W=1 and W=2 (`_deepspeed_runs`), made once for
+    every test that reads them; skipped, saying so, where deepspeed is not installed."""
+    pytest.importorskip("deepspeed")
+    import _deepspeed_runs
+
+    return _deepspeed_runs.run_all(tmp_path_factory.mktemp("deepspeed"))

@@ -18,7 +18,8 @@ from test_schema import check_trace
 import ddp_verify_trace
 from _world import run_world
 from ddp_verify_trace import TraceRecorder, _schema, _stream
-from ddp_verify_trace.recorder import Recorder, Summaries, sample_positions
+from ddp_verify_trace._sampling import Summaries, sample_positions
+from ddp_verify_trace.recorder import Recorder
 
 
 class Net(nn.Module):
@@ -207,7 +208,7 @@ def test_elements_are_read_in_place_whatever_the_strides(tmp_path):
     lin = nn.Linear(50, 40)
     rec = Recorder(lin, tmp_path / "t.safetensors", sample=64)
     try:
-        pos = rec._positions["weight"]
+        pos = rec._sampling.positions["weight"]
         base = torch.randn(50, 100)
         for t in (
             torch.randn(40, 50),
@@ -215,7 +216,7 @@ def test_elements_are_read_in_place_whatever_the_strides(tmp_path):
             torch.randn(1, 50).expand(40, 50),  # stride 0: a broadcast gradient
             base.t()[10:50, :],  # offset into its storage
         ):
-            assert torch.equal(rec._take("weight", t), t.reshape(-1)[pos])
+            assert torch.equal(rec._sampling.take("weight", t), t.reshape(-1)[pos])
             assert_summary(Summaries()(t), t)
     finally:
         rec.finish("done")

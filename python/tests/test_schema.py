@@ -137,10 +137,126 @@ def test_the_recorder_names_tensors_by_the_schema():
 
 
 def test_optimizer_settings_are_written_as_numbers_or_left_out():
-    from ddp_verify_trace.recorder import _setting
+    from ddp_verify_trace._detect import setting as _setting
 
     assert _setting((0.9, 0.999)) == "0.9 0.999" and _setting(1e-08) == "1e-08" and _setting(False) == "False"
     assert _setting(torch.tensor(0.01)) == str(torch.tensor(0.01).item())
     # Adafactor's eps is (None, 1e-3), some optimizers keep strings: no number, no key.
     assert _setting((None, 1e-3)) is None and _setting("auto") is None and _setting(None) is None
     assert _setting(float("nan")) is None
+
+
+K = 4  # micro-batches per optimizer step over all ranks
+
+
+def _fsdp2_data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(2 * K, 4, generator=g)  # micro-batch j: rows 2j, 2j+1
+
+
+def _fsdp2_reference(steps=2):
+    """One process, K micro-batches, each loss divided by K, AdamW: the gradient of each step."""
+    torch.manual_seed(0)
+    model, x = _Mlp(), _fsdp2_data()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    out = []
+    for _ in range(steps):
+        for j in range(K):
+            (model(x[2 * j : 2 * j + 2]) / K).backward()
+        out.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+class _Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 6), nn.Linear(6, 3)])
+        self.out = nn.Linear(3, 1)  # the root's own: FSDP2 shards it with the root
+
+    def forward(self, x):
+        return self.out(torch.relu(self.blocks[1](torch.relu(self.blocks[0](x))))).pow(2).mean()
+
+
+def _fsdp2_worker(rank, world, tmp, sample):
+    """FSDP2 as PyTorch documents it: fully_shard each block and the root over a CPU mesh,
+    reduce-scatter on the last micro-batch only, AdamW; every rank records."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = _Mlp()
+    mesh = init_device_mesh("cpu", (world,))
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    x, local = _fsdp2_data(), K // world
+    name = f"fsdp2-{sample or 'whole'}.safetensors"
+    with ddp_verify_trace.recording(os.path.join(tmp, name), acc_steps=K, sample=sample or "full"):
+        for _ in range(2):
+            for i in range(local):
+                j = rank * local + i  # DistributedSampler's shard of the step's micro-batches
+                model.set_requires_gradient_sync(i == local - 1)
+                (model(x[2 * j : 2 * j + 2]) / local).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def _rel(got, want):
+    return (got - want).abs().max().item() / want.abs().max().item()
+
+
+def test_an_fsdp2_trace_holds_to_the_schema_with_the_whole_gradients(tmp_path):
+    """FSDP2 (DTensor shards, gloo): every rank gathers; the trace holds the whole gradient
+    each step applied (the mean over the K micro-batches, as one process accumulating
+    them), the engine's facts in the header, and each micro-batch's reduce flag."""
+    run_world(_fsdp2_worker, 2, str(tmp_path), None)
+    kinds, meta = check_trace(tmp_path / "fsdp2-whole.safetensors")
+    assert {"grads", "final", "peak", "micro", "ddp_sync", "comm", "rank_bits"} <= kinds
+    assert "scale" not in kinds  # no tensor hook sees FSDP2's per-micro-batch gradients
+    assert (meta["run"], meta["world_size"], meta["engine"], meta["grad_divide"]) == ("ddp", "2", "fsdp2", "2.0")
+    assert "ddp_forward" not in meta or meta["ddp_forward"] == "none"
+    assert "FSDP2" in meta["warnings"]
+    with safe_open(str(tmp_path / "fsdp2-whole.safetensors"), "pt") as f:
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    for s, want in enumerate(_fsdp2_reference()):
+        assert t[f"ddp_sync.{s}"].tolist() == [0, 1] and int(t[f"micro.{s}"]) == 2
+        for n, g in want.items():
+            assert t[f"grads.{s}.{n}"].shape == g.shape and _rel(t[f"grads.{s}.{n}"], g) < 1e-6, (s, n)
+
+
+def test_a_sampled_fsdp2_trace_holds_to_the_schema(tmp_path):
+    """Sampled, FSDP2's gradients are never gathered whole: each rank's kept positions and
+    its shards' summaries, summed over ranks, are the whole tensor's."""
+    run_world(_fsdp2_worker, 2, str(tmp_path), 5)
+    kinds, meta = check_trace(tmp_path / "fsdp2-5.safetensors")
+    assert {"grads", "summary", "positions", "shape", "final", "final_summary"} <= kinds
+    assert meta["sample"] == "5" and meta["engine"] == "fsdp2"
+    want = _fsdp2_reference()[0]
+    with safe_open(str(tmp_path / "fsdp2-5.safetensors"), "pt") as f:
+        for n, g in want.items():
+            if g.numel() <= 5:
+                continue
+            kept = f.get_tensor(f"positions.{n}")
+            assert _rel(f.get_tensor(f"grads.0.{n}"), g.reshape(-1)[kept]) < 1e-6, n
+            total, squares, top = f.get_tensor(f"summary.0.{n}").tolist()
+            g64 = g.double()
+            assert abs(total - g64.sum().item()) < 1e-6 and abs(squares - (g64 * g64).sum().item()) < 1e-6
+            assert top == g64.abs().max().item()
+
+
+def test_deepspeed_traces_hold_to_the_schema(deepspeed_runs):
+    """DeepSpeed ZeRO 1, 2 and 3 recorded by a Session at W=1 and W=2: whole gradients gathered
+    from the partitions, the engine and its accumulation in the header, no per-rank checksum
+    (its ranks hold partitions) and no magnitudes (its partitions are flat)."""
+    from _deepspeed_runs import RECORDED
+
+    for stage in RECORDED:
+        for world in (1, 2):
+            kinds, meta = check_trace(deepspeed_runs["folder"] / f"w{world}-zero{stage}.safetensors")
+            assert {"grads", "final", "peak", "lr", "micro", "clips"} <= kinds, (stage, world)
+            assert not kinds & {"rank_bits", "scale", "ddp_sync"}, (stage, world)
+            assert meta["engine"] == f"deepspeed-zero{stage}" and meta["run"] == ("ddp" if world > 1 else "single")
+            assert "DeepSpeed" in meta["warnings"]

@@ -1,15 +1,23 @@
-"""Parameters sharded over the ranks (FSDP2's DTensors): what a trace needs of them, read as
-the whole tensor would be, with as little traffic as that allows.
+"""FSDP2 (`fully_shard`): parameters are DTensors, each rank holding a shard; what a trace
+needs of them is read as the whole tensor would be, with as little traffic as that allows.
 
-Whole traces gather each whole gradient and weight (`full_tensor()`, an all-gather; small
-models). Sampled traces never do: each rank takes the kept positions that fall in its own
-shard and one all-reduce puts them together (each position has one owner), and each whole
-tensor's float64 [sum, sum of squares, max |x|] is its shards' sums added up and their
-maxima's maximum. Every call here is a collective: every rank makes the same ones, in the
-same order (the recorder's step and close run on every rank).
+Whole traces gather each whole gradient (one all-gather for all of a step's) and weight.
+Sampled traces never do: each rank takes the kept positions that fall in its own shard and
+one all-reduce puts them together (each position has one owner), and each whole tensor's
+float64 [sum, sum of squares, max |x|] is its shards' sums added up and their maxima's
+maximum. Every gather is a collective: every rank makes the same ones, in the same order
+(the recorder's step and close run on every rank), so the trace is written when the process
+group is destroyed, while it can still gather.
 
 Ranks hold different shards by design, so no per-rank checksum of a shard is recorded; what
 must agree (the gathered gradient, every rank stepping) is checked from the gathered tensor.
+
+FSDP2's parameter groups end each backward in `post_backward`, where it reduce-scatters
+unless told not to (`set_requires_gradient_sync`): patched once the script imports FSDP2
+(never imported by the recorder: importing torch's sharding machinery into a DDP run made
+gloo hang at exit now and then), it notes each micro-batch's flag, the bytes, the divide
+factor and the MixedPrecisionPolicy's compute dtype. No tensor hook sees a micro-batch's
+gradient (each backward adds into FSDP2's own buffers): no magnitudes.
 """
 from __future__ import annotations
 
@@ -18,6 +26,132 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from .. import _schema
+from .._sampling import Sampling, Summaries
+from .._tensors import host
+from .base import Engine, Finals, Gathered, Named, Patches
+
+# FSDP2's module whose parameter groups end each backward.
+_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+
+
+class Fsdp2(Engine):
+    """Parameters sharded over the ranks as DTensors (FSDP2's)."""
+
+    name = _schema.Engine.FSDP2
+    backward_hooks = False
+    no_magnitudes = "FSDP2: no per-micro-batch magnitudes (each backward adds into FSDP2's own buffers)"
+    peaks_on_every_rank = True
+    write_at_destroy = True
+
+    def __init__(self) -> None:
+        self._shards: dict[str, Shard] = {}
+
+    @classmethod
+    def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
+        return cls() if any(is_sharded(p) for p in params) else None
+
+    @staticmethod
+    def patch(patches: Patches) -> None:
+        def patch_group(module: Any) -> None:
+            group_class = module.FSDPParamGroup
+            post_backward = group_class.post_backward
+
+            def _post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+                for watch in patches.watches():
+                    try:
+                        _backward_ended(watch, self, bool(self.reduce_grads))
+                    except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
+                        pass
+                return post_backward(self, *args, **kwargs)
+
+            patches.replace(group_class, "post_backward", _post_backward)
+
+        patches.after_import(_GROUP_MODULE, patch_group)
+
+    def start(self, params: Named, sampling: Sampling) -> dict[str, str]:
+        self._shards = {n: Shard(p, sampling.cpu.get(n)) for n, p in params if is_sharded(p)}
+        return {}
+
+    def local_weight(self, name: str, p: torch.Tensor) -> torch.Tensor | None:
+        return local(p.detach()) if name in self._shards else None
+
+    def backwards(self, counts: dict[str, int], reduced: list[bool]) -> int:
+        # The backwards are its parameter groups' (no tensor hook sees them).
+        return len(reduced)
+
+    def rank_checksums(self, sampled: bool) -> bool:
+        # Of the gathered whole gradient: every rank must have gathered the same.
+        return not sampled
+
+    def gradients(self, params: Named, sampling: Sampling, summaries: Summaries) -> tuple[dict[str, Any], Gathered]:
+        """The whole gradients gathered from the shards (whole traces), and for sampled
+        sharded parameters their kept values and summaries on the host, gathered without the
+        whole tensor."""
+        grads = {n: p.grad for n, p in params}
+        out: dict[str, Any] = {}
+        gathered: Gathered = {}
+        pick = [n for n, _ in params if n in sampling and n in self._shards and grads[n] is not None]
+        gather = [n for n, _ in params if grads[n] is not None and n not in pick]
+        wholes = dict(zip(gather, whole_many([grads[n].detach() for n in gather])))  # type: ignore[union-attr]
+        for n, _ in params:
+            out[n] = wholes.get(n)
+        if pick:
+            shards = [self._shards[n] for n in pick]
+            kept = gather_kept([sh.take(grads[n], sampling.count(n)) for n, sh in zip(pick, shards)], shards)
+            rows = whole_summaries([grads[n] for n in pick], shards, summaries).cpu()
+            for i, n in enumerate(pick):
+                gathered[n] = (kept[i].cpu(), rows[i].clone())
+                out[n] = grads[n]
+        return out, gathered
+
+    def step_facts(self, watch: Any, world: int, reduced: list[bool]) -> dict[str, str]:
+        if watch.engine != self.name or world <= 1:
+            return {}
+        divide = watch.divide if watch.divide is not None else world  # its default: averaged
+        return {_schema.Key.GRAD_DIVIDE: repr(float(divide))}
+
+    def finals(self, params: Named, peaks: dict[str, torch.Tensor], sampling: Sampling, summaries: Summaries) -> Finals:
+        """Each sharded parameter's final weight and peaks, gathered from every rank's shard;
+        with the whole weight's summaries where sampled."""
+        if not self._shards:
+            return {}
+        out: Finals = {}
+        named = dict(params)
+        pick = [n for n in self._shards if n in sampling]
+        for n, sh in self._shards.items():
+            if n not in pick:
+                out[n] = (host(whole(named[n].detach())), host(sh.gather(peaks[n])), None)
+        if pick:
+            shards = [self._shards[n] for n in pick]
+            dtype = named[pick[0]].dtype
+            finals = gather_kept([sh.take(named[n], sampling.count(n)) for n, sh in zip(pick, shards)], shards)
+            tops = gather_kept([sh.take(peaks[n], sampling.count(n)) for n, sh in zip(pick, shards)], shards)
+            rows = whole_summaries([named[n].detach() for n in pick], shards, summaries).cpu()
+            for i, n in enumerate(pick):
+                out[n] = (finals[i].cpu().to(dtype), tops[i].cpu().to(dtype), rows[i].clone())
+        return out
+
+    def closing_facts(self, world: int) -> dict[str, str]:
+        return {_schema.Key.DDP_FORWARD: _schema.DdpForward.NONE} if world > 1 else {}
+
+
+def _backward_ended(watch: Any, group: Any, reduced: bool) -> None:
+    """One FSDP2 parameter group's backward ended, reduce-scattering or not."""
+    watch.reduced(reduced, group=id(group))
+    factor = getattr(group, "gradient_divide_factor", None)
+    if factor is not None:  # one group's own factor is the fact, whatever the others'
+        watch.divide = float(factor)
+    policy = getattr(group, "mp_policy", None)
+    dtype = getattr(policy, "param_dtype", None)
+    if isinstance(dtype, torch.dtype):
+        watch.compute_dtype = dtype
+    if reduced:
+        params = getattr(group, "fsdp_params", [])
+        reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or torch.float32
+        size = torch.empty((), dtype=reduce).element_size()
+        watch.synced(Fsdp2.name, 1, size * sum(int(fp.sharded_param.numel()) for fp in params))
 
 
 def _dtensor_type() -> Any:

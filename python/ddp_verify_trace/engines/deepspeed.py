@@ -2,11 +2,12 @@
 
 Under ZeRO the torch optimizer whose step hooks fire is DeepSpeed's *client* optimizer, and
 it steps flattened fp32 partitions, not the model's parameters: `engine.optimizer` is the
-ZeRO optimizer, `engine.optimizer.optimizer` that torch optimizer. `find(optimizer)` tells
-whether an optimizer is one and returns the engine's module, its trained parameters by name
-and an `Engine` that reads the full gradient and weight of each parameter.
+ZeRO optimizer, `engine.optimizer.optimizer` that torch optimizer. `find_zero(optimizer)`
+tells whether an optimizer is one and returns the engine's module, its trained parameters by
+name and a `Zero` that reads the full gradient and weight of each parameter; `DeepSpeed` is
+the recorder's engine built on it.
 
-When the gradients can be read (`Engine.when`): inside the inner optimizer's step, pre- or
+When the gradients can be read (`Zero.when`): inside the inner optimizer's step, pre- or
 post-hook. ZeRO calls the inner optimizer's step once per parameter group (stage 1/2) or
 sub-group (stage 3), with `param_groups` narrowed to that group's one flat fp32 partition
 whose `.grad` is, there and only there, the gradient the optimizer applies: reduced over the
@@ -14,7 +15,7 @@ ranks (averaged), divided by gradient_accumulation_steps, unscaled and clipped (
 `gradient_clipping`). ZeRO sets it just before and drops it just after that call, and by
 then its own buffers (`averaged_gradients`, which deepspeed.utils.safe_get_full_grad reads
 at stage 1/2) are gone: safe_get_full_grad fails there at stage 1/2 and returns the
-unclipped gradient at stage 3. `Engine.stepping(optimizer)` names the parameters whose
+unclipped gradient at stage 3. `Zero.stepping(optimizer)` names the parameters whose
 gradients that call applies (all of them where the optimizer has one group).
 
 Every `full_grad` and `full_param` is a collective over the engine's data-parallel group:
@@ -31,7 +32,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["Engine", "find", "engines"]
+from .. import _schema
+from .._sampling import Sampling
+from .._tensors import DTYPES
+from .base import Engine, Named
 
 
 def engines() -> list[Any]:
@@ -54,7 +58,7 @@ def engines() -> list[Any]:
     return found
 
 
-def find(optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]], Engine] | None:
+def find_zero(optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, Named, Zero] | None:
     """(engine.module, its named parameters that train, Engine) where `optimizer` is the
     inner (client) optimizer of a live DeepSpeedEngine under ZeRO stage 1, 2 or 3; else None."""
     for engine in engines():
@@ -66,11 +70,11 @@ def find(optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, list[tuple[
             continue
         module = engine.module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        return module, named, Engine(engine, stage)
+        return module, named, Zero(engine, stage)
     return None
 
 
-class Engine:
+class Zero:
     """One DeepSpeedEngine under ZeRO: the full gradients the inner optimizer applies and the
     full fp32 weights, gathered from the ranks' partitions."""
 
@@ -81,7 +85,7 @@ class Engine:
     def __init__(self, engine: Any, stage: int) -> None:
         self.engine = engine
         self.stage = stage
-        self.name = f"deepspeed-zero{stage}"
+        self.name = getattr(_schema.Engine, f"DEEPSPEED_ZERO{stage}")
         self.zero = engine.optimizer
         self.inner = engine.optimizer.optimizer
 
@@ -230,3 +234,93 @@ class Counter:
 
     def close(self) -> None:
         self._handle.remove()
+
+
+class DeepSpeed(Engine):
+    """DeepSpeed ZeRO behind the recorder's one interface: the engine names the model; each
+    engine step's whole gradients are gathered in its inner optimizer's steps (one per
+    (sub-)group) and its whole weights kept on the host after it, so the trace is written
+    at destroy_process_group or at exit without a collective (the engine may be gone)."""
+
+    backward_hooks = False
+    no_magnitudes = "DeepSpeed: no per-micro-batch magnitudes (its partitions are flat)"
+    peaks_now = True  # from the host copies of this step, before the next step replaces them
+    write_at_destroy = True
+
+    def __init__(self, module: torch.nn.Module, named: Named, zero: Zero) -> None:
+        self.zero = zero
+        self.name = zero.name
+        self._module, self._named = module, named
+        self._names = {id(p): n for n, p in named}
+        # The whole weights on the host, every rank's (gathered at start and after each step).
+        self._whole: dict[str, torch.Tensor] = {}
+        self._counter: Counter | None = None
+        # The engine step under way: whole gradients and learning rates gathered so far, and
+        # how many of its inner steps ran.
+        self._grads: dict[str, torch.Tensor | None] = {}
+        self._lrs: dict[int, float] = {}
+        self._calls = 0
+
+    @classmethod
+    def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
+        found = find_zero(optimizer) if optimizer is not None else None
+        return None if found is None else cls(*found)
+
+    def model(self) -> tuple[torch.nn.Module, Named] | None:
+        return self._module, self._named
+
+    def shape(self, p: torch.Tensor) -> tuple[int, ...]:
+        return tuple(self.zero.shape(p))  # type: ignore[arg-type]
+
+    def dtypes(self, params: Named) -> list[str]:
+        return ["torch.float32"]  # the master weights and the gradients they step with
+
+    def dtype(self, params: Named) -> torch.dtype:
+        return torch.float32
+
+    def device(self, p: torch.Tensor) -> torch.device:
+        return torch.device("cpu")
+
+    def start(self, params: Named, sampling: Sampling) -> dict[str, str]:
+        self._whole = {n: self.zero.full_param(p) for n, p in params}  # collective
+        # The backwards, counted by a hook on one parameter (no tensor hook sees a
+        # micro-batch's gradient of a flat partition).
+        self._counter = self.zero.count_backwards()
+        facts = {_schema.Key.ENGINE: self.name, _schema.Key.ENGINE_ACCUMULATION: str(self.zero.gas)}
+        bit16 = {p.dtype for _, p in params} - {torch.float32}
+        if len(bit16) == 1 and next(iter(bit16)) in DTYPES:
+            facts[_schema.Key.COMPUTE_DTYPE] = DTYPES[next(iter(bit16))]
+        return facts
+
+    def close(self) -> None:
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
+
+    def weight(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        return self._whole[name]
+
+    def backwards(self, counts: dict[str, int], reduced: list[bool]) -> int:
+        # The early hooks' count at step 0, the counter's after.
+        return max(counts.values(), default=0) + (self._counter.take() if self._counter is not None else 0)
+
+    def applied(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any] | None, list[float] | None] | None:
+        """One of the inner steps (one per (sub-)group) ended: the whole gradients it applied
+        are gathered now, the only time they are there; after the engine step's last one,
+        all of them. Every rank gathers the same tensors in the same order (each rank's inner
+        optimizer steps the same groups)."""
+        for p in self.zero.stepping(optimizer):
+            self._grads[self._names[id(p)]] = self.zero.full_grad(p)
+        self._lrs.update(self.zero.lrs(optimizer))
+        self._calls += 1
+        if self._calls < self.zero.groups():
+            return None
+        grads, lrs = self._grads, [lr for _, lr in sorted(self._lrs.items())]
+        self._grads, self._lrs, self._calls = {}, {}, 0
+        return grads, lrs
+
+    def after_step(self) -> None:
+        self._whole = {n: self.zero.full_param(p) for n, p in self._named}  # collective
+
+    def rank_checksums(self, sampled: bool) -> bool:
+        return False  # its ranks hold partitions, and its gradients come gathered

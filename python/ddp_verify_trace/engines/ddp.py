@@ -1,0 +1,62 @@
+"""One process, or torch's DistributedDataParallel: every rank holds its parameters whole
+and `.grad` is the gradient the step applies, after DDP's all-reduce (the defaults of
+`Engine`).
+
+DDP decides at the end of each forward whether that micro-batch's backward is all-reduced
+(`require_backward_grad_sync`, which `no_sync()` clears): the patch of `_post_forward`
+notes each forward's flag and the bytes of its buckets, so a rank's unsynchronised gradient
+can be traced to the micro-batch that ran without the all-reduce, and a loop that reduces
+every micro-batch (seed 002's slowdown) can be told so."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _schema
+from .base import Engine, Patches
+
+
+class Ddp(Engine):
+    """Whole gradients in `.grad` on every rank; the header's engine word comes from DDP's
+    forwards (a run with none is one process, or a loop that bypassed the wrapper)."""
+
+    @classmethod
+    def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
+        return cls()  # the last in the registry: whatever no other engine claims
+
+    @staticmethod
+    def patch(patches: Patches) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        post_forward = getattr(DistributedDataParallel, "_post_forward", None)
+        if post_forward is None:  # where DDP decides, in the torch versions supported
+            return
+
+        def _post_forward(self: DistributedDataParallel, output: Any) -> Any:
+            if torch.is_grad_enabled():
+                synced = bool(self.require_backward_grad_sync)
+                buckets = _buckets(self) if synced else []
+                for watch in patches.watches():
+                    watch.reduced(synced)
+                    if synced:
+                        watch.synced(_schema.Engine.DDP, len(buckets), sum(buckets))
+            return post_forward(self, output)
+
+        patches.replace(DistributedDataParallel, "_post_forward", _post_forward)
+
+    def step_facts(self, watch: Any, world: int, reduced: list[bool]) -> dict[str, str]:
+        return {_schema.Key.DDP_FORWARD: _schema.DdpForward.SEEN} if reduced else {}
+
+    def closing_facts(self, world: int) -> dict[str, str]:
+        return {_schema.Key.DDP_FORWARD: _schema.DdpForward.NONE} if world > 1 else {}
+
+
+def _buckets(ddp: Any) -> list[int]:
+    """The bytes of each of DDP's gradient buckets (one all-reduce each per synchronised
+    backward), from its own logging data; [] where this torch does not say."""
+    try:
+        sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
+        return [int(s) for s in sizes.replace(" ", "").split(",") if s]
+    except Exception:  # noqa: BLE001 - a torch without it: no count, training goes on
+        return []

@@ -1,0 +1,13 @@
+"""DeepSpeed's engine as the loop: `engine.backward` divides the loss by its
+gradient_accumulation_steps and `engine.step` steps at the window's boundary (the engine
+that synchronises is `engines/deepspeed.py`); named in the header when it calls
+optimizer.step()."""
+from __future__ import annotations
+
+from .. import _schema
+from .base import Framework
+
+
+class DeepSpeed(Framework):
+    name = _schema.Framework.DEEPSPEED
+    modules = ("deepspeed",)

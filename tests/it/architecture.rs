@@ -237,3 +237,32 @@ fn the_cycle_finder_finds_cycles() {
     assert_eq!(find_cycle(&g(&[("a", &["b"]), ("b", &["c"]), ("c", &[])])), None);
     assert_eq!(find_cycle(&g(&[("a", &["b"]), ("b", &["c"]), ("c", &["a"])])).map(|c| c.len()), Some(4));
 }
+
+/// Small files: no Rust or Python source of the project's is over 600 lines.
+#[test]
+fn no_source_file_is_over_600_lines() {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy();
+            if path.is_dir() && !name.starts_with('.') && name != "target" && name != "__pycache__" {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "py") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in ["src", "crates", "tests", "python", "fixtures", "examples", "bench", "scripts"] {
+        walk(&repo(dir), &mut files);
+    }
+    assert!(files.len() > 100, "{} files", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).unwrap().lines().count();
+            (lines > 600).then(|| format!("{} ({lines} lines)", f.strip_prefix(repo("")).unwrap().display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by concept:\n{}", long.join("\n"));
+}

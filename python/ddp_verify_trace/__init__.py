@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import _schema
 from ._args import Magnitudes, PathLike, Sample, check_sample
 from .hook import Session
 from .recorder import Recorder
@@ -65,7 +66,7 @@ def _check_int(key: str, value: Any) -> int | None:
 
 def _header(acc_steps: int | None, steps_per_epoch: int | None) -> dict[str, str]:
     meta = {}
-    for key, value in (("acc_steps", acc_steps), ("steps_per_epoch", steps_per_epoch)):
+    for key, value in ((_schema.Key.ACC_STEPS, acc_steps), (_schema.Key.STEPS_PER_EPOCH, steps_per_epoch)):
         if _check_int(key, value) is not None:
             meta[key] = str(value)
     return meta

@@ -150,3 +150,14 @@ class Engine:
 class DdpForward:
     SEEN = "seen"
     NONE = "none"
+
+
+class RunKind(Run):
+    pass
+
+
+class Dtype:
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"

@@ -7,7 +7,7 @@ import torch
 from . import _schema
 
 # The float dtypes ddp-verify reads, by the names its --dtype uses (torch's own names).
-DTYPES = {getattr(torch, name): name for name in _schema.HEADER["dtype"][1]}
+DTYPES = {getattr(torch, word): word for key, word in vars(_schema.Dtype).items() if not key.startswith("_")}
 # Integer views of each float dtype, for bit checksums.
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 

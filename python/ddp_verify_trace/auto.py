@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+from . import _schema
 from .hook import Session
 
 
@@ -25,7 +26,7 @@ def start() -> Session:
     import ddp_verify_trace
 
     env = os.environ
-    meta = {"leg": env.get("DDP_VERIFY_LEG", "")}
+    meta = {_schema.Key.LEG: env.get("DDP_VERIFY_LEG", "")}
     acc = env.get("DDP_VERIFY_ACC_STEPS")
     session = ddp_verify_trace.record(env["DDP_VERIFY_TRACE"], overwrite=True, acc_steps=int(acc) if acc else None)
     session._meta.update({k: v for k, v in meta.items() if v})

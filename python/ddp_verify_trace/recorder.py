@@ -462,7 +462,7 @@ class Recorder:
         magnitudes = {"element": _schema.Magnitudes.TRUE, "tensor": _schema.Magnitudes.PER_TENSOR}
         meta = {
             K.FORMAT: FORMAT,
-            K.RUN: _schema.Run.DDP if self._world > 1 else _schema.Run.SINGLE,
+            K.RUN: _schema.RunKind.DDP if self._world > 1 else _schema.RunKind.SINGLE,
             K.WORLD_SIZE: str(self._world),
             K.DTYPE: DTYPES[self._dtype],
             K.TORCH_VERSION: torch.__version__,

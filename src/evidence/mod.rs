@@ -5,6 +5,7 @@
 pub mod golden;
 mod header;
 mod load;
+mod pair;
 mod resample;
 mod sampled;
 pub mod schema;
@@ -17,6 +18,7 @@ pub use golden::Golden;
 pub use header::{
     Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
 };
+pub use pair::{BigLeg, Legs};
 pub use sampled::{Sampled, Sampling, Summaries, Summary};
 pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
 pub use unrepeatable::Unrepeatable;

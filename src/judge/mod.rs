@@ -1,5 +1,6 @@
 //! Judgement: per-step, per-parameter differences between two traces held to the
-//! tolerance or the derived bounds, verdicts, diagnoses, and the assembled outcome.
+//! tolerance or the derived bounds, verdicts, diagnoses, and the assembled outcome, by one
+//! call ([`judge`]) for our own runs and users' traces alike.
 
 mod carried;
 mod comparer;
@@ -7,6 +8,7 @@ mod cost;
 mod diagnose;
 mod elementwise;
 mod events;
+mod judgement;
 mod outcome;
 mod summaries;
 mod ulps;
@@ -19,7 +21,8 @@ pub use diagnose::{
     RULES,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
-pub use outcome::{BigBatch, Judging, Outcome, SampledPair, Subject, TracePair};
+pub use judgement::{judge, Judging, Terms};
+pub use outcome::{BigBatch, Outcome, SampledPair, Subject, TracePair};
 pub use ulps::ulps_between;
 
 use serde::Serialize;

@@ -1,12 +1,12 @@
-//! A verification's judgement, assembled one way whether the steps streamed in (lockstep)
-//! or come from finished traces (free-running): accumulation vs DDP, each run vs its
-//! golden, and the likely cause of a mismatch.
+//! What a judgement hands on: the [`Outcome`] of accumulation vs DDP (and the big batch, and
+//! each run vs its golden), its verdict, the likely cause of a mismatch, and what it was
+//! about (a run or a pair of traces). `judgement` assembles it.
 
 use std::path::PathBuf;
 
-use super::{diagnose, Agreement, Comparer, Comparison, Context, Diagnosis, Verdict};
+use super::{Agreement, Comparison, Diagnosis, LegCost, Verdict};
 use crate::evidence::Unrepeatable;
-use crate::evidence::{Golden, Params, Trace, TraceHeader};
+use crate::evidence::{Trace, TraceHeader};
 use crate::spec::{Config, Tolerance};
 
 /// What was judged: two runs ddp-verify trained, or two traces a user recorded.
@@ -32,8 +32,6 @@ pub struct TracePair {
     pub big: Option<PathBuf>,
     /// Where the pair was judged sampled: what was kept.
     pub sampling: Option<SampledPair>,
-    /// Each run's synchronisation and time per step, where recorded.
-    pub costs: Vec<super::LegCost>,
 }
 
 /// A sampled pair: N elements kept of each tensor larger than that, and the summaries.
@@ -84,6 +82,8 @@ pub struct Outcome {
     /// An equivalence that holds only for now (a factor clipping hides at every step): said
     /// beside the verdict, which it does not change.
     pub caution: Option<Diagnosis>,
+    /// Each run's synchronisation and time per step, where recorded.
+    pub costs: Vec<LegCost>,
 }
 
 /// The third run: one process, one micro-batch of all a step's samples, normalised over
@@ -115,12 +115,6 @@ impl Outcome {
         std::iter::once(&self.runs).chain(self.big_batch.as_ref().map(|b| &b.comparison)).chain(&self.golden).collect()
     }
 
-    /// No runs, no comparisons: the kernels did not repeat themselves.
-    pub fn no_verdict(cfg: &Config, why: Unrepeatable) -> Outcome {
-        let outcome = Judging::new(cfg, None).finish(Trace::default(), Trace::default(), None);
-        Outcome { no_verdict: Some(why), ..outcome }
-    }
-
     /// 0 equivalent, 1 not, 4 no verdict: what a verification or `compare` exits with.
     pub fn exit(&self) -> crate::error::Exit {
         self.verdict().exit()
@@ -146,134 +140,6 @@ impl Outcome {
         match &self.subject {
             Subject::Run(c) => c.plot.as_ref(),
             Subject::Traces(t) => t.plot.as_ref(),
-        }
-    }
-}
-
-/// Every comparison a verification makes, fed one optimizer step at a time, then finished
-/// into the [`Outcome`].
-pub struct Judging {
-    config: Config,
-    /// Accumulation vs DDP, held to the derived bounds unless a tolerance was given.
-    runs: Comparer,
-    /// Accumulation vs the big batch, likewise (its own bound: `train::Bounds`).
-    big: Option<Comparer>,
-    /// Accumulation vs the golden's, DDP vs the golden's (and the big batch vs the golden's,
-    /// where both exist); goldens keep the fixed tolerance and their buffers always count.
-    golden: Option<(Golden, [Comparer; 2], Option<Comparer>)>,
-}
-
-impl Judging {
-    pub fn new(cfg: &Config, golden: Option<Golden>) -> Self {
-        let tol = &cfg.tolerance;
-        let golden = golden.map(|g| {
-            let sample = g.meta.sample;
-            let cmps = [
-                Comparer::new("accumulation", "golden accumulation", tol, sample),
-                Comparer::new("ddp", "golden ddp", tol, sample),
-            ];
-            let big = (g.big_batch.is_some() && cfg.train.with_big_batch())
-                .then(|| Comparer::new("big batch", "golden big batch", tol, sample));
-            (g, cmps, big)
-        });
-        let runs = Comparer::new("accumulation", "ddp", tol, None).derived(cfg.derive_bounds);
-        let big = cfg
-            .train
-            .with_big_batch()
-            .then(|| Comparer::new("accumulation", "big batch", tol, None).derived(cfg.derive_bounds));
-        Judging { config: cfg.clone(), runs, big, golden }
-    }
-
-    /// Step `s` of both runs; `allowed` is what the accumulation run derived for it; `big`
-    /// the big batch's gradients with what they may differ by. An empty side means that run
-    /// made no such step.
-    pub fn step(
-        &mut self,
-        s: usize,
-        accumulation: &Params,
-        ddp: &Params,
-        allowed: &Params,
-        big: Option<(&Params, &Params)>,
-    ) {
-        let none = Params::new();
-        self.runs.step(accumulation, ddp, allowed);
-        if let (Some(cmp), Some((b, allowed_big))) = (self.big.as_mut(), big) {
-            cmp.step(accumulation, b, allowed_big);
-        }
-        if let Some((g, [ga, gd], gb)) = self.golden.as_mut() {
-            ga.step(accumulation, g.accumulation.steps.get(s).unwrap_or(&none), &none);
-            gd.step(ddp, g.ddp.steps.get(s).unwrap_or(&none), &none);
-            if let (Some(gb), Some((b, _)), Some(golden_big)) = (gb.as_mut(), big, &g.big_batch) {
-                gb.step(b, golden_big.steps.get(s).unwrap_or(&none), &none);
-            }
-        }
-    }
-
-    /// Every step the finished runs recorded.
-    pub fn steps_of(&mut self, accumulation: &Trace, ddp: &Trace, big: Option<&Trace>) {
-        let none = Params::new();
-        let big_steps = big.map_or(0, |b| b.steps.len());
-        for s in 0..accumulation.steps.len().max(ddp.steps.len()).max(big_steps) {
-            let (a, d) = (accumulation.steps.get(s).unwrap_or(&none), ddp.steps.get(s).unwrap_or(&none));
-            let b = big.map(|b| (b.steps.get(s).unwrap_or(&none), accumulation.allowances.big.get(s).unwrap_or(&none)));
-            self.step(s, a, d, accumulation.allowances.steps.get(s).unwrap_or(&none), b);
-        }
-    }
-
-    /// Final weights and buffers, then the outcome. The traces keep whatever steps were
-    /// kept for reports and saving; those were judged already, through [`Judging::step`].
-    pub fn finish(self, accumulation: Trace, ddp: Trace, big: Option<Trace>) -> Outcome {
-        let (acc_end, ddp_end) = (accumulation.without_steps(), ddp.without_steps());
-        let runs = self.runs.finish(&acc_end, &ddp_end, self.config.strict_buffers);
-        let context = Context::of_run(&self.config.train);
-        let big_end = big.as_ref().map(Trace::without_steps);
-        let big_batch = match (self.big, big) {
-            (Some(cmp), Some(trace)) => {
-                let acc_end = accumulation.without_steps().for_big_batch();
-                let comparison = cmp.finish(&acc_end, &trace.without_steps(), true);
-                let diagnosis = diagnose::big_batch(
-                    &accumulation,
-                    &trace,
-                    &comparison,
-                    &context,
-                    runs.verdict != Agreement::Diverged,
-                );
-                Some(BigBatch { trace, comparison, diagnosis })
-            }
-            _ => None,
-        };
-        let (golden, golden_torch) = match self.golden {
-            Some((g, [ga, gd], gb)) => {
-                let mut cmps = vec![
-                    ga.finish(&acc_end, &g.accumulation.without_steps(), true),
-                    gd.finish(&ddp_end, &g.ddp.without_steps(), true),
-                ];
-                if let (Some(gb), Some(ours), Some(theirs)) = (gb, &big_end, &g.big_batch) {
-                    cmps.push(gb.finish(ours, &theirs.without_steps(), true));
-                }
-                let made = match &g.meta.tool_version {
-                    Some(tool) => {
-                        format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version)
-                    }
-                    None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),
-                };
-                (cmps, Some(made))
-            }
-            None => (Vec::new(), None),
-        };
-        let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
-        let subject = Subject::Run(Box::new(self.config));
-        Outcome {
-            subject,
-            accumulation,
-            ddp,
-            runs,
-            big_batch,
-            golden,
-            golden_torch,
-            diagnosis,
-            no_verdict: None,
-            caution: None,
         }
     }
 }

@@ -258,7 +258,7 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     if let Some(s) = &pair.sampling {
         lines.push(sampling_words(s, &pair.paths));
     }
-    lines.extend(pair.costs.iter().map(|c| format!("cost: {}", c.words())));
+    lines.extend(o.costs.iter().map(|c| format!("cost: {}", c.words())));
     for (path, h) in pair.paths.iter().zip(&pair.headers) {
         for w in h.warnings.iter().flat_map(|w| w.lines()) {
             lines.push(format!("not recorded in {}: {w}", path.display()));

@@ -44,7 +44,7 @@ pub fn json(o: &Outcome) -> Value {
                 "magnitudes": pair.magnitudes,
                 "peaks": pair.peaks,
                 "sampling": pair.sampling,
-                "cost": pair.costs,
+                "cost": o.costs,
             });
         }
     }

@@ -1,0 +1,355 @@
+//! The one judgement, for our own runs and users' traces alike: accumulation against DDP
+//! (and against the big batch, where there is one), each run against its golden, the likely
+//! cause of a divergence, the caution beside an equivalence, and what each leg's
+//! synchronisation cost, assembled into the [`Outcome`]. What differs between the two paths
+//! is only how the legs are judged ([`Terms`]).
+
+use std::path::PathBuf;
+
+use super::{
+    adamw_finals, caution, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement, BigBatch,
+    Comparer, Comparison, Context, Outcome, SampledPair, Subject, TracePair,
+};
+use crate::evidence::{BigLeg, Golden, Legs, Params, Trace, Unrepeatable};
+use crate::spec::{CompareOptions, Config, Dtype, Tolerance, ToleranceOverrides};
+
+/// How the legs are judged.
+pub enum Terms<'o> {
+    /// Our own runs, by their configuration: each step already fed to the comparers
+    /// ([`Judging`]: streamed in lockstep, or from the finished runs), the golden beside them.
+    Run(Box<Judging>),
+    /// Traces recorded elsewhere, by what they say of themselves and how `compare` was asked
+    /// to judge them.
+    Traces(&'o CompareOptions),
+}
+
+/// The comparers and what is known of the runs, ready to finish.
+struct Bench {
+    subject: Subject,
+    runs: Comparer,
+    /// Whether the runs' buffers count toward the verdict.
+    buffers: bool,
+    /// Accumulation vs the big batch, and whether its buffers count.
+    big: Option<(Comparer, bool)>,
+    golden: Option<(Golden, [Comparer; 2], Option<Comparer>)>,
+    context: Context,
+    /// Each step was fed to the comparers as it came: the legs keep their steps for the
+    /// diagnosis and the reports, and only their ends are left to compare.
+    streamed: bool,
+}
+
+/// Judges `legs` by `terms`: every comparison finished; then a divergence's likely cause, or
+/// beside an equivalence its caution (a factor clipping hides, needless synchronisation);
+/// and each leg's cost of synchronising, where recorded.
+pub fn judge(legs: Legs, terms: Terms) -> Outcome {
+    let Legs { mut accumulation, ddp, mut big, sampled } = legs;
+    let bench = match terms {
+        Terms::Run(judging) => judging.bench(),
+        Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), opts, sampled),
+    };
+    let Bench { subject, runs, buffers, big: big_cmp, golden, context, streamed } = bench;
+    let ends = |t: &Trace| streamed.then(|| t.without_steps());
+    let (acc_end, ddp_end) = (ends(&accumulation), ends(&ddp));
+    let (acc_end, ddp_end) = (acc_end.as_ref().unwrap_or(&accumulation), ddp_end.as_ref().unwrap_or(&ddp));
+    let runs = runs.finish(acc_end, ddp_end, buffers);
+    let (golden, golden_torch) = match golden {
+        Some(g) => goldens(g, acc_end, ddp_end, big.as_ref().map(|b| &b.trace)),
+        None => (Vec::new(), None),
+    };
+    let big_batch = match (big_cmp, big) {
+        (Some((cmp, counted)), Some(BigLeg { accumulation: acc, trace })) => {
+            let (acc_end, big_end) = (ends(&acc), ends(&trace));
+            let comparison = cmp.finish(acc_end.as_ref().unwrap_or(&acc), big_end.as_ref().unwrap_or(&trace), counted);
+            let runs_agree = runs.verdict != Agreement::Diverged;
+            let diagnosis = diagnose_big_batch(&acc, &trace, &comparison, &context, runs_agree);
+            Some(BigBatch { trace, comparison, diagnosis })
+        }
+        _ => None,
+    };
+    let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
+    let costs = costs([&runs.left, &runs.right], &accumulation, &ddp);
+    let caution = match diagnosis {
+        Some(_) => None,
+        None => caution(&accumulation, &ddp, &runs, &context).or_else(|| needless_sync(&costs)),
+    };
+    Outcome {
+        subject,
+        accumulation,
+        ddp,
+        runs,
+        big_batch,
+        golden,
+        golden_torch,
+        diagnosis,
+        no_verdict: None,
+        caution,
+        costs,
+    }
+}
+
+/// Each run against the golden's trace of the same run (their ends: the steps were
+/// streamed), and which golden it was.
+fn goldens(
+    (g, [ga, gd], gb): (Golden, [Comparer; 2], Option<Comparer>),
+    acc_end: &Trace,
+    ddp_end: &Trace,
+    big: Option<&Trace>,
+) -> (Vec<Comparison>, Option<String>) {
+    let mut cmps = vec![
+        ga.finish(acc_end, &g.accumulation.without_steps(), true),
+        gd.finish(ddp_end, &g.ddp.without_steps(), true),
+    ];
+    if let (Some(gb), Some(ours), Some(theirs)) = (gb, big, &g.big_batch) {
+        cmps.push(gb.finish(&ours.without_steps(), &theirs.without_steps(), true));
+    }
+    let made = match &g.meta.tool_version {
+        Some(tool) => format!("{} (blessed by ddp-verify {tool}, libtorch {})", g.dir.display(), g.meta.torch_version),
+        None => format!("{} (PyTorch {})", g.dir.display(), g.meta.torch_version),
+    };
+    (cmps, Some(made))
+}
+
+/// How traces recorded elsewhere are judged: by the labels their file names give, the fixed
+/// tolerance of their coarsest dtype (they carry no derived bound), the final weights held
+/// to AdamW's carried bound where it can be carried (else judged only where the optimizer
+/// does not amplify rounding), and their buffers where both are runs of one kind.
+fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareOptions, sampled: [bool; 2]) -> Bench {
+    let dtype = a.finals[0].1.dtype().unwrap_or(Dtype::Float32);
+    let tolerance = users_tolerance(a, b, dtype, &opts.tolerance);
+    let labels = labels(&opts.paths);
+    // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.
+    let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
+    // Under AdamW the final weights are held to what its steps make of each step's allowance.
+    let finals_carried = adamw_finals(a, b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds);
+    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, finals_carried.is_ok(), a, b);
+    // Accumulation against a big-batch trace: one process, one batch of each step's samples.
+    // A mismatch there while DDP agrees is a normalisation both runs share (a per-micro-batch
+    // mean over samples or tokens of varying count).
+    let big = big.map(|leg| {
+        let (acc, trace) = (&mut leg.accumulation, &leg.trace);
+        let carried = adamw_finals(acc, trace, &tolerance, dtype).map(|bounds| acc.allowances.finals = bounds);
+        (traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok(), acc, trace), false)
+    });
+    let pair = TracePair {
+        paths: opts.paths.clone(),
+        headers: [a.header.clone(), b.header.clone()],
+        tolerance,
+        plot: opts.plot.clone(),
+        magnitudes: !a.scales.is_empty() && !b.scales.is_empty(),
+        peaks: !a.peaks.is_empty() && !b.peaks.is_empty(),
+        finals_carried,
+        big: opts.big.clone(),
+        sampling: SampledPair::of(a, b, sampled),
+    };
+    Bench {
+        subject: Subject::Traces(Box::new(pair)),
+        runs,
+        buffers: opts.strict_buffers || same_kind,
+        big,
+        golden: None,
+        context: Context::of_traces(a, b),
+        streamed: false,
+    }
+}
+
+/// Two traces' comparer: the final weights held to AdamW's carried bound (`carried`, set as
+/// `a`'s allowances), else judged only where the optimizer does not amplify rounding.
+fn traces_comparer(labels: [&str; 2], tolerance: &Tolerance, carried: bool, a: &Trace, b: &Trace) -> Comparer {
+    Comparer::new(labels[0], labels[1], tolerance, None).derived(carried).finals_judged(carried || finals_judged(a, b))
+}
+
+/// Users' runs train on their own: the free-running tolerance of their dtype, or of the
+/// dtype an engine computed in where coarser (FSDP2's MixedPrecisionPolicy): the same
+/// reordering, rounded at that precision; --max-ulps/--rtol/--atol where given.
+fn users_tolerance(a: &Trace, b: &Trace, dtype: Dtype, given: &ToleranceOverrides) -> Tolerance {
+    let computed = [a.header.compute_dtype, b.header.compute_dtype].into_iter().flatten();
+    let coarsest = computed.chain([dtype]).max_by(|x, y| x.epsilon().total_cmp(&y.epsilon())).unwrap_or(dtype);
+    given.tolerance(coarsest, false)
+}
+
+/// What each side is called in reports: its file name without `.safetensors`, or the
+/// whole path where both have the same name.
+fn labels([a, b]: &[PathBuf; 2]) -> [String; 2] {
+    let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let (sa, sb) = (stem(a), stem(b));
+    if sa != sb && !sa.is_empty() && !sb.is_empty() {
+        [sa, sb]
+    } else {
+        [a.display().to_string(), b.display().to_string()]
+    }
+}
+
+/// Every comparison a verification makes, fed one optimizer step at a time, then finished
+/// into the [`Outcome`] by [`judge`].
+pub struct Judging {
+    config: Config,
+    /// Accumulation vs DDP, held to the derived bounds unless a tolerance was given.
+    runs: Comparer,
+    /// Accumulation vs the big batch, likewise (its own bound: `train::Bounds`).
+    big: Option<Comparer>,
+    /// Accumulation vs the golden's, DDP vs the golden's (and the big batch vs the golden's,
+    /// where both exist); goldens keep the fixed tolerance and their buffers always count.
+    golden: Option<(Golden, [Comparer; 2], Option<Comparer>)>,
+}
+
+impl Judging {
+    pub fn new(cfg: &Config, golden: Option<Golden>) -> Self {
+        let tol = &cfg.tolerance;
+        let golden = golden.map(|g| {
+            let sample = g.meta.sample;
+            let cmps = [
+                Comparer::new("accumulation", "golden accumulation", tol, sample),
+                Comparer::new("ddp", "golden ddp", tol, sample),
+            ];
+            let big = (g.big_batch.is_some() && cfg.train.with_big_batch())
+                .then(|| Comparer::new("big batch", "golden big batch", tol, sample));
+            (g, cmps, big)
+        });
+        let runs = Comparer::new("accumulation", "ddp", tol, None).derived(cfg.derive_bounds);
+        let big = cfg
+            .train
+            .with_big_batch()
+            .then(|| Comparer::new("accumulation", "big batch", tol, None).derived(cfg.derive_bounds));
+        Judging { config: cfg.clone(), runs, big, golden }
+    }
+
+    /// Step `s` of both runs; `allowed` is what the accumulation run derived for it; `big`
+    /// the big batch's gradients with what they may differ by. An empty side means that run
+    /// made no such step.
+    pub fn step(
+        &mut self,
+        s: usize,
+        accumulation: &Params,
+        ddp: &Params,
+        allowed: &Params,
+        big: Option<(&Params, &Params)>,
+    ) {
+        let none = Params::new();
+        self.runs.step(accumulation, ddp, allowed);
+        if let (Some(cmp), Some((b, allowed_big))) = (self.big.as_mut(), big) {
+            cmp.step(accumulation, b, allowed_big);
+        }
+        if let Some((g, [ga, gd], gb)) = self.golden.as_mut() {
+            ga.step(accumulation, g.accumulation.steps.get(s).unwrap_or(&none), &none);
+            gd.step(ddp, g.ddp.steps.get(s).unwrap_or(&none), &none);
+            if let (Some(gb), Some((b, _)), Some(golden_big)) = (gb.as_mut(), big, &g.big_batch) {
+                gb.step(b, golden_big.steps.get(s).unwrap_or(&none), &none);
+            }
+        }
+    }
+
+    /// Every step the finished runs recorded.
+    pub fn steps_of(&mut self, accumulation: &Trace, ddp: &Trace, big: Option<&Trace>) {
+        let none = Params::new();
+        let big_steps = big.map_or(0, |b| b.steps.len());
+        for s in 0..accumulation.steps.len().max(ddp.steps.len()).max(big_steps) {
+            let (a, d) = (accumulation.steps.get(s).unwrap_or(&none), ddp.steps.get(s).unwrap_or(&none));
+            let b = big.map(|b| (b.steps.get(s).unwrap_or(&none), accumulation.allowances.big.get(s).unwrap_or(&none)));
+            self.step(s, a, d, accumulation.allowances.steps.get(s).unwrap_or(&none), b);
+        }
+    }
+
+    /// Final weights and buffers, then the outcome ([`judge`]). The traces keep whatever
+    /// steps were kept for reports and saving; those were judged already, through
+    /// [`Judging::step`].
+    pub fn finish(self, accumulation: Trace, ddp: Trace, big: Option<Trace>) -> Outcome {
+        // The big batch is held to its own allowances (`Trace::for_big_batch`).
+        let big = big.map(|trace| BigLeg {
+            accumulation: Trace {
+                steps: accumulation.steps.clone(),
+                scales: accumulation.scales.clone(),
+                ..accumulation.without_steps().for_big_batch()
+            },
+            trace,
+        });
+        judge(Legs { accumulation, ddp, big, sampled: [false; 2] }, Terms::Run(Box::new(self)))
+    }
+
+    /// Our own runs' terms: by the configuration (its plan says what each step held).
+    fn bench(self) -> Bench {
+        Bench {
+            context: Context::of_run(&self.config.train),
+            buffers: self.config.strict_buffers,
+            subject: Subject::Run(Box::new(self.config)),
+            runs: self.runs,
+            big: self.big.map(|cmp| (cmp, true)),
+            golden: self.golden,
+            streamed: true,
+        }
+    }
+}
+
+impl Outcome {
+    /// No runs, no comparisons: the kernels did not repeat themselves.
+    pub fn no_verdict(cfg: &Config, why: Unrepeatable) -> Outcome {
+        let outcome = Judging::new(cfg, None).finish(Trace::default(), Trace::default(), None);
+        Outcome { no_verdict: Some(why), ..outcome }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::{Engine, RunKind, TraceHeader, Values};
+    use crate::judge::Reason;
+    use crate::spec::TrainConfig;
+
+    /// Two steps of one parameter, both runs clipped at every step from norms one factor
+    /// apart, DDP reducing both micro-batches of each step through DDP's engine.
+    fn legs() -> Legs {
+        let trace = |run: RunKind, norm: f64| Trace {
+            header: TraceHeader { run: Some(run), ..TraceHeader::default() },
+            steps: vec![vec![("w".into(), Values::f32s(vec![0.5, -1.0]))]; 2],
+            finals: vec![("w".into(), Values::f32s(vec![0.25, 0.75]))],
+            facts: crate::evidence::StepFacts { clip_norms: vec![Some((norm, 1.0)); 2], ..Default::default() },
+            ..Trace::default()
+        };
+        let mut ddp = trace(RunKind::Ddp, 4.0);
+        ddp.header.engine = Some(Engine::Ddp);
+        ddp.facts.ddp_sync = vec![vec![true, true]; 2];
+        ddp.facts.comm = vec![Some((2, 4_000)); 2];
+        Legs { accumulation: trace(RunKind::Accumulation, 2.0), ddp, big: None, sampled: [false; 2] }
+    }
+
+    fn own(legs: Legs) -> Outcome {
+        let cfg = Config::judging(TrainConfig::article(), Tolerance::default(), false);
+        let mut judging = Judging::new(&cfg, None);
+        judging.steps_of(&legs.accumulation, &legs.ddp, None);
+        judging.finish(legs.accumulation, legs.ddp, None)
+    }
+
+    fn traces(legs: Legs) -> Outcome {
+        let opts = CompareOptions {
+            paths: [PathBuf::from("acc.safetensors"), PathBuf::from("ddp.safetensors")],
+            big: None,
+            tolerance: ToleranceOverrides::default(),
+            reports: Vec::new(),
+            plot: None,
+            strict_buffers: false,
+        };
+        judge(legs, Terms::Traces(&opts))
+    }
+
+    /// Our own runs and users' traces go through one judgement: the same caution beside
+    /// the same verdict, and the same costs, whichever path the legs came by.
+    #[test]
+    fn both_paths_judge_caution_and_costs_alike() {
+        for (outcome, left) in [(own(legs()), "accumulation"), (traces(legs()), "acc")] {
+            assert_eq!(outcome.verdict(), crate::judge::Verdict::Equivalent);
+            let caution = outcome.caution.as_ref().expect("a caution");
+            assert_eq!(caution.reason, Reason::HiddenFactor, "{}", caution.detail);
+            let said = format!("ddp's total gradient norm before clipping was 2.0000x {left}'s");
+            assert!(caution.detail.contains(&said), "{}", caution.detail);
+            assert_eq!(outcome.costs.len(), 1);
+            assert_eq!((outcome.costs[0].label.as_str(), outcome.costs[0].reduced), ("ddp", Some(2)));
+        }
+        // Without the factor clipping hides, the needless reductions are the caution.
+        for outcome in [own, traces].map(|judged| {
+            let mut legs = legs();
+            legs.ddp.facts.clip_norms = legs.accumulation.facts.clip_norms.clone();
+            judged(legs)
+        }) {
+            assert_eq!(outcome.caution.map(|c| c.reason), Some(Reason::NeedlessSync));
+        }
+    }
+}

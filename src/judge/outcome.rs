@@ -115,6 +115,11 @@ impl Outcome {
         std::iter::once(&self.runs).chain(self.big_batch.as_ref().map(|b| &b.comparison)).chain(&self.golden).collect()
     }
 
+    /// What the DDP run's synchronisation cost per step, where recorded.
+    pub fn ddp_cost(&self) -> Option<&LegCost> {
+        self.costs.iter().find(|c| c.label == self.runs.right)
+    }
+
     /// 0 equivalent, 1 not, 4 no verdict: what a verification or `compare` exits with.
     pub fn exit(&self) -> crate::error::Exit {
         self.verdict().exit()

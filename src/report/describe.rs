@@ -148,7 +148,7 @@ pub(crate) fn run_table(s: &mut String, o: &Outcome, cfg: &Config) {
 /// What the DDP run's ranks all-reduced per optimizer step (once, after the micro-batches
 /// under no_sync), where recorded.
 pub(crate) fn all_reduced(o: &Outcome) -> Option<String> {
-    let c = crate::judge::LegCost::of("ddp", &o.ddp)?;
+    let c = o.ddp_cost()?;
     Some(format!(
         "ddp all-reduce: {} buckets, {} per rank per optimizer step (once per step, after the K/W micro-batches \
          under no_sync)",

@@ -33,7 +33,7 @@ pub fn json(o: &Outcome) -> Value {
             v["device"] = json!(cfg.train.run.device.name());
             v["device_note"] = json!(cfg.device_note);
             v["kernels"] = json!(cfg.kernels);
-            v["cost"] = json!(crate::judge::LegCost::of("ddp", &o.ddp));
+            v["cost"] = json!(o.ddp_cost());
         }
         // `compare`: the files and their headers instead of a configuration.
         Subject::Traces(pair) => {

@@ -266,3 +266,129 @@ fn no_source_file_is_over_600_lines() {
         .collect();
     assert!(long.is_empty(), "split these by concept:\n{}", long.join("\n"));
 }
+
+/// What the jobs may name of the judge: the one call that judges and its terms, `Judging`
+/// (our own runs stream each step into it as it comes), and what a judgement hands on.
+/// Everything else `judge` exports is how it judges (comparers, rules, bounds, costs): the
+/// jobs load, call `judge::judge` and report, and hold no judgement of their own.
+const WHAT_JOBS_READ_OF_THE_JUDGE: &[&str] = &[
+    "judge",
+    "Terms",
+    "Judging",
+    "Outcome",
+    "Verdict",
+    "Agreement",
+    "Comparison",
+    "GroupDiff",
+    "TensorDiff",
+    "NotJudged",
+    "Problem",
+    "BigBatch",
+    "Diagnosis",
+    "Reason",
+];
+
+/// The names a module file exports at its top level: its `pub use` lists (the name after
+/// `as` where renamed) and its own `pub` items.
+fn exports(text: &str) -> Vec<String> {
+    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
+    let mut names = Vec::new();
+    let starts = text.match_indices("pub ").map(|(i, _)| i).filter(|&i| i == 0 || text[..i].ends_with('\n'));
+    for i in starts {
+        let item = &text[i + "pub ".len()..];
+        let Some(stmt) = item.strip_prefix("use ") else {
+            let kinds = ["fn ", "struct ", "enum ", "const ", "static ", "type ", "trait "];
+            names.extend(kinds.iter().filter_map(|k| item.strip_prefix(k)).map(ident));
+            continue;
+        };
+        let stmt = &stmt[..stmt.find(';').unwrap()];
+        let items = match stmt.find('{') {
+            Some(open) => stmt[open + 1..stmt.rfind('}').unwrap()].split(',').collect::<Vec<_>>(),
+            None => vec![stmt],
+        };
+        for item in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            names.push(ident(item.rsplit(" as ").next().unwrap().rsplit("::").next().unwrap().trim()));
+        }
+    }
+    names
+}
+
+/// Every name a file takes from the judge: `judge::name`, each name in `judge::{...}`, and
+/// `*` for a glob.
+fn names_from_the_judge(text: &str) -> Vec<String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut names = Vec::new();
+    for (i, m) in text.match_indices("judge::") {
+        if text[..i].ends_with(word) {
+            continue;
+        }
+        let rest = &text[i + m.len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let mut depth = 1;
+                let end = group
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        depth += match c {
+                            '{' => 1,
+                            '}' => -1,
+                            _ => 0,
+                        };
+                        depth == 0
+                    })
+                    .map_or(group.len(), |(j, _)| j);
+                let group = &group[..end];
+                names.extend(group.split(|c: char| !word(c) && c != '*').filter(|s| !s.is_empty()).map(String::from));
+            }
+            None if rest.starts_with('*') => names.push("*".into()),
+            None => names.push(rest.chars().take_while(|&c| word(c)).collect()),
+        }
+    }
+    names
+}
+
+#[test]
+fn the_jobs_hold_no_judgement() {
+    let exported = exports(&std::fs::read_to_string(repo("src/judge/mod.rs")).unwrap());
+    for name in WHAT_JOBS_READ_OF_THE_JUDGE {
+        assert!(
+            exported.iter().any(|e| e == name),
+            "judge exports no {name}: drop it from WHAT_JOBS_READ_OF_THE_JUDGE"
+        );
+    }
+    let internals: Vec<&String> =
+        exported.iter().filter(|e| !WHAT_JOBS_READ_OF_THE_JUDGE.contains(&e.as_str())).collect();
+    // The judge's own machinery, as mod.rs exports it, is what the jobs must not name.
+    for known in ["Comparer", "compare", "diagnose", "diagnose_big_batch", "caution", "needless_sync", "costs"] {
+        assert!(internals.iter().any(|e| *e == known), "{known} not among the judge's exports: {exported:?}");
+    }
+    let mut files = Vec::new();
+    rust_files(&repo("src/jobs"), &mut files);
+    let mut named = Vec::new();
+    for file in files {
+        for name in names_from_the_judge(&std::fs::read_to_string(&file).unwrap()) {
+            if name == "*" || internals.iter().any(|e| **e == name) {
+                named.push(format!("{} names judge::{name}", file.strip_prefix(repo("src")).unwrap().display()));
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "judgement in the jobs (judge::judge judges; the jobs load and report):\n{}",
+        named.join("\n")
+    );
+}
+
+#[test]
+fn the_judges_names_are_read_from_paths_and_groups() {
+    let text = "use crate::judge::{caution, diagnose::{Context, Loss}, Outcome};\nlet c = judge::Comparer::new();\n\
+                let o = crate::judge::judge(legs); // prejudge::x\nuse crate::judge::*;";
+    assert_eq!(
+        names_from_the_judge(text),
+        ["caution", "diagnose", "Context", "Loss", "Outcome", "Comparer", "judge", "*"]
+    );
+    let text =
+        "pub use a::{b as c, D};\npub use e::f;\npub use g::{\n    h,\n    I,\n};\npub fn j() {}\npub enum K {}\n\
+                impl K {\n    pub fn method() {}\n}";
+    assert_eq!(exports(text), ["c", "D", "f", "h", "I", "j", "K"]);
+}

@@ -4,6 +4,7 @@
 
 pub mod golden;
 mod header;
+mod keys;
 mod load;
 mod resample;
 mod sampled;

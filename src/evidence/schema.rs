@@ -4,58 +4,8 @@
 //! by a test, and the recorder's output held to it by pytest). Sharded engines and sampled
 //! traces extend these tables. Nothing here needs libtorch.
 
-/// What every trace's `format` key starts with; the version follows the slash.
-pub const FORMAT_NAME: &str = "ddp-verify-trace";
-/// The version written now: 2 adds sampled traces (`sample`, `positions.*`, `summary.*`).
-pub const VERSION: u32 = 2;
-/// The versions this build reads: 1 is the layout of ddp-verify 0.1 and the recorder 0.2.
-pub const READS: std::ops::RangeInclusive<u32> = 1..=VERSION;
-
-/// `ddp-verify-trace/<VERSION>`, as headers write it.
-pub fn format() -> String {
-    format!("{FORMAT_NAME}/{VERSION}")
-}
-
-/// What a header value must parse as. Safetensors headers are string to string; these are
-/// what the strings hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Value {
-    /// Free text, shown as it is.
-    Text,
-    /// A whole number >= 1.
-    Count,
-    /// A finite number.
-    Number,
-    /// Finite numbers separated by spaces (a tuple of settings, `betas`).
-    Numbers,
-    /// `True` or `False` (as Python writes them; `true`/`false` also read).
-    Flag,
-    /// One of these words; the empty string reads as absent.
-    OneOf(&'static [&'static str]),
-}
-
-impl Value {
-    fn name(self) -> &'static str {
-        match self {
-            Value::Text => "text",
-            Value::Count => "count",
-            Value::Number => "number",
-            Value::Numbers => "numbers",
-            Value::Flag => "flag",
-            Value::OneOf(_) => "one of",
-        }
-    }
-}
-
-/// One header key: its name, what it holds, and whether a header must have it.
-#[derive(Debug, Clone, Copy)]
-pub struct Key {
-    pub name: &'static str,
-    pub value: Value,
-    /// Every header of a supported version has it; `compare` relies on it.
-    pub required: bool,
-    pub about: &'static str,
-}
+/// The format's name and versions, and what a header key may hold.
+pub use super::keys::{format, Key, Value, DTYPES, FORMAT_NAME, READS, VERSION};
 
 pub const FORMAT: &str = "format";
 pub const RUN: &str = "run";
@@ -101,8 +51,6 @@ pub const STOPPED: &str = "ddp_verify_trace: recording stopped";
 pub const RUNS: &[&str] = &["accumulation", "single", "ddp"];
 /// The legs `ddp-verify -- COMMAND` runs a script as.
 pub const LEGS: &[&str] = &["accumulation", "ddp", "big-batch"];
-/// The float dtypes a trace's gradients and weights may be, by `--dtype`'s names.
-pub const DTYPES: &[&str] = &["float32", "float64", "bfloat16", "float16"];
 /// `true`: per element; `per tensor`: one number per tensor; `false`: none recorded.
 pub const MAGNITUDE_KINDS: &[&str] = &["true", "per tensor", "false"];
 /// Whether any DistributedDataParallel forward ran under the recorder.

@@ -1,4 +1,5 @@
-"""The trace format ddp-verify reads, generated from src/evidence/schema.rs: do not edit.
+"""The trace format ddp-verify reads, generated from src/evidence/schema.rs and the header keys in
+src/evidence/header.rs: do not edit.
 
 Regenerate with `UPDATE_SCHEMA=1 cargo test --lib evidence::schema`; a Rust test holds this file to
 the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.

@@ -12,11 +12,12 @@ pub mod schema;
 mod trace;
 mod unrepeatable;
 mod values;
+mod words;
 mod writer;
 
 pub use golden::Golden;
 pub use header::{
-    Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
+    DdpForward, Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
 };
 pub use sampled::{Sampled, Sampling, Summaries, Summary};
 pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};

@@ -67,6 +67,8 @@ pub struct Key {
     pub required: bool,
     /// A setting the recorder copies from the optimizer's first param group, when present.
     pub setting: bool,
+    /// The Rust const's name (`WORLD_SIZE`), which Python's `Key` class uses too.
+    pub constant: &'static str,
     pub about: &'static str,
 }
 
@@ -190,6 +192,7 @@ macro_rules! header {
                     value: Value::Text,
                     required: true,
                     setting: false,
+                    constant: stringify!($FORMAT),
                     about: $format_about,
                 },
                 $(Key {
@@ -197,6 +200,7 @@ macro_rules! header {
                     value: <$ty as HeaderValue>::VALUE,
                     required: $crate::evidence::keys::header!(@required $need),
                     setting: $crate::evidence::keys::header!(@setting $need),
+                    constant: stringify!($CONST),
                     about: $about,
                 },)+
             ];

@@ -29,6 +29,19 @@ pub fn settings() -> impl Iterator<Item = Key> {
     keys().filter(|k| k.setting)
 }
 
+/// Each set of words a key may hold, once, with the keys that hold it, in key order.
+pub fn vocabularies() -> Vec<(Words, Vec<&'static str>)> {
+    let mut out: Vec<(Words, Vec<&'static str>)> = Vec::new();
+    for k in keys() {
+        let Value::OneOf(words) = k.value else { continue };
+        match out.iter_mut().find(|(w, _)| *w == words) {
+            Some((_, held_by)) => held_by.push(k.name),
+            None => out.push((words, vec![k.name])),
+        }
+    }
+    out
+}
+
 /// Frameworks the recorder names as the caller of optimizer.step(), outermost first (the
 /// Trainer steps through Accelerate: the user's is the outermost), each with the Python
 /// modules that belong to it. `plain` is none of them.
@@ -269,6 +282,7 @@ impl TensorKind {
 
 /// The Python module the recorder writes by: these tables as Python literals.
 pub fn python_module() -> String {
+    use super::words::python_name;
     use std::fmt::Write;
     let q = |s: &str| format!("{s:?}");
     let list = |xs: &[&str]| xs.iter().map(|x| q(x)).collect::<Vec<_>>().join(", ");
@@ -297,7 +311,24 @@ pub fn python_module() -> String {
     }
     let settings: Vec<&str> = settings().map(|k| k.name).collect();
     let _ = writeln!(out, "}}\nOPTIMIZER_SETTINGS = ({},)", list(&settings));
-    let _ = writeln!(out, "\n# name, outermost first: (Python modules that belong to it)\nFRAMEWORKS = {{");
+    // A class of string constants, after two blank lines and `comment` (if any).
+    let class =
+        |out: &mut String, comment: &str, name: &str, about: &str, words: &mut dyn Iterator<Item = (String, &str)>| {
+            let _ = writeln!(out, "\n\n{comment}class {name}:\n    \"\"\"{about}\"\"\"\n");
+            for (constant, word) in words {
+                let _ = writeln!(out, "    {constant} = {}", q(word));
+            }
+        };
+    let about = "Every header key, named as the Rust const: what the recorder writes the header through.";
+    class(&mut out, "", "Key", about, &mut keys().map(|k| (k.constant.to_string(), k.name)));
+    let mut comment = "# The words a key may hold, a class per Rust enum: each word upper-cased, '-' and ' ' as '_'\n";
+    for (words, held_by) in vocabularies() {
+        let (keys, hold) = if held_by.len() == 1 { ("key", "holds") } else { ("keys", "hold") };
+        let about = format!("The words the {} {keys} {hold}.", held_by.join(" and "));
+        class(&mut out, comment, words.class, &about, &mut words.words.iter().map(|&w| (python_name(w), w)));
+        comment = "";
+    }
+    let _ = writeln!(out, "\n\n# name, outermost first: (Python modules that belong to it)\nFRAMEWORKS = {{");
     for (name, modules) in FRAMEWORKS {
         let _ = writeln!(out, "    {}: ({},),", q(name), list(modules));
     }
@@ -311,9 +342,12 @@ pub fn python_module() -> String {
         let _ =
             writeln!(out, "    {}: ({}, {:?}, {:?}),", q(t.prefix), q(&pattern), q_enum(t.elements), q_enum(t.shape));
     }
+    let _ = writeln!(out, "}}");
+    let about = "Every tensor kind, by its name's prefix (what name() takes).";
+    class(&mut out, "", "Tensor", about, &mut TENSORS.iter().map(|t| (python_name(t.prefix), t.prefix)));
     let _ = writeln!(
         out,
-        "}}\n\n\ndef name(kind, step=None, param=None):\n    \
+        "\n\ndef name(kind, step=None, param=None):\n    \
          \"\"\"A tensor's name in a trace: name(\"grads\", 3, \"fc.weight\") is \"grads.3.fc.weight\".\"\"\"\n    \
          return TENSORS[kind][0].format(step=step, param=param)"
     );
@@ -347,6 +381,39 @@ mod tests {
                 path.display()
             ),
         }
+    }
+
+    /// `_schema.py`'s classes hold exactly the Rust names: `Key` every key by its const (the key
+    /// upper-cased), and one class per vocabulary, named as the enum, its words in order.
+    #[test]
+    fn the_python_classes_are_the_rust_names() {
+        use crate::evidence::words::python_name;
+        let module = python_module();
+        let class = |name: &str| -> Vec<(String, String)> {
+            let body = module.split(&format!("\nclass {name}:\n")).nth(1).unwrap_or_else(|| panic!("no class {name}"));
+            let lines = body.lines().skip(2).take_while(|l| l.starts_with("    "));
+            lines
+                .map(|l| l.trim().split_once(" = ").map(|(c, w)| (c.into(), w.trim_matches('"').into())).unwrap())
+                .collect()
+        };
+        let want: Vec<(String, String)> = keys().map(|k| (k.constant.into(), k.name.into())).collect();
+        assert_eq!(class("Key"), want);
+        assert!(keys().all(|k| k.constant == python_name(k.name)));
+        let mut classes = vec![];
+        for (words, _) in vocabularies() {
+            let want: Vec<(String, String)> = words.words.iter().map(|&w| (python_name(w), w.into())).collect();
+            assert_eq!(class(words.class), want);
+            // Each a Python name of its own: starts with a letter, no two alike.
+            let mut names: Vec<&str> = want.iter().map(|(c, _)| c.as_str()).collect();
+            assert!(names.iter().all(|c| c.starts_with(|ch: char| ch.is_ascii_alphabetic())), "{names:?}");
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), want.len(), "{}", words.class);
+            classes.push(words.class);
+        }
+        assert_eq!(classes, ["RunKind", "Dtype", "Leg", "Magnitudes", "Framework", "DdpForward", "Engine"]);
+        let want: Vec<(String, String)> = TENSORS.iter().map(|t| (python_name(t.prefix), t.prefix.into())).collect();
+        assert_eq!(class("Tensor"), want);
     }
 
     #[test]

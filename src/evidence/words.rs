@@ -2,6 +2,13 @@
 //! its variant. Words are matched, never looked up by list position, so adding or reordering a
 //! variant cannot give another its word; a word written twice is an unreachable pattern.
 
+/// The Python constant for a word or a key: upper-cased, each character that is neither a letter
+/// nor a digit an underscore (`deepspeed-zero0` is `DEEPSPEED_ZERO0`, `per tensor` `PER_TENSOR`,
+/// `world_size` `WORLD_SIZE`, the Rust const's name).
+pub fn python_name(word: &str) -> String {
+    word.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
 /// An enum of header words: `pub enum Leg { Accumulation = "accumulation", ... }` gives the enum,
 /// `ALL` and `WORDS` in declaration order, `parse` and `name` by match, and its `HeaderValue`
 /// (one of `WORDS`).
@@ -57,3 +64,15 @@ macro_rules! vocabulary {
 }
 
 pub(crate) use vocabulary;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_names_are_the_word_upper_cased() {
+        assert_eq!(python_name("deepspeed-zero0"), "DEEPSPEED_ZERO0");
+        assert_eq!(python_name("per tensor"), "PER_TENSOR");
+        assert_eq!(python_name("world_size"), "WORLD_SIZE");
+    }
+}

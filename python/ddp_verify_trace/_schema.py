@@ -1,4 +1,5 @@
-"""The trace format ddp-verify reads, generated from src/evidence/schema.rs: do not edit.
+"""The trace format ddp-verify reads, generated from src/evidence/schema.rs and the header keys in
+src/evidence/header.rs: do not edit.
 
 Regenerate with `UPDATE_SCHEMA=1 cargo test --lib evidence::schema`; a Rust test holds this file to
 the Rust tables and python/tests/test_schema.py holds what the recorder writes to this file.
@@ -48,6 +49,107 @@ HEADER = {
 }
 OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize",)
 
+
+class Key:
+    """Every header key, named as the Rust const: what the recorder writes the header through."""
+
+    FORMAT = "format"
+    RUN = "run"
+    WORLD_SIZE = "world_size"
+    DTYPE = "dtype"
+    LEG = "leg"
+    ACC_STEPS = "acc_steps"
+    STEPS_PER_EPOCH = "steps_per_epoch"
+    STEPS = "steps"
+    MAGNITUDES = "magnitudes"
+    FRAMEWORK = "framework"
+    DDP_FORWARD = "ddp_forward"
+    DROPOUT = "dropout"
+    UNRECORDED_OPTIMIZERS = "unrecorded_optimizers"
+    WRITTEN_BY = "written_by"
+    RECORDED_BY = "recorded_by"
+    TORCH_VERSION = "torch_version"
+    OPTIMIZER = "optimizer"
+    SAMPLE = "sample"
+    PARAMETERS = "parameters"
+    ENGINE = "engine"
+    GRAD_DIVIDE = "grad_divide"
+    COMPUTE_DTYPE = "compute_dtype"
+    ENGINE_ACCUMULATION = "engine_accumulation"
+    WARNINGS = "warnings"
+    BETAS = "betas"
+    EPS = "eps"
+    WEIGHT_DECAY = "weight_decay"
+    MOMENTUM = "momentum"
+    AMSGRAD = "amsgrad"
+    NESTEROV = "nesterov"
+    DAMPENING = "dampening"
+    MAXIMIZE = "maximize"
+
+
+# The words a key may hold, a class per Rust enum: each word upper-cased, '-' and ' ' as '_'
+class RunKind:
+    """The words the run key holds."""
+
+    ACCUMULATION = "accumulation"
+    SINGLE = "single"
+    DDP = "ddp"
+
+
+class Dtype:
+    """The words the dtype and compute_dtype keys hold."""
+
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class Leg:
+    """The words the leg key holds."""
+
+    ACCUMULATION = "accumulation"
+    DDP = "ddp"
+    BIG_BATCH = "big-batch"
+
+
+class Magnitudes:
+    """The words the magnitudes key holds."""
+
+    TRUE = "true"
+    PER_TENSOR = "per tensor"
+    FALSE = "false"
+
+
+class Framework:
+    """The words the framework key holds."""
+
+    PLAIN = "plain"
+    TRANSFORMERS = "transformers"
+    LIGHTNING = "lightning"
+    COLOSSALAI = "colossalai"
+    ACCELERATE = "accelerate"
+    DEEPSPEED = "deepspeed"
+
+
+class DdpForward:
+    """The words the ddp_forward key holds."""
+
+    SEEN = "seen"
+    NONE = "none"
+
+
+class Engine:
+    """The words the engine key holds."""
+
+    DDP = "ddp"
+    FSDP2 = "fsdp2"
+    DEEPSPEED_ZERO0 = "deepspeed-zero0"
+    DEEPSPEED_ZERO1 = "deepspeed-zero1"
+    DEEPSPEED_ZERO2 = "deepspeed-zero2"
+    DEEPSPEED_ZERO3 = "deepspeed-zero3"
+
+
 # name, outermost first: (Python modules that belong to it)
 FRAMEWORKS = {
     "transformers": ("transformers",),
@@ -82,6 +184,33 @@ TENSORS = {
     "summary": ("summary.{step}.{param}", "f64", "three"),
     "final_summary": ("final_summary.{param}", "f64", "three"),
 }
+
+
+class Tensor:
+    """Every tensor kind, by its name's prefix (what name() takes)."""
+
+    GRADS = "grads"
+    SCALE = "scale"
+    FINAL = "final"
+    PEAK = "peak"
+    BUFFER = "buffer"
+    LR = "lr"
+    MICRO = "micro"
+    CLIPS = "clips"
+    CLIP = "clip"
+    RANK_BITS = "rank_bits"
+    DDP_SYNC = "ddp_sync"
+    COMM = "comm"
+    SECONDS = "seconds"
+    LOSS_SCALE = "loss_scale"
+    FOUND_INF = "found_inf"
+    UNSCALES = "unscales"
+    SCALER_UPDATES = "scaler_updates"
+    RANGE_PART = "range_part"
+    POSITIONS = "positions"
+    SHAPE = "shape"
+    SUMMARY = "summary"
+    FINAL_SUMMARY = "final_summary"
 
 
 def name(kind, step=None, param=None):

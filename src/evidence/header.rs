@@ -1,58 +1,74 @@
 //! A trace's header, typed: what wrote it, how many processes, K, the dtype, the optimizer
-//! and its settings, the framework. Read by the key table in [`super::schema`]; a header
-//! that lacks a key `compare` relies on, or holds one that does not parse, is refused
-//! naming the key. Outside `evidence`, nothing looks a header key up by string.
+//! and its settings, the framework. Each key is one line of `header!` below (its const, its
+//! row in the key table `key::ALL`, its field, reading and writing), each word one line of a
+//! `vocabulary!`. A header that lacks a key `compare` relies on, or holds one that does not
+//! parse, is refused naming the key. Outside `evidence`, nothing looks a header key up by string.
 
 use std::collections::BTreeMap;
 
-use super::schema::{self, Value};
+use super::keys::{header, numbers, HeaderValue, Value, FORMAT_NAME, READS};
+use super::words::vocabulary;
 use crate::spec::Dtype;
 
-/// What wrote a trace: ddp-verify's own accumulation run, the recorder's one process, or
-/// DDP (either's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunKind {
-    Accumulation,
-    Single,
-    Ddp,
+vocabulary! {
+    /// What wrote a trace: ddp-verify's own accumulation run, the recorder's one process, or
+    /// DDP (either's).
+    pub enum RunKind {
+        Accumulation = "accumulation",
+        Single = "single",
+        Ddp = "ddp",
+    }
 }
 
-/// The leg `ddp-verify -- COMMAND` ran a script as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leg {
-    Accumulation,
-    Ddp,
-    BigBatch,
+vocabulary! {
+    /// The leg `ddp-verify -- COMMAND` ran a script as.
+    pub enum Leg {
+        Accumulation = "accumulation",
+        Ddp = "ddp",
+        BigBatch = "big-batch",
+    }
 }
 
-/// How the recorder measured each step's micro-batch magnitudes (`scale.<s>.<p>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Magnitudes {
-    PerElement,
-    PerTensor,
-    None,
+vocabulary! {
+    /// How the recorder measured each step's micro-batch magnitudes (`scale.<s>.<p>`).
+    pub enum Magnitudes {
+        PerElement = "true",
+        PerTensor = "per tensor",
+        None = "false",
+    }
 }
 
-/// The framework that called optimizer.step() in a user's run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framework {
-    Plain,
-    Transformers,
-    Lightning,
-    ColossalAi,
-    Accelerate,
-    DeepSpeed,
+vocabulary! {
+    /// The framework that called optimizer.step() in a user's run: `plain`, or one of
+    /// `schema::FRAMEWORKS`.
+    pub enum Framework {
+        Plain = "plain",
+        Transformers = "transformers",
+        Lightning = "lightning",
+        ColossalAi = "colossalai",
+        Accelerate = "accelerate",
+        DeepSpeed = "deepspeed",
+    }
 }
 
-/// What synchronised a multi-process run's gradients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Ddp,
-    Fsdp2,
-    DeepSpeed0,
-    DeepSpeed1,
-    DeepSpeed2,
-    DeepSpeed3,
+vocabulary! {
+    /// What synchronised a multi-process run's gradients, as the recorder saw it.
+    pub enum Engine {
+        Ddp = "ddp",
+        Fsdp2 = "fsdp2",
+        DeepSpeed0 = "deepspeed-zero0",
+        DeepSpeed1 = "deepspeed-zero1",
+        DeepSpeed2 = "deepspeed-zero2",
+        DeepSpeed3 = "deepspeed-zero3",
+    }
+}
+
+vocabulary! {
+    /// Whether any DistributedDataParallel forward ran under the recorder.
+    pub enum DdpForward {
+        Seen = "seen",
+        None = "none",
+    }
 }
 
 /// The stepping optimizer, by class: the ones whose steps a bound is carried through, and
@@ -86,18 +102,65 @@ impl OptimizerKind {
     }
 }
 
-/// The optimizer and its first param group's settings, as recorded.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct OptimizerRecord {
-    pub kind: Option<OptimizerKind>,
-    pub betas: Option<Vec<f64>>,
-    pub eps: Option<f64>,
-    pub weight_decay: Option<f64>,
-    pub momentum: Option<f64>,
-    pub dampening: Option<f64>,
-    pub amsgrad: Option<bool>,
-    pub nesterov: Option<bool>,
-    pub maximize: Option<bool>,
+/// Any class name: the ones not named here are `Other`.
+impl HeaderValue for OptimizerKind {
+    const VALUE: Value = Value::Text;
+    fn read(v: &str) -> Option<OptimizerKind> {
+        Some(OptimizerKind::parse(v))
+    }
+    fn write(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+// One line per key: `field: Type = CONST "key" required|optional|setting "about";` (`setting`:
+// copied from the optimizer's first param group). See `header!` in keys.rs.
+header! {
+    /// A trace file's header. `version` is None where the file has none (PyTorch's goldens, a
+    /// bare safetensors file): then nothing else is known either.
+    pub struct TraceHeader {
+        version = FORMAT "format" required "ddp-verify-trace/<version>";
+        run: RunKind = RUN "run" required "what wrote the trace: one process or DDP";
+        world_size: usize = WORLD_SIZE "world_size" required "processes in the run (W under DDP)";
+        dtype: Dtype = DTYPE "dtype" required "the gradients' and weights' dtype";
+        leg: Leg = LEG "leg" optional "the leg ddp-verify -- COMMAND ran";
+        acc_steps: usize = ACC_STEPS "acc_steps" optional "K: micro-batches per step over all ranks";
+        steps_per_epoch: usize = STEPS_PER_EPOCH "steps_per_epoch" optional "optimizer steps per epoch";
+        steps: usize = STEPS "steps" optional "optimizer steps recorded";
+        magnitudes: Magnitudes = MAGNITUDES "magnitudes" optional "what scale.<s>.<p> holds";
+        framework: Framework = FRAMEWORK "framework" optional "the framework that called optimizer.step()";
+        ddp_forward: DdpForward = DDP_FORWARD "ddp_forward" optional "whether a DistributedDataParallel forward ran";
+        dropout: String = DROPOUT "dropout" optional "the dropout layers that train, in words";
+        unrecorded_optimizers: String = UNRECORDED_OPTIMIZERS "unrecorded_optimizers" optional
+            "other optimizers that stepped, by class";
+        written_by: String = WRITTEN_BY "written_by" optional "the tool and version that wrote it";
+        recorded_by: String = RECORDED_BY "recorded_by" optional "how the recorder saw the steps";
+        torch_version: String = TORCH_VERSION "torch_version" optional "the torch (or libtorch) version";
+        optimizer.kind: OptimizerKind = OPTIMIZER "optimizer" optional "the stepping optimizer's class name";
+        sample: usize = SAMPLE "sample" optional
+            "sampled: element positions kept per tensor (absent: whole tensors)";
+        parameters: usize = PARAMETERS "parameters" optional "elements in the recorded parameters, all of them";
+        engine: Engine = ENGINE "engine" optional "what synchronised the ranks' gradients";
+        grad_divide: f64 = GRAD_DIVIDE "grad_divide" optional
+            "what the sharded engine divided the reduced gradients by (W: averaged)";
+        compute_dtype: Dtype = COMPUTE_DTYPE "compute_dtype" optional
+            "the forward and backward's dtype, where the engine casts the weights";
+        engine_accumulation: usize = ENGINE_ACCUMULATION "engine_accumulation" optional
+            "the engine's own gradient_accumulation_steps (DeepSpeed)";
+        warnings: String = WARNINGS "warnings" optional
+            "what the recorder could not record (training went on), one per line";
+        optimizer.betas: Vec<f64> = BETAS "betas" setting "Adam's coefficients of its running averages";
+        optimizer.eps: f64 = EPS "eps" setting "what Adam adds to its denominator";
+        optimizer.weight_decay: f64 = WEIGHT_DECAY "weight_decay" setting "the weight decay";
+        optimizer.momentum: f64 = MOMENTUM "momentum" setting "SGD's momentum";
+        optimizer.amsgrad: bool = AMSGRAD "amsgrad" setting "Adam's AMSGrad variant";
+        optimizer.nesterov: bool = NESTEROV "nesterov" setting "SGD's Nesterov momentum";
+        optimizer.dampening: f64 = DAMPENING "dampening" setting "SGD's dampening of its momentum";
+        optimizer.maximize: bool = MAXIMIZE "maximize" setting "whether it steps up the gradient";
+    }
+
+    /// The optimizer and its first param group's settings, as recorded.
+    pub struct OptimizerRecord in optimizer;
 }
 
 impl OptimizerRecord {
@@ -125,76 +188,13 @@ impl OptimizerRecord {
     }
 }
 
-/// A trace file's header. `version` is None where the file has none (PyTorch's goldens, a
-/// bare safetensors file): then nothing else is known either.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct TraceHeader {
-    pub version: Option<u32>,
-    pub run: Option<RunKind>,
-    pub leg: Option<Leg>,
-    pub world_size: Option<usize>,
-    pub acc_steps: Option<usize>,
-    pub steps_per_epoch: Option<usize>,
-    pub steps: Option<usize>,
-    pub dtype: Option<Dtype>,
-    pub magnitudes: Option<Magnitudes>,
-    pub framework: Option<Framework>,
-    pub optimizer: OptimizerRecord,
-    /// Whether any DistributedDataParallel forward ran (the recorder's, under DDP).
-    pub ddp_forward_seen: Option<bool>,
-    /// The dropout layers that train, in words.
-    pub dropout: Option<String>,
-    /// Other optimizers that stepped unrecorded, by class.
-    pub unrecorded_optimizers: Option<String>,
-    pub written_by: Option<String>,
-    pub recorded_by: Option<String>,
-    pub torch_version: Option<String>,
-    /// Sampled: the element positions kept per tensor (tensors this large or smaller whole).
-    pub sample: Option<usize>,
-    /// Elements in all the recorded parameters.
-    pub parameters: Option<usize>,
-    /// What synchronised the ranks' gradients (DDP, FSDP2, DeepSpeed ZeRO).
-    pub engine: Option<Engine>,
-    /// What a sharded engine divided the reduced gradients by (the world size: averaged).
-    pub grad_divide: Option<f64>,
-    /// The forward and backward's dtype where the engine casts the weights (FSDP2's
-    /// MixedPrecisionPolicy), when it differs from `dtype`.
-    pub compute_dtype: Option<Dtype>,
-    /// The engine's own accumulation steps (DeepSpeed's gradient_accumulation_steps).
-    pub engine_accumulation: Option<usize>,
-    /// What the recorder could not record; the training went on.
-    pub warnings: Option<String>,
-    /// Keys this build does not know, kept as written.
-    pub other: BTreeMap<String, String>,
-}
-
-/// Each enum's words, as the schema lists them, by position.
-macro_rules! words {
-    ($ty:ident, $table:expr, [$($variant:ident),+]) => {
-        impl $ty {
-            const ALL: &'static [$ty] = &[$($ty::$variant),+];
-
-            fn parse(s: &str) -> Option<$ty> {
-                $table.iter().position(|w| *w == s).map(|i| Self::ALL[i])
-            }
-
-            pub fn name(self) -> &'static str {
-                $table[Self::ALL.iter().position(|v| *v == self).expect("listed")]
-            }
-        }
-    };
-}
-
-words!(RunKind, schema::RUNS, [Accumulation, Single, Ddp]);
-words!(Leg, schema::LEGS, [Accumulation, Ddp, BigBatch]);
-words!(Magnitudes, schema::MAGNITUDE_KINDS, [PerElement, PerTensor, None]);
-words!(Framework, schema::FRAMEWORK_NAMES, [Plain, Transformers, Lightning, ColossalAi, Accelerate, DeepSpeed]);
-words!(Engine, schema::ENGINES, [Ddp, Fsdp2, DeepSpeed0, DeepSpeed1, DeepSpeed2, DeepSpeed3]);
-
 impl Engine {
     /// Shards parameters, gradients or optimizer state over the ranks.
     pub fn is_sharded(self) -> bool {
-        self != Engine::Ddp
+        match self {
+            Engine::Ddp => false,
+            Engine::Fsdp2 | Engine::DeepSpeed0 | Engine::DeepSpeed1 | Engine::DeepSpeed2 | Engine::DeepSpeed3 => true,
+        }
     }
 
     /// How a loop tells this engine to skip the gradient reduction of a micro-batch.
@@ -202,7 +202,9 @@ impl Engine {
         match self {
             Engine::Ddp => "no_sync()",
             Engine::Fsdp2 => "set_requires_gradient_sync(False)",
-            _ => "DeepSpeed's gradient_accumulation_steps (engine.backward reduces at its boundary only)",
+            Engine::DeepSpeed0 | Engine::DeepSpeed1 | Engine::DeepSpeed2 | Engine::DeepSpeed3 => {
+                "DeepSpeed's gradient_accumulation_steps (engine.backward reduces at its boundary only)"
+            }
         }
     }
 }
@@ -210,7 +212,10 @@ impl Engine {
 impl RunKind {
     /// One process: ddp-verify's accumulation run, or the recorder's outside DDP.
     pub fn is_one_process(self) -> bool {
-        self != RunKind::Ddp
+        match self {
+            RunKind::Accumulation | RunKind::Single => true,
+            RunKind::Ddp => false,
+        }
     }
 }
 
@@ -234,106 +239,31 @@ impl TraceHeader {
             return Ok(TraceHeader::default());
         }
         let bad = |key: &'static str, problem: String| HeaderProblem { key, problem };
-        let version = version(raw.get(schema::FORMAT).map(String::as_str)).map_err(|p| bad(schema::FORMAT, p))?;
-        for key in schema::keys() {
+        let version = version(raw.get(key::FORMAT).map(String::as_str)).map_err(|p| bad(key::FORMAT, p))?;
+        for k in key::ALL {
             // A required key written empty says no more than one left out.
-            match raw.get(key.name).map(String::as_str).filter(|v| !(key.required && v.is_empty())) {
-                None if key.required => {
-                    let problem = format!("missing; every {} header has it", schema::format());
-                    return Err(bad(key.name, problem));
+            match raw.get(k.name).map(String::as_str).filter(|v| !(k.required && v.is_empty())) {
+                None if k.required => {
+                    let problem = format!("missing; every {} header has it", super::keys::format());
+                    return Err(bad(k.name, problem));
                 }
                 None => {}
-                Some(v) => check(key.value, v).map_err(|p| bad(key.name, p))?,
+                Some(v) => check(k.value, v).map_err(|p| bad(k.name, p))?,
             }
         }
-        let text = |k: &str| raw.get(k).filter(|v| !v.is_empty()).cloned();
-        let count = |k: &str| text(k).and_then(|v| v.trim().parse::<usize>().ok());
-        let number = |k: &str| text(k).and_then(|v| v.trim().parse::<f64>().ok());
-        let flag = |k: &str| text(k).map(|v| v.eq_ignore_ascii_case("true"));
-        let known = |k: &str| schema::keys().any(|key| key.name == k);
-        Ok(TraceHeader {
-            version: Some(version),
-            run: text(schema::RUN).and_then(|v| RunKind::parse(&v)),
-            leg: text(schema::LEG).and_then(|v| Leg::parse(&v)),
-            world_size: count(schema::WORLD_SIZE),
-            acc_steps: count(schema::ACC_STEPS),
-            steps_per_epoch: count(schema::STEPS_PER_EPOCH),
-            steps: count(schema::STEPS),
-            dtype: text(schema::DTYPE).and_then(|v| Dtype::ALL.into_iter().find(|d| d.name() == v)),
-            magnitudes: text(schema::MAGNITUDES).and_then(|v| Magnitudes::parse(&v)),
-            framework: text(schema::FRAMEWORK).and_then(|v| Framework::parse(&v)),
-            optimizer: OptimizerRecord {
-                kind: text(schema::OPTIMIZER).map(|v| OptimizerKind::parse(&v)),
-                betas: text(schema::BETAS).map(|v| numbers(&v).unwrap_or_default()),
-                eps: number(schema::EPS),
-                weight_decay: number(schema::WEIGHT_DECAY),
-                momentum: number(schema::MOMENTUM),
-                dampening: number(schema::DAMPENING),
-                amsgrad: flag(schema::AMSGRAD),
-                nesterov: flag(schema::NESTEROV),
-                maximize: flag(schema::MAXIMIZE),
-            },
-            ddp_forward_seen: text(schema::DDP_FORWARD).map(|v| v == "seen"),
-            dropout: text(schema::DROPOUT),
-            unrecorded_optimizers: text(schema::UNRECORDED_OPTIMIZERS),
-            written_by: text(schema::WRITTEN_BY),
-            recorded_by: text(schema::RECORDED_BY),
-            torch_version: text(schema::TORCH_VERSION),
-            sample: count(schema::SAMPLE),
-            parameters: count(schema::PARAMETERS),
-            engine: text(schema::ENGINE).and_then(|v| Engine::parse(&v)),
-            grad_divide: number(schema::GRAD_DIVIDE),
-            compute_dtype: text(schema::COMPUTE_DTYPE).and_then(|v| Dtype::ALL.into_iter().find(|d| d.name() == v)),
-            engine_accumulation: count(schema::ENGINE_ACCUMULATION),
-            warnings: text(schema::WARNINGS),
-            other: raw.iter().filter(|(k, _)| !known(k)).map(|(k, v)| (k.clone(), v.clone())).collect(),
-        })
+        let known = |name: &str| key::ALL.iter().any(|k| k.name == name);
+        let other = raw.iter().filter(|(k, _)| !known(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut header = TraceHeader { version: Some(version), other, ..TraceHeader::default() };
+        header.read_keys(raw);
+        Ok(header)
     }
 
     /// The header as the file holds it: string to string, in the recorder's spellings.
     pub fn to_strings(&self) -> BTreeMap<String, String> {
         let Some(version) = self.version else { return BTreeMap::new() };
         let mut out = self.other.clone();
-        let mut put = |k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                out.insert(k.to_string(), v);
-            }
-        };
-        let num = |v: Option<f64>| v.map(|v| format!("{v:?}"));
-        let flag = |v: Option<bool>| v.map(|v| if v { "True" } else { "False" }.to_string());
-        put(schema::FORMAT, Some(format!("{}/{version}", schema::FORMAT_NAME)));
-        put(schema::RUN, self.run.map(|r| r.name().into()));
-        put(schema::LEG, self.leg.map(|l| l.name().into()));
-        put(schema::WORLD_SIZE, self.world_size.map(|n| n.to_string()));
-        put(schema::ACC_STEPS, self.acc_steps.map(|n| n.to_string()));
-        put(schema::STEPS_PER_EPOCH, self.steps_per_epoch.map(|n| n.to_string()));
-        put(schema::STEPS, self.steps.map(|n| n.to_string()));
-        put(schema::DTYPE, self.dtype.map(|d| d.name().into()));
-        put(schema::MAGNITUDES, self.magnitudes.map(|m| m.name().into()));
-        put(schema::FRAMEWORK, self.framework.map(|f| f.name().into()));
-        let o = &self.optimizer;
-        put(schema::OPTIMIZER, o.kind.as_ref().map(|k| k.name().into()));
-        put(schema::BETAS, o.betas.as_ref().map(|b| b.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(" ")));
-        put(schema::EPS, num(o.eps));
-        put(schema::WEIGHT_DECAY, num(o.weight_decay));
-        put(schema::MOMENTUM, num(o.momentum));
-        put(schema::DAMPENING, num(o.dampening));
-        put(schema::AMSGRAD, flag(o.amsgrad));
-        put(schema::NESTEROV, flag(o.nesterov));
-        put(schema::MAXIMIZE, flag(o.maximize));
-        put(schema::DDP_FORWARD, self.ddp_forward_seen.map(|s| if s { "seen" } else { "none" }.into()));
-        put(schema::DROPOUT, self.dropout.clone());
-        put(schema::UNRECORDED_OPTIMIZERS, self.unrecorded_optimizers.clone());
-        put(schema::WRITTEN_BY, self.written_by.clone());
-        put(schema::RECORDED_BY, self.recorded_by.clone());
-        put(schema::TORCH_VERSION, self.torch_version.clone());
-        put(schema::SAMPLE, self.sample.map(|n| n.to_string()));
-        put(schema::PARAMETERS, self.parameters.map(|n| n.to_string()));
-        put(schema::ENGINE, self.engine.map(|e| e.name().into()));
-        put(schema::GRAD_DIVIDE, num(self.grad_divide));
-        put(schema::COMPUTE_DTYPE, self.compute_dtype.map(|d| d.name().into()));
-        put(schema::ENGINE_ACCUMULATION, self.engine_accumulation.map(|n| n.to_string()));
-        put(schema::WARNINGS, self.warnings.clone());
+        out.insert(key::FORMAT.to_string(), format!("{}/{version}", FORMAT_NAME));
+        self.write_keys(&mut out);
         out
     }
 
@@ -352,16 +282,16 @@ impl serde::Serialize for TraceHeader {
 
 /// The version `format` names, when this build reads it.
 fn version(format: Option<&str>) -> Result<u32, String> {
-    let reads = format!("{}/{}", schema::FORMAT_NAME, schema::READS.start());
-    let reads = match schema::READS.start() == schema::READS.end() {
+    let reads = format!("{}/{}", FORMAT_NAME, READS.start());
+    let reads = match READS.start() == READS.end() {
         true => reads,
-        false => format!("{reads} to /{}", schema::READS.end()),
+        false => format!("{reads} to /{}", READS.end()),
     };
     let format = format.ok_or_else(|| format!("missing; a ddp-verify trace's header names its format ({reads})"))?;
-    let v = format.strip_prefix(schema::FORMAT_NAME).and_then(|v| v.strip_prefix('/')).and_then(|v| v.parse().ok());
+    let v = format.strip_prefix(FORMAT_NAME).and_then(|v| v.strip_prefix('/')).and_then(|v| v.parse().ok());
     match v {
-        Some(v) if schema::READS.contains(&v) => Ok(v),
-        Some(v) if v > *schema::READS.end() => Err(format!(
+        Some(v) if READS.contains(&v) => Ok(v),
+        Some(v) if v > *READS.end() => Err(format!(
             "'{format}' is newer than this ddp-verify reads ({reads}): upgrade ddp-verify (pip install -U ddp-verify)"
         )),
         _ => Err(format!("'{format}' is not a format this ddp-verify reads ({reads})")),
@@ -376,11 +306,11 @@ fn check(value: Value, v: &str) -> Result<(), String> {
         Value::Number => v.trim().parse::<f64>().is_ok_and(f64::is_finite),
         Value::Numbers => numbers(v).is_some(),
         Value::Flag => ["true", "false"].contains(&v.to_ascii_lowercase().as_str()),
-        Value::OneOf(words) => v.is_empty() || words.contains(&v),
+        Value::OneOf(words) => v.is_empty() || words.words.contains(&v),
     };
     match (ok, value) {
         (true, _) => Ok(()),
-        (false, Value::OneOf(words)) => Err(format!("'{v}' is none of {}", words.join(", "))),
+        (false, Value::OneOf(words)) => Err(format!("'{v}' is none of {}", words.words.join(", "))),
         (false, Value::Count) => Err(format!("'{v}' is not a whole number of at least 1")),
         (false, other) => Err(format!(
             "'{v}' is not a {}",
@@ -391,12 +321,6 @@ fn check(value: Value, v: &str) -> Result<(), String> {
             }
         )),
     }
-}
-
-/// Finite numbers separated by spaces, at least one.
-fn numbers(v: &str) -> Option<Vec<f64>> {
-    let xs: Option<Vec<f64>> = v.split_whitespace().map(|x| x.parse::<f64>().ok().filter(|x| x.is_finite())).collect();
-    xs.filter(|xs| !xs.is_empty())
 }
 
 #[cfg(test)]
@@ -478,6 +402,58 @@ mod tests {
             assert_eq!(e.key, key);
             assert!(e.to_string().contains(says), "{key}: {e}");
         }
+    }
+
+    /// A valid value of each kind, as the recorder writes it: every word, both flags.
+    fn valid(value: Value) -> Vec<&'static str> {
+        match value {
+            Value::Text => vec!["some text"],
+            Value::Count => vec!["3"],
+            Value::Number => vec!["0.5"],
+            Value::Numbers => vec!["0.9 0.999"],
+            Value::Flag => vec!["True", "False"],
+            Value::OneOf(words) => words.words.to_vec(),
+        }
+    }
+
+    /// Each key's const, field, reading and writing come from its one line in `header!`: the
+    /// required keys plus that key, with any valid value, read into a field (nothing left in
+    /// `other`) and written back as they were.
+    #[test]
+    fn every_key_is_read_into_its_field_and_written_back() {
+        let format = super::super::keys::format();
+        let required = raw(&[("format", &format), ("run", "ddp"), ("world_size", "2"), ("dtype", "float32")]);
+        assert!(key::ALL.iter().filter(|k| k.required).all(|k| required.contains_key(k.name)));
+        for k in key::ALL.iter().filter(|k| k.name != key::FORMAT) {
+            for v in valid(k.value) {
+                let mut r = required.clone();
+                r.insert(k.name.into(), v.into());
+                let h = TraceHeader::parse(&r).unwrap();
+                assert!(h.other.is_empty(), "{}", k.name);
+                assert_eq!(h.to_strings(), r, "{} = {v}", k.name);
+                assert_eq!(TraceHeader::parse(&h.to_strings()).unwrap(), h, "{} = {v}", k.name);
+            }
+        }
+    }
+
+    /// Every vocabulary's words are distinct, and each reads back to its own variant.
+    #[test]
+    fn every_word_reads_back_to_its_variant() {
+        macro_rules! check {
+            ($($ty:ident),+) => {$(
+                let names: Vec<&str> = $ty::ALL.iter().map(|v| v.name()).collect();
+                assert_eq!(names, $ty::WORDS);
+                assert!($ty::ALL.iter().all(|&v| $ty::parse(v.name()) == Some(v)), stringify!($ty));
+                let mut distinct = names.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                assert_eq!(distinct.len(), names.len(), stringify!($ty));
+                assert_eq!($ty::parse("no such word"), None);
+            )+};
+        }
+        check!(RunKind, Leg, Magnitudes, Framework, Engine, DdpForward);
+        assert_eq!(Magnitudes::parse("per tensor"), Some(Magnitudes::PerTensor));
+        assert_eq!(Engine::DeepSpeed2.name(), "deepspeed-zero2");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod golden;
 mod header;
+mod keys;
 mod load;
 mod pair;
 mod resample;
@@ -12,11 +13,12 @@ pub mod schema;
 mod trace;
 mod unrepeatable;
 mod values;
+mod words;
 mod writer;
 
 pub use golden::Golden;
 pub use header::{
-    Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
+    DdpForward, Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
 };
 pub use pair::{BigLeg, Legs};
 pub use sampled::{Sampled, Sampling, Summaries, Summary};

@@ -2,7 +2,7 @@
 //! gradient (facts the recorder and our ranks' fingerprints record).
 
 use super::{Diagnosis, Evidence};
-use crate::evidence::{Leg, Trace};
+use crate::evidence::{DdpForward, Leg, Trace};
 use crate::judge::Reason;
 
 /// A trace meant as DDP's (its `leg` header, or its name) written by a world of 1, beside
@@ -37,7 +37,7 @@ pub fn unsynced(ev: &Evidence) -> Option<Diagnosis> {
     let flags = t.facts.ddp_sync.get(step).filter(|f| !f.is_empty());
     let detail = match flags {
         Some(f) => synced_micro_batches(&head, f),
-        None if t.header.ddp_forward_seen == Some(false) => format!(
+        None if t.header.ddp_forward == Some(DdpForward::None) => format!(
             "{head}: no DistributedDataParallel forward ran (the model is not wrapped in DDP, or is called \
              through its .module), so nothing all-reduced the gradients; wrap the model and call the wrapper"
         ),

@@ -2,7 +2,9 @@
 //! the cause the rules name.
 
 use super::{big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin};
-use crate::evidence::{Framework, Leg, OptimizerKind, RankDrift, RankHeld, RunKind, Trace, TraceHeader, Values};
+use crate::evidence::{
+    DdpForward, Framework, Leg, OptimizerKind, RankDrift, RankHeld, RunKind, Trace, TraceHeader, Values,
+};
 use crate::judge::{compare, Reason};
 use crate::spec::Tolerance;
 
@@ -148,7 +150,7 @@ mod sync {
     fn no_ddp_forward_is_said() {
         let mut b = ddp(trace(&[G], F), 2);
         b.facts.rank_drift = drift(RankHeld::Grad("w".into()));
-        b.header.ddp_forward_seen = Some(false);
+        b.header.ddp_forward = Some(DdpForward::None);
         assert!(recorded(&trace(&[G], F), &b).detail.contains("no DistributedDataParallel forward ran"));
     }
 

@@ -1,0 +1,78 @@
+//! `vocabulary!`: an enum whose values a trace header writes as words, each word written beside
+//! its variant. Words are matched, never looked up by list position, so adding or reordering a
+//! variant cannot give another its word; a word written twice is an unreachable pattern.
+
+/// The Python constant for a word or a key: upper-cased, each character that is neither a letter
+/// nor a digit an underscore (`deepspeed-zero0` is `DEEPSPEED_ZERO0`, `per tensor` `PER_TENSOR`,
+/// `world_size` `WORLD_SIZE`, the Rust const's name).
+pub fn python_name(word: &str) -> String {
+    word.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+/// An enum of header words: `pub enum Leg { Accumulation = "accumulation", ... }` gives the enum,
+/// `ALL` and `WORDS` in declaration order, `parse` and `name` by match, and its `HeaderValue`
+/// (one of `WORDS`).
+macro_rules! vocabulary {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $word:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $ty {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $ty {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// Every word, in declaration order.
+            pub const WORDS: &'static [&'static str] = &[$($word),+];
+
+            /// The variant `word` names.
+            pub fn parse(word: &str) -> Option<$ty> {
+                match word {
+                    $($word => Some($ty::$variant),)+
+                    _ => None,
+                }
+            }
+
+            /// The word a header writes.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $word,)+
+                }
+            }
+        }
+
+        impl $crate::evidence::keys::HeaderValue for $ty {
+            const VALUE: $crate::evidence::keys::Value = $crate::evidence::keys::Value::OneOf(
+                $crate::evidence::keys::Words { class: stringify!($ty), words: $ty::WORDS },
+            );
+
+            fn read(v: &str) -> Option<$ty> {
+                $ty::parse(v)
+            }
+
+            fn write(&self) -> String {
+                self.name().to_string()
+            }
+        }
+    };
+}
+
+pub(crate) use vocabulary;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_names_are_the_word_upper_cased() {
+        assert_eq!(python_name("deepspeed-zero0"), "DEEPSPEED_ZERO0");
+        assert_eq!(python_name("per tensor"), "PER_TENSOR");
+        assert_eq!(python_name("world_size"), "WORLD_SIZE");
+    }
+}

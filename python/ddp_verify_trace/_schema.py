@@ -150,15 +150,6 @@ class Engine:
     DEEPSPEED_ZERO3 = "deepspeed-zero3"
 
 
-# name, outermost first: (Python modules that belong to it)
-FRAMEWORKS = {
-    "transformers": ("transformers",),
-    "lightning": ("lightning", "pytorch_lightning",),
-    "colossalai": ("colossalai",),
-    "accelerate": ("accelerate",),
-    "deepspeed": ("deepspeed",),
-}
-
 # kind: (name pattern, elements, shape)
 TENSORS = {
     "grads": ("grads.{step}.{param}", "float", "param"),
@@ -216,77 +207,3 @@ class Tensor:
 def name(kind, step=None, param=None):
     """A tensor's name in a trace: name("grads", 3, "fc.weight") is "grads.3.fc.weight"."""
     return TENSORS[kind][0].format(step=step, param=param)
-
-
-# TEMPORARY until regenerated
-class Key:
-    FORMAT = "format"
-    RUN = "run"
-    WORLD_SIZE = "world_size"
-    DTYPE = "dtype"
-    LEG = "leg"
-    ACC_STEPS = "acc_steps"
-    STEPS_PER_EPOCH = "steps_per_epoch"
-    STEPS = "steps"
-    MAGNITUDES = "magnitudes"
-    FRAMEWORK = "framework"
-    DDP_FORWARD = "ddp_forward"
-    DROPOUT = "dropout"
-    UNRECORDED_OPTIMIZERS = "unrecorded_optimizers"
-    WRITTEN_BY = "written_by"
-    RECORDED_BY = "recorded_by"
-    TORCH_VERSION = "torch_version"
-    OPTIMIZER = "optimizer"
-    SAMPLE = "sample"
-    PARAMETERS = "parameters"
-    ENGINE = "engine"
-    GRAD_DIVIDE = "grad_divide"
-    COMPUTE_DTYPE = "compute_dtype"
-    ENGINE_ACCUMULATION = "engine_accumulation"
-    WARNINGS = "warnings"
-
-
-class Run:
-    ACCUMULATION = "accumulation"
-    SINGLE = "single"
-    DDP = "ddp"
-
-
-class Magnitudes:
-    TRUE = "true"
-    PER_TENSOR = "per tensor"
-    FALSE = "false"
-
-
-class Framework:
-    PLAIN = "plain"
-    TRANSFORMERS = "transformers"
-    LIGHTNING = "lightning"
-    COLOSSALAI = "colossalai"
-    ACCELERATE = "accelerate"
-    DEEPSPEED = "deepspeed"
-
-
-class Engine:
-    DDP = "ddp"
-    FSDP2 = "fsdp2"
-    DEEPSPEED_ZERO0 = "deepspeed-zero0"
-    DEEPSPEED_ZERO1 = "deepspeed-zero1"
-    DEEPSPEED_ZERO2 = "deepspeed-zero2"
-    DEEPSPEED_ZERO3 = "deepspeed-zero3"
-
-
-class DdpForward:
-    SEEN = "seen"
-    NONE = "none"
-
-
-class RunKind(Run):
-    pass
-
-
-class Dtype:
-    FLOAT32 = "float32"
-    FLOAT64 = "float64"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"

@@ -39,8 +39,9 @@ vocabulary! {
 }
 
 vocabulary! {
-    /// The framework that called optimizer.step() in a user's run: `plain`, or one of
-    /// `schema::FRAMEWORKS`.
+    /// The framework that called optimizer.step() in a user's run: `plain`, or one the
+    /// recorder's `frameworks/` registry names (each framework's module says which Python
+    /// packages are its own; `python/tests/test_engines.py` holds the two to one list).
     pub enum Framework {
         Plain = "plain",
         Transformers = "transformers",

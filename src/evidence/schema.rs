@@ -42,17 +42,6 @@ pub fn vocabularies() -> Vec<(Words, Vec<&'static str>)> {
     out
 }
 
-/// Frameworks the recorder names as the caller of optimizer.step(), outermost first (the
-/// Trainer steps through Accelerate: the user's is the outermost), each with the Python
-/// modules that belong to it. `plain` is none of them.
-pub const FRAMEWORKS: &[(&str, &[&str])] = &[
-    ("transformers", &["transformers"]),
-    ("lightning", &["lightning", "pytorch_lightning"]),
-    ("colossalai", &["colossalai"]),
-    ("accelerate", &["accelerate"]),
-    ("deepspeed", &["deepspeed"]),
-];
-
 /// How a tensor's name carries its step and parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -328,11 +317,7 @@ pub fn python_module() -> String {
         class(&mut out, comment, words.class, &about, &mut words.words.iter().map(|&w| (python_name(w), w)));
         comment = "";
     }
-    let _ = writeln!(out, "\n\n# name, outermost first: (Python modules that belong to it)\nFRAMEWORKS = {{");
-    for (name, modules) in FRAMEWORKS {
-        let _ = writeln!(out, "    {}: ({},),", q(name), list(modules));
-    }
-    let _ = writeln!(out, "}}\n\n# kind: (name pattern, elements, shape)\nTENSORS = {{");
+    let _ = writeln!(out, "\n\n# kind: (name pattern, elements, shape)\nTENSORS = {{");
     for t in TENSORS {
         let pattern = match t.layout {
             Layout::Step => format!("{}.{{step}}", t.prefix),
@@ -471,10 +456,5 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), keys().count());
-        let mut fw: Vec<&str> = FRAMEWORKS.iter().map(|(f, _)| *f).chain(["plain"]).collect();
-        fw.sort_unstable();
-        let mut names = crate::evidence::Framework::WORDS.to_vec();
-        names.sort_unstable();
-        assert_eq!(fw, names);
     }
 }

@@ -69,6 +69,28 @@ pub(crate) use vocabulary;
 mod tests {
     use super::*;
 
+    vocabulary! {
+        /// A throwaway engine vocabulary: a new engine's Rust side is one more variant.
+        pub enum Throwaway {
+            Ddp = "ddp",
+            Throwaway = "throwaway",
+        }
+    }
+
+    /// One variant line gives the word its list entry, its reading, its writing and the
+    /// header value's check, whatever its position.
+    #[test]
+    fn a_new_word_is_one_variant() {
+        use crate::evidence::keys::{HeaderValue, Value};
+        assert_eq!(Throwaway::WORDS, ["ddp", "throwaway"]);
+        for v in Throwaway::ALL {
+            assert_eq!(Throwaway::parse(v.name()), Some(*v));
+            assert_eq!(Throwaway::read(&v.write()), Some(*v));
+        }
+        assert!(matches!(Throwaway::VALUE, Value::OneOf(w) if w.class == "Throwaway" && w.words == Throwaway::WORDS));
+        assert_eq!(python_name(Throwaway::Throwaway.name()), "THROWAWAY");
+    }
+
     #[test]
     fn python_names_are_the_word_upper_cased() {
         assert_eq!(python_name("deepspeed-zero0"), "DEEPSPEED_ZERO0");

@@ -138,7 +138,9 @@ class Fsdp2(Engine):
 
 
 def _backward_ended(watch: Any, group: Any, reduced: bool) -> None:
-    """One FSDP2 parameter group's backward ended, reduce-scattering or not."""
+    """One FSDP2 parameter group's backward ended, reduce-scattering or not: the engine is
+    known from its first backward, even where it never reduces."""
+    watch.engine = Fsdp2.name
     watch.reduced(reduced, group=id(group))
     factor = getattr(group, "gradient_divide_factor", None)
     if factor is not None:  # one group's own factor is the fact, whatever the others'

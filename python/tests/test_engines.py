@@ -84,3 +84,19 @@ def test_a_new_engine_is_one_module_and_one_registry_line(tmp_path, monkeypatch,
         assert int(t[f"micro.{s}"]) == 2 and t[f"ddp_sync.{s}"].tolist() == [1, 1]
         for n, g in grads.items():
             assert torch.equal(t[f"grads.{s}.{n}"], g), (s, n)
+
+
+def test_an_fsdp2_backward_names_the_engine_even_unreduced():
+    """A run whose FSDP2 groups never reduce (set_requires_gradient_sync(False) left on) is
+    still FSDP2's: the header names the engine, and its flags say none reduced."""
+    from types import SimpleNamespace
+
+    from ddp_verify_trace import _watch
+    from ddp_verify_trace.engines.fsdp2 import _backward_ended
+
+    watch = _watch.Watch()
+    group = SimpleNamespace(gradient_divide_factor=None, mp_policy=None)
+    for _ in range(2):
+        _backward_ended(watch, group, False)
+    assert watch.engine == _schema.Engine.FSDP2 and watch.take_syncs() == [False, False]
+    assert watch.take_comm() == (0, 0)

@@ -114,7 +114,7 @@ fn goldens(
 /// to AdamW's carried bound where it can be carried (else judged only where the optimizer
 /// does not amplify rounding), and their buffers where both are runs of one kind.
 fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareOptions, sampled: [bool; 2]) -> Bench {
-    let dtype = a.finals[0].1.dtype().unwrap_or(Dtype::Float32);
+    let dtype = a.finals.first().and_then(|(_, t)| t.dtype()).unwrap_or(Dtype::Float32);
     let tolerance = users_tolerance(a, b, dtype, &opts.tolerance);
     let labels = labels(&opts.paths);
     // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.

@@ -37,6 +37,11 @@ HEADER = {
     "grad_divide": ("number", None, False),
     "compute_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "engine_accumulation": ("count", None, False),
+    "versions": ("text", None, False),
+    "loss_api": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "loss_handed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "framework_accumulation": ("count", None, False),
     "warnings": ("text", None, False),
     "betas": ("numbers", None, False),
     "eps": ("number", None, False),
@@ -48,6 +53,8 @@ HEADER = {
     "maximize": ("flag", None, False),
 }
 OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize",)
+# The columns of a batches.<step> row (stage facts), in order
+BATCH_FIELDS = ("rank", "fingerprint", "forward", "peeled", "root", "handed", "normaliser",)
 
 
 class Key:
@@ -76,6 +83,11 @@ class Key:
     GRAD_DIVIDE = "grad_divide"
     COMPUTE_DTYPE = "compute_dtype"
     ENGINE_ACCUMULATION = "engine_accumulation"
+    VERSIONS = "versions"
+    LOSS_API = "loss_api"
+    LOSS_HANDED_BY = "loss_handed_by"
+    NORMALISED_BY = "normalised_by"
+    FRAMEWORK_ACCUMULATION = "framework_accumulation"
     WARNINGS = "warnings"
     BETAS = "betas"
     EPS = "eps"
@@ -122,7 +134,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework key holds."""
+    """The words the framework and loss_api and loss_handed_by and normalised_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"
@@ -165,6 +177,9 @@ TENSORS = {
     "ddp_sync": ("ddp_sync.{step}", "i64", "vector"),
     "comm": ("comm.{step}", "i64", "two"),
     "seconds": ("seconds.{step}", "finite", "one"),
+    "batches": ("batches.{step}", "f64", "vector"),
+    "local": ("local.{step}.{param}", "f64", "one"),
+    "step_calls": ("step_calls.{step}", "i64", "one"),
     "loss_scale": ("loss_scale.{step}", "finite", "one"),
     "found_inf": ("found_inf.{step}", "finite", "one"),
     "unscales": ("unscales.{step}", "finite", "one"),
@@ -193,6 +208,9 @@ class Tensor:
     DDP_SYNC = "ddp_sync"
     COMM = "comm"
     SECONDS = "seconds"
+    BATCHES = "batches"
+    LOCAL = "local"
+    STEP_CALLS = "step_calls"
     LOSS_SCALE = "loss_scale"
     FOUND_INF = "found_inf"
     UNSCALES = "unscales"

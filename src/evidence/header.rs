@@ -148,6 +148,16 @@ header! {
             "the forward and backward's dtype, where the engine casts the weights";
         engine_accumulation: usize = ENGINE_ACCUMULATION "engine_accumulation" optional
             "the engine's own gradient_accumulation_steps (DeepSpeed)";
+        versions: String = VERSIONS "versions" optional
+            "torch and each framework or engine library the run imported, name==version, comma-separated";
+        loss_api: Framework = LOSS_API "loss_api" optional
+            "the framework whose backward API took each micro-batch's loss";
+        loss_handed_by: Framework = LOSS_HANDED_BY "loss_handed_by" optional
+            "whose code handed the loss to that API or called backward (plain: the script)";
+        normalised_by: Framework = NORMALISED_BY "normalised_by" optional
+            "whose code passed the forward its num_items_in_batch (plain: the script)";
+        framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional
+            "the micro-batches per step a framework's optimizer wrapper was told to accumulate";
         warnings: String = WARNINGS "warnings" optional
             "what the recorder could not record (training went on), one per line";
         optimizer.betas: Vec<f64> = BETAS "betas" setting "Adam's coefficients of its running averages";

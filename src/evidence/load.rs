@@ -166,6 +166,7 @@ struct Reading {
     shapes: BTreeMap<String, Vec<i64>>,
     summaries: BTreeMap<usize, Summaries>,
     final_summaries: Summaries,
+    stages: BTreeMap<usize, super::StageStep>,
 }
 
 impl Reading {
@@ -211,6 +212,12 @@ impl Reading {
             K::ParamShape => _ = self.shapes.insert(p, t.to_i64()),
             K::Summary => _ = self.summaries.entry(s).or_default().insert(p, Summary::from_values(&t)),
             K::FinalSummary => _ = self.final_summaries.insert(p, Summary::from_values(&t)),
+            K::Batches => {
+                let rows = super::stages::rows(&all).ok_or_else(|| format!("tensor {name}: {}", n.kind.about))?;
+                self.stages.entry(s).or_default().batches = rows;
+            }
+            K::Local => _ = self.stages.entry(s).or_default().local.insert(p, first()),
+            K::StepCalls => self.stages.entry(s).or_default().step_calls = Some(first() as i64),
             K::RangePart => {
                 let parts = self.range_parts.get_or_insert_with(RangePrediction::default);
                 parts.steps.push(s);
@@ -279,6 +286,10 @@ impl Reading {
             rank_drift: self.rank_drift,
             dropout_keys: Vec::new(),
             scaler,
+            stages: match self.stages.is_empty() {
+                true => Vec::new(),
+                false => (0..n).map(|s| self.stages.remove(&s).unwrap_or_default()).collect(),
+            },
         };
         let mut range_parts = self.range_parts;
         if let Some(p) = range_parts.as_mut() {

@@ -108,6 +108,9 @@ pub enum Kind {
     FinalSummary,
     Comm,
     Seconds,
+    Batches,
+    Local,
+    StepCalls,
 }
 
 /// One kind of tensor: how it is named and what it holds.
@@ -157,6 +160,9 @@ pub const TENSORS: &[TensorKind] = &[
     ),
     kind(Kind::Comm, "comm", L::Step, E::I64, Shape::Two, "one rank's [gradient collectives, bytes] this step"),
     kind(Kind::Seconds, "seconds", L::Step, E::Finite, Shape::One, "wall seconds since the previous step"),
+    kind(Kind::Batches, "batches", L::Step, E::F64, Shape::Vector, "every rank's micro-batches, rows of BATCH_FIELDS"),
+    kind(Kind::Local, "local", L::StepParam, E::F64, Shape::One, "local gradients' sum over backwards and ranks"),
+    kind(Kind::StepCalls, "step_calls", L::Step, E::I64, Shape::One, "step calls through a framework's wrapper"),
     kind(Kind::LossScale, "loss_scale", L::Step, E::Finite, Shape::One, "the loss scaler's scale"),
     kind(Kind::FoundInf, "found_inf", L::Step, E::Finite, Shape::One, "1 where the scaler skipped"),
     kind(Kind::Unscales, "unscales", L::Step, E::Finite, Shape::One, "unscale_ calls (ours)"),
@@ -300,6 +306,11 @@ pub fn python_module() -> String {
     }
     let settings: Vec<&str> = settings().map(|k| k.name).collect();
     let _ = writeln!(out, "}}\nOPTIMIZER_SETTINGS = ({},)", list(&settings));
+    let _ = writeln!(
+        out,
+        "# The columns of a batches.<step> row (stage facts), in order\nBATCH_FIELDS = ({},)",
+        list(&super::BATCH_FIELDS)
+    );
     // A class of string constants, after two blank lines and `comment` (if any).
     let class =
         |out: &mut String, comment: &str, name: &str, about: &str, words: &mut dyn Iterator<Item = (String, &str)>| {

@@ -113,6 +113,8 @@ pub struct StepFacts {
     pub dropout_keys: Vec<f64>,
     /// Under a loss scaler: its record, per step.
     pub scaler: ScalerRecord,
+    /// The recorder's stage facts, per step (empty where none were recorded).
+    pub stages: Vec<super::StageStep>,
 }
 
 /// The accumulation run's (`train::Bounds`): per step and element, what rounding alone may

@@ -17,6 +17,9 @@ accumulation boundary and DeepSpeed does not divide the loss by the micro-batche
 `--bug loss-divided-twice` divides each micro-batch's loss by the number of local
 micro-batches by hand, on top of DeepSpeed's own division by gradient_accumulation_steps.
 `--clip C` sets DeepSpeed's `gradient_clipping` (0, off, without it: DeepSpeed's own default is 1.0).
+`--bf16` trains in bfloat16 with float32 gradient accumulation (`"bf16": {"enabled": true}`,
+`"data_types": {"grad_accum_dtype": "fp32"}`): at stage 1 DeepSpeed steps through its
+BF16_Optimizer, not its ZeRO optimizer.
 """
 import argparse
 import logging
@@ -74,6 +77,7 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--bf16", action="store_true", help="bfloat16 training, float32 gradient accumulation")
     p.add_argument("--bug", default=None, choices=["reset-every-backward", "loss-divided-twice"])
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = p.parse_args()
@@ -109,6 +113,9 @@ def main():
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if args.bf16:
+        config["bf16"] = {"enabled": True}
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     # DeepSpeed clips at 1.0 unless told: off here unless --clip says.
     config["gradient_clipping"] = args.clip if args.clip is not None else 0.0
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -119,6 +126,8 @@ def main():
         for _ in range(len(loader) // local):
             for _ in range(local):
                 x, y = next(batches)
+                if args.bf16:  # the engine cast the model to bfloat16
+                    x, y = x.bfloat16(), y.bfloat16()
                 loss = engine(x, y)
                 if args.bug == "loss-divided-twice":
                     loss = loss / local

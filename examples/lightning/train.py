@@ -6,6 +6,15 @@ but for one line: the one-process leg deals its batches as W ranks' DistributedS
 
 `--bug divide-by-k` divides the loss by accumulate_grad_batches in training_step, on top of
 Lightning's own division: K x K/W in DDP, K x K in one process.
+
+`--manual every|last` optimizes manually (`automatic_optimization = False`), accumulating
+`--grad-accum` micro-batches as Lightning's manual-optimization docs do: each loss divided by
+that number into `manual_backward`, `opt.step(); opt.zero_grad()` after every that-many
+batches. `every`: each backward is all-reduced under DDP (the docs' plain example); `last`:
+only the last micro-batch's, the others inside `opt.toggle_model(sync_grad=False)` (the docs'
+way to skip the synchronisation while accumulating).
+`--manual last --bug sync-first` syncs the first micro-batch of each step instead of the last:
+under DDP the later micro-batches' gradients never reach the other ranks.
 """
 import argparse
 import os
@@ -36,11 +45,35 @@ class Regressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
+class ManualRegressor(Regressor):
+    """The same model, optimized manually: Lightning's documented gradient accumulation."""
+
+    def __init__(self, bug, k, sync):
+        super().__init__(bug)
+        self.automatic_optimization = False
+        self.k, self.sync = k, sync
+
+    def training_step(self, batch, i):
+        opt = self.optimizers()
+        x, y = batch
+        last = (i + 1) % self.k == 0
+        sync = True if self.sync == "every" else (i % self.k == 0 if self.bug == "sync-first" else last)
+        with opt.toggle_model(sync_grad=sync):  # DDP's all-reduce of this backward, or not
+            loss = F.mse_loss(self.net(x), y) / self.k
+            self.manual_backward(loss)
+        if last:
+            opt.step()
+            opt.zero_grad()
+        return loss
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step in this process")
     p.add_argument("--gpus", type=int, default=2, help="the DDP world the one-process leg replays")
-    p.add_argument("--bug", default=None, choices=["divide-by-k"])
+    p.add_argument("--bug", default=None, choices=["divide-by-k", "sync-first"])
+    p.add_argument("--manual", default=None, choices=["every", "last"],
+                   help="manual optimization: all-reduce every micro-batch's backward, or the last one's only")
     args = p.parse_args()
     L.seed_everything(0, verbose=False)
     g = torch.Generator().manual_seed(1)
@@ -54,12 +87,15 @@ def main():
     else:
         loader = DataLoader(data, batch_sampler=AccumulationBatchSampler(len(data), world=args.gpus, batch_size=2))
         strategy = "auto"
+    # Manual optimization accumulates in training_step: the Trainer must not (it refuses to).
+    accumulate = 1 if args.manual else args.grad_accum
     trainer = L.Trainer(
-        accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, accumulate_grad_batches=args.grad_accum,
+        accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, accumulate_grad_batches=accumulate,
         gradient_clip_val=None, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True,
     )
-    trainer.fit(Regressor(args.bug), loader)
+    model = ManualRegressor(args.bug, args.grad_accum, args.manual) if args.manual else Regressor(args.bug)
+    trainer.fit(model, loader)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,19 @@ from typing import IO, Any, Callable, Iterable, Sequence
 import torch
 
 RESERVED = 1 << 18
+# The dtypes a trace holds, by their safetensors names: those ddp-verify reads (floats as
+# they are; integers and bools, as buffers hold them, as int64). Others are not written.
 _NAMES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
+
+
+def writable(dtype: torch.dtype) -> bool:
+    """Whether a trace can hold a tensor of `dtype` (not complex, unsigned wider than 8
+    bits, float8, ...: a buffer of such a dtype is left out, and the header says so)."""
+    return dtype in _NAMES
 
 
 class Stream:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
+from . import _stages
 from .engines.base import Patches
 
 
@@ -60,6 +61,28 @@ class Watch:
         # Called once before the default process group is destroyed (an engine's
         # parts of the weights can be gathered only while it lives).
         self.on_destroy: Callable[[], None] | None = None
+        # Stage facts (`_stages`): each micro-batch's samples and loss on its way to backward,
+        # each backward's own gradient before any reduction (by parameter identity, named by
+        # the recorder at the step), and the step calls a framework's optimizer wrapper passed through.
+        self.batches = _stages.Batches()
+        self.local = _stages.LocalSums()
+        self.wrapper_calls = 0
+        self.framework_accumulation: int | None = None
+
+    def local_grad(self, param: Any, grad: torch.Tensor) -> None:
+        """An engine's own point before it reduces: `grad` is this rank's for `param`."""
+        self.local.add(id(param), grad)
+
+    def wrapper_step(self, accumulation: int | None) -> None:
+        """The script called a framework's optimizer wrapper's step (which may or may not
+        step the optimizer inside), told to accumulate `accumulation` micro-batches."""
+        self.wrapper_calls += 1
+        if accumulation is not None:
+            self.framework_accumulation = accumulation
+
+    def take_wrapper_calls(self) -> int:
+        calls, self.wrapper_calls = self.wrapper_calls, 0
+        return calls
 
     def epoch_started(self, epoch: Any) -> None:
         if len(self._epochs) < 2:
@@ -203,6 +226,7 @@ def _patch_all() -> None:
     _patch(GradScaler, "step", step)
 
     _patch_destroy()
+    _patch_stages()
     # Each engine's and framework's own points, through the one interface they share.
     from . import engines, frameworks
 
@@ -286,3 +310,56 @@ def _patch_destroy() -> None:
     # One wrapper at both names, as for clip_grad_norm_.
     _patch(dist, "destroy_process_group", destroy_process_group)
     _patch(dist.distributed_c10d, "destroy_process_group", destroy_process_group)
+
+
+# Depth of module calls under way on this thread's outermost one (0: none).
+_DEPTH = [0]
+
+
+def _patch_stages() -> None:
+    """The stage facts' points: every outermost module call with trainable parameters under
+    grad mode (its inputs' fingerprint, its `num_items_in_batch`, the loss it returned), and
+    every backward (its root and who called it). Inner module calls pass straight through."""
+    call = torch.nn.Module.__call__
+
+    def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _DEPTH[0] or not _OPEN or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return call(self, *args, **kwargs)
+        watches = list(_OPEN)
+        trained = any(p.requires_grad for p in self.parameters())
+        if trained:
+            try:
+                fp = _stages.fingerprint(args, kwargs)
+                norm = _stages.normaliser(kwargs)
+                who = _stages.caller(sys._getframe(1)) if norm is not None else None
+                for watch in watches:
+                    watch.batches.forward(fp, norm, who)
+            except Exception:  # noqa: BLE001 - a fact not taken; the forward goes on
+                pass
+        _DEPTH[0] += 1
+        try:
+            out = call(self, *args, **kwargs)
+        finally:
+            _DEPTH[0] -= 1
+        if trained:
+            loss = _stages.forward_loss(out)
+            for watch in watches:
+                watch.batches.returned(loss)
+        return out
+
+    _patch(torch.nn.Module, "__call__", __call__)
+
+    backward = torch.autograd.backward
+
+    def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        root = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+        if _OPEN and isinstance(root, torch.Tensor) and root.numel() == 1 and root.grad_fn is not None:
+            try:
+                who = _stages.caller(sys._getframe(1))
+                for watch in list(_OPEN):
+                    watch.batches.backward(root, who)
+            except Exception:  # noqa: BLE001 - a fact not taken; the backward goes on
+                pass
+        return backward(tensors, *args, **kwargs)
+
+    _patch(torch.autograd, "backward", autograd_backward)

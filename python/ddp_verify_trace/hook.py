@@ -147,10 +147,14 @@ class Session:
     @_never_raises
     def _early_backward(self, key: int, grad: torch.Tensor, how: Any) -> None:
         add_backward(self._early, self._early_counts, key, grad, how)
+        if self._watch is not None:
+            self._watch.local.add(key, grad)
 
     @_never_raises
     def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._optimizer is None:
+            if engines.setting_up(optimizer):  # an engine's own step while it is built: not training
+                return
             self._begin(optimizer)
         if optimizer is self._optimizer and self.recorder is not None:
             self.recorder.settle()

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _schema, _watch, engines
+from . import _schema, _stages, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
 from ._sampling import Sampling, Summaries, numel
-from ._stream import Stream
+from ._stream import Stream, writable
 from ._tensors import DTYPES, bits, host, owns_memory
 
 FORMAT = _schema.FORMAT
@@ -127,6 +127,8 @@ class Recorder:
         self._watch = _watch.open_watch() if watch is None else watch
         hooked = self.engine.backward_hooks
         self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params] if hooked else []
+        if self.engine.local_hooks and not hooked:
+            self._hooks += [p.register_hook(self._local_sum(p)) for _, p in self._params]
         if self.engine.write_at_destroy:
             self._watch.on_destroy = self._on_destroy
 
@@ -157,8 +159,13 @@ class Recorder:
                 self._stream.settle()
             take = (lambda g: self._sampling.take(name, g)) if name in self._sampling else None
             self._backwards.add(name, grad, take)
+            self._watch.local.add(id(param), grad)
 
         return hook
+
+    def _local_sum(self, param: torch.nn.Parameter) -> Any:
+        # Where no magnitudes are kept, the stage facts' local gradient still is.
+        return lambda grad: self._watch.local.add(id(param), grad)
 
     def saw_other_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Another optimizer stepped: its parameters are not in this trace, and the report says so."""
@@ -289,6 +296,7 @@ class Recorder:
             self._tensors[_schema.name("clip", s)] = torch.tensor(last, dtype=torch.float64)
         if syncs:
             self._tensors[_schema.name("ddp_sync", s)] = torch.tensor(syncs, dtype=torch.int64)
+        self._stage_facts(s, world)
         # Each parameter's gradient as the trace keeps it: as the engine gathered it (every
         # rank takes part), or kept positions and summaries gathered where sampled.
         if grads is not None:
@@ -306,6 +314,29 @@ class Recorder:
         self._keep_step(s, grads, gathered, sums, rank_bits)
         self._steps += 1
         self._seen = set()
+
+    def _stage_facts(self, s: int, world: int) -> None:
+        """The step's stage facts (`_stages`): every rank's micro-batches, the local gradients'
+        sums over ranks before any reduction, and the step calls a framework's wrapper took.
+        Every rank calls this (one all_gather_object and one all_reduce)."""
+        w = self._watch
+        rank = rank_world()[0]
+        rows = _stages.gather_rows(w.batches.take(rank), world)
+        if rows.numel():
+            self._tensors[_schema.name("batches", s)] = rows
+        device = self.engine.device(self._params[0][1])
+        sums = w.local.take(self._params, world, device if world > 1 else torch.device("cpu"))
+        for n, v in (sums or {}).items():
+            self._tensors[_schema.name("local", s, n)] = torch.tensor([v], dtype=torch.float64)
+        calls = w.take_wrapper_calls()
+        if calls or w.framework_accumulation is not None:
+            self._tensors[_schema.name("step_calls", s)] = torch.tensor([calls], dtype=torch.int64)
+        b = w.batches
+        for key, word in ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.NORMALISED_BY, b.normalised_by)):
+            if word is not None:
+                self._meta[key] = word
+        if w.framework_accumulation is not None:
+            self._meta[K.FRAMEWORK_ACCUMULATION] = str(w.framework_accumulation)
 
     def _keep_step(
         self,
@@ -456,6 +487,9 @@ class Recorder:
             self._tensors[name("shape", param=n)] = torch.tensor(list(self._shapes[n]), dtype=torch.int64)
         self._summaries.clear()
         for n, b in self._module.named_buffers():
+            if not writable(b.dtype):
+                self._warnings.append(f"buffer {n}: its dtype {b.dtype} is not one a trace holds; not recorded")
+                continue
             self._tensors[name("buffer", param=n)] = host(b)
 
     def _header(self) -> dict[str, str]:
@@ -466,14 +500,16 @@ class Recorder:
             K.WORLD_SIZE: str(self._world),
             K.DTYPE: DTYPES[self._dtype],
             K.TORCH_VERSION: torch.__version__,
+            K.VERSIONS: _stages.versions(),
             K.STEPS: str(self._steps),
             K.MAGNITUDES: magnitudes.get(self._magnitudes or "", _schema.Magnitudes.FALSE),
             **self._meta,
         }
         for key, value in self.engine.closing_facts(self._world).items():
             meta.setdefault(key, value)
-        if self._warnings:
-            meta[K.WARNINGS] = "\n".join(self._warnings)
+        warnings = self._warnings + self.engine.warnings()
+        if warnings:
+            meta[K.WARNINGS] = "\n".join(warnings)
         if self._others:
             meta[K.UNRECORDED_OPTIMIZERS] = ", ".join(sorted(self._others.values()))
         return meta

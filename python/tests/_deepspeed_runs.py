@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO runs the tests share (importing deepspeed and starting its worlds is the
 slow part: done once per session, by conftest's `deepspeed_runs`): every run of RUNS at W=1
-(K=4 micro-batches) and W=2 (K/W=2 each), what the inner optimizer's step hooks saw, and a
-Session's recording of each stage of RECORDED."""
+(K=4 micro-batches) and W=2 (K/W=2 each), what the inner optimizer's step hooks saw, a
+Session's recording of each stage of RECORDED and of each bfloat16 run of BF16 (DeepSpeed's
+other optimizer wrappers), and one of a wrapper the recorder is made not to know."""
 import os
 
 import torch
@@ -33,19 +34,31 @@ def _model():
     return MLP()
 
 
-def _reference():
-    """Plain torch: each micro-batch's gradient, from the same initial weights."""
+def _reference(bf16=False, scale=1.0):
+    """Plain torch: each micro-batch's gradient, from the same initial weights; `bf16`: of
+    the model cast to bfloat16 (as DeepSpeed casts it), its loss times `scale` (DeepSpeed's
+    division by gradient_accumulation_steps), as float32."""
     model, out = _model(), []
+    if bf16:
+        model = model.bfloat16()
     for x, y in _data():
         model.zero_grad()
-        model(x, y).backward()
-        out.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        if bf16:
+            x, y = x.bfloat16(), y.bfloat16()
+        (model(x, y) * scale).backward()
+        out.append({n: p.grad.float().clone() for n, p in model.named_parameters()})
     return out
 
 
-RUNS = [(1, None), (2, None), (3, None), (2, "reset-every-backward")]
+# (stage, variant): a bug, or "bf16" (bfloat16 parameters, see BF16).
+RUNS = [(1, None), (2, None), (3, None), (2, "reset-every-backward"), (1, "bf16"), (0, "bf16")]
 # Stages recorded by a zero-edit Session (the optimizer step hooks of hook.py).
 RECORDED = [1, 2, 3]
+# bfloat16 runs, by stage: the optimizer wrapper DeepSpeed steps through, and the dtype it
+# accumulates gradients in ("data_types": {"grad_accum_dtype": ...}). ZeRO 1 with float32
+# accumulation is BF16_Optimizer's (flat fp32 partitions, one inner step for all groups);
+# stage 0 FP16_UnfusedOptimizer's (a whole fp32 copy of each parameter on every rank).
+BF16 = {1: ("BF16_Optimizer", "fp32"), 0: ("FP16_UnfusedOptimizer", "bf16")}
 
 
 def _worker(rank, world, path):
@@ -67,6 +80,20 @@ def _worker(rank, world, path):
         session = Session(os.path.join(folder, f"w{world}-zero{stage}.safetensors"), overwrite=True).start()
         _train(rank, world, stage, None, hooks=False)
         session.close()
+    for stage in BF16:
+        session = Session(os.path.join(folder, f"w{world}-bf16-zero{stage}.safetensors"), overwrite=True).start()
+        out[("wrapper", stage)] = _train(rank, world, stage, "bf16", hooks=False, steps=2, wrapper=True)
+        session.close()
+    # A wrapper the recorder does not know: its steps, learning rates and weights recorded,
+    # its gradients not, and the header says so; the training is not disturbed.
+    kind_of = _deepspeed.kind_of
+    _deepspeed.kind_of = lambda zero: "other"
+    try:
+        session = Session(os.path.join(folder, f"w{world}-other.safetensors"), overwrite=True).start()
+        out["other_steps"] = _train(rank, world, 1, None, hooks=False, steps=2)
+        session.close()
+    finally:
+        _deepspeed.kind_of = kind_of
     if world == 1:
         original = _deepspeed.Zero.full_grad
         _deepspeed.Zero.full_grad = lambda self, p: 1 / 0
@@ -83,14 +110,21 @@ def _worker(rank, world, path):
         torch.save(out, path)
 
 
-def _train(rank, world, stage, bug, hooks=True, steps=1):
+def _train(rank, world, stage, bug, hooks=True, steps=1, wrapper=False):
+    """One run; returns what the hooks saw, else the steps made (and with `wrapper`, the
+    class of DeepSpeed's optimizer wrapper)."""
     import deepspeed
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     local = K // world
     gas = 1 if bug == "reset-every-backward" else local
     model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if bug == "bf16":  # two parameter groups: the learning rates are told apart
+        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        opt = torch.optim.AdamW([{"params": weights}, {"params": biases, "lr": 5e-3}], lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     config = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": gas,
@@ -100,6 +134,9 @@ def _train(rank, world, stage, bug, hooks=True, steps=1):
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
     }
+    if bug == "bf16":
+        config["bf16"] = {"enabled": True}
+        config["data_types"] = {"grad_accum_dtype": BF16[stage][1]}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     seen = {"pre": {}, "post": {}, "found": []}
 
@@ -114,6 +151,8 @@ def _train(rank, world, stage, bug, hooks=True, steps=1):
                 seen[when][names[id(p)]] = eng.full_grad(p)
             if when == "post":
                 seen["params"] = {n: eng.full_param(p) for n, p in named}
+                seen["lrs"] = eng.lrs(optimizer)
+                seen["kind"] = (type(eng.zero).__name__, eng.kind, eng.groups())
 
         return hook
 
@@ -122,6 +161,8 @@ def _train(rank, world, stage, bug, hooks=True, steps=1):
         micro = _data()[rank * local : (rank + 1) * local]
         for _ in range(steps):
             for x, y in micro:
+                if bug == "bf16":
+                    x, y = x.bfloat16(), y.bfloat16()
                 engine.backward(engine(x, y))
                 if bug != "reset-every-backward":
                     engine.step()
@@ -132,7 +173,10 @@ def _train(rank, world, stage, bug, hooks=True, steps=1):
             h.remove()
     assert _deepspeed.find_zero(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1)) is None
     steps_made = engine.global_steps
+    kind = type(engine.optimizer).__name__
     engine.destroy()
+    if wrapper:
+        return kind, steps_made
     return seen if hooks else steps_made
 
 

@@ -4,7 +4,7 @@ batches) and W=2 (K/W=2 each) and equal to plain torch's mean of the micro-batch
 import pytest
 import torch
 
-from _deepspeed_runs import K, RECORDED, _reference
+from _deepspeed_runs import BF16, K, RECORDED, _reference
 
 
 def _rel(a, b):
@@ -71,3 +71,86 @@ def test_a_failing_gather_stops_the_recording_not_the_training(deepspeed_runs):
     assert "ZeroDivisionError" in deepspeed_runs[1]["stopped"]
     assert deepspeed_runs[1]["stopped_steps"] == 2  # the training went on
     assert not (deepspeed_runs["folder"] / "stopped.safetensors").exists()
+
+
+def _within_bf16(got, ref):
+    """`got` is the gradient of the micro-batches `ref` (each its bfloat16 gradient, as float32)
+    summed, within bfloat16 rounding: no element further from the float32 sum than two
+    roundings of the sum of the terms' magnitudes (one of each rank's partial sum, one of
+    the reduced sum: DeepSpeed accumulates or reduces in bfloat16), 2 * 2^-8 * sum |g|."""
+    for k in ref[0]:
+        total = sum(m[k] for m in ref)
+        magnitude = sum(m[k].abs() for m in ref)
+        assert ((got[k] - total).abs() <= 2 * 2**-8 * magnitude).all(), k
+
+
+@pytest.mark.parametrize("stage", sorted(BF16))
+def test_bf16_wrappers_gather_the_gradient_they_applied_at_one_and_two_ranks(deepspeed_runs, stage):
+    """bfloat16 parameters: ZeRO 1 with float32 accumulation steps through BF16_Optimizer
+    (flat fp32 partitions, one inner step for both parameter groups), stage 0 through
+    FP16_UnfusedOptimizer (a whole fp32 copy per parameter): the gradient the inner step
+    applied is the plain bfloat16 micro-batches' accumulation, at W=1 and W=2 alike."""
+    wrapper = BF16[stage][0]
+    for world in (1, 2):
+        run, gas = deepspeed_runs[world][(stage, "bf16")], K // world
+        same, name, got_stage, got_gas, names = run["found"][0]
+        assert same and name == f"deepspeed-zero{stage}" and (got_stage, got_gas) == (stage, gas)
+        assert run["kind"] == (wrapper, "bf16" if stage == 1 else "copies", 1)
+        assert set(run["post"]) == set(names) and run["lrs"] == {0: 1e-2, 1: 5e-3}
+        assert all(run["post"][k].dtype == torch.float32 for k in names)
+        assert _rel(run["pre"], run["post"]) == 0
+        # Each rank's micro-batches' losses divided by GAS, their gradients averaged over ranks.
+        ref = [{k: g / world for k, g in m.items()} for m in _reference(bf16=True, scale=1 / gas)]
+        _within_bf16(run["post"], ref)
+    one, two = deepspeed_runs[1][(stage, "bf16")], deepspeed_runs[2][(stage, "bf16")]
+    assert _rel(two["params"], one["params"]) < 1e-6  # AdamW's first step: about lr, in fp32
+
+
+@pytest.mark.parametrize("stage", sorted(BF16))
+def test_a_session_records_bf16_wrappers_as_it_records_zero(deepspeed_runs, stage):
+    """hook.py's Session under BF16_Optimizer and FP16_UnfusedOptimizer: every step (no
+    AttributeError at the first), the gradients as the step applied them, both groups'
+    learning rates, the engine's accumulation and the bfloat16 compute in the header, and
+    a trace that holds to the schema; the training made its two steps."""
+    from test_schema import check_trace
+
+    wrapper = BF16[stage][0]
+    finals = {}
+    for world in (1, 2):
+        path = deepspeed_runs["folder"] / f"w{world}-bf16-zero{stage}.safetensors"
+        kinds, meta = check_trace(path)
+        _, t = _trace(path)
+        assert deepspeed_runs[world][("wrapper", stage)] == (wrapper, 2)
+        assert (meta["steps"], meta["world_size"], meta["framework"]) == ("2", str(world), "deepspeed")
+        assert (meta["engine"], meta["engine_accumulation"]) == (f"deepspeed-zero{stage}", str(K // world))
+        assert meta["compute_dtype"] == "bfloat16" and meta["dtype"] == "float32"
+        assert meta["warnings"] == "DeepSpeed: no per-micro-batch magnitudes (its partitions are flat)"
+        assert [int(t[f"micro.{s}"]) for s in (0, 1)] == [K // world] * 2
+        assert t["lr.0"].tolist() == t["lr.1"].tolist() == [1e-2, 5e-3]
+        assert {"grads", "final", "peak", "lr", "micro"} <= kinds
+        ref = [{k: g / world for k, g in m.items()} for m in _reference(bf16=True, scale=1 / (K // world))]
+        _within_bf16({k: t[f"grads.0.{k}"] for k in ref[0]}, ref)
+        finals[world] = {k: t[f"final.{k}"] for k in ref[0]}
+        # The fp32 master weights, not the model's bfloat16 copies of them.
+        assert all(f.dtype == torch.float32 and not torch.equal(f, f.bfloat16().float()) for f in finals[world].values())
+    # Two AdamW steps on gradients within bf16 rounding: each moves an element by at most
+    # about its learning rate (1e-2), whichever way rounding tipped a tiny gradient.
+    assert max((finals[2][k] - finals[1][k]).abs().max().item() for k in finals[1]) <= 2 * 2 * 1e-2
+
+
+def test_an_unknown_wrapper_is_recorded_without_its_gradients_and_says_so(deepspeed_runs):
+    """A DeepSpeed optimizer wrapper the recorder does not know (here ZeRO 1's, made
+    unknown): no exception reaches the training (it made its two steps) and the recording
+    goes on: its steps, micro-batches, learning rates and final weights, no gradient, and
+    a header warning that says which wrapper and what is missing."""
+    from test_schema import check_trace
+
+    for world in (1, 2):
+        path = deepspeed_runs["folder"] / f"w{world}-other.safetensors"
+        kinds, meta = check_trace(path)
+        _, t = _trace(path)
+        assert deepspeed_runs[world]["other_steps"] == 2
+        assert meta["steps"] == "2" and meta["engine"] == "deepspeed-zero1"
+        assert "DeepSpeedZeroOptimizer (ZeRO stage 1) is not one the recorder knows" in meta["warnings"]
+        assert "grads" not in kinds and {"final", "peak", "lr", "micro"} <= kinds
+        assert [int(t[f"micro.{s}"]) for s in (0, 1)] == [K // world] * 2

@@ -112,17 +112,21 @@ def test_layout_and_metadata(run):
     want |= {f"{k}.{s}" for k in ("micro", "clips") for s in range(4)}
     # The wall seconds of each step after the first.
     want |= {f"seconds.{s}" for s in range(1, 4)}
+    # Stage facts: each step's micro-batches, and every parameter's local gradient sum.
+    want |= {f"batches.{s}" for s in range(4)} | {f"local.{s}.{n}" for s in range(4) for n in names}
     assert set(t) == want
     assert [t[f"micro.{s}"].item() for s in range(4)] == [2] * 4
     assert [t[f"clips.{s}"].item() for s in range(4)] == [0] * 4
     assert not os.path.exists(str(path) + ".part")
+    assert meta.pop("versions").startswith("torch==")
     assert meta == {
+        "loss_handed_by": "plain",
         "format": _schema.FORMAT, "run": "single", "world_size": "1", "dtype": "float32",
         "torch_version": torch.__version__, "steps": "4", "magnitudes": "true",
         "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),
     }
     assert t["buffer.bn.num_batches_tracked"].dtype == torch.int64
-    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips.", "seconds."))}
+    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips.", "seconds.", "batches.", "local."))}
     assert all(v.dtype == torch.float32 and v.is_contiguous() for v in floats.values())
 
 

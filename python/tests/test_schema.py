@@ -1,8 +1,10 @@
 """What the recorder writes holds to the trace schema (`_schema.py`, generated from the Rust
 tables `ddp-verify compare` reads by): every tensor's name, dtype and shape, every header key
 and its value. A Rust test holds `_schema.py` to those tables."""
+import json
 import os
 import re
+import struct
 
 import torch
 import torch.nn as nn
@@ -114,6 +116,53 @@ def test_a_single_process_trace_holds_to_the_schema(tmp_path):
     kinds, meta = check_trace(path)
     assert {"grads", "scale", "final", "peak", "buffer", "lr", "micro", "clips", "clip", "loss_scale"} <= kinds
     assert meta["optimizer"] == "AdamW" and meta["run"] == "single"
+
+
+class _Masked(nn.Module):
+    """Buffers of every kind a model registers: a bool causal mask (GPT-2's in current
+    Transformers), integers, and dtypes no trace holds (complex, uint16, float8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 1)  # the model, not one layer, holds every parameter
+        self.register_buffer("mask", torch.ones(4, 4, dtype=torch.bool).tril())
+        self.register_buffer("count", torch.tensor([3], dtype=torch.int32))
+        self.register_buffer("ids", torch.arange(4))
+        self.register_buffer("flags", torch.tensor([1, 0, 2], dtype=torch.uint8))
+        self.register_buffer("phase", torch.ones(2, dtype=torch.complex64))
+        self.register_buffer("codes", torch.ones(2, dtype=torch.uint16))
+        self.register_buffer("scales", torch.ones(2).to(torch.float8_e4m3fn))
+
+    def forward(self, x):
+        return self.out(self.fc(x).masked_fill(~self.mask, 0.0)).sum()
+
+
+def test_buffers_of_any_dtype_are_recorded_or_left_out_saying_so(tmp_path):
+    """A bool buffer is written as safetensors BOOL and integer ones as they are (ddp-verify
+    reads them all); a buffer of a dtype no trace holds is left out with a header warning,
+    and the recording goes on to write a trace that holds to the schema."""
+    torch.manual_seed(0)
+    model = _Masked()
+    path = tmp_path / "masked.safetensors"
+    with ddp_verify_trace.recording(path):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(4, 4)).backward()
+            opt.step()
+            opt.zero_grad()
+    kinds, meta = check_trace(path)
+    assert {"grads", "final", "buffer"} <= kinds and meta["steps"] == "2"
+    with open(path, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    assert header["buffer.mask"]["dtype"] == "BOOL" and header["buffer.count"]["dtype"] == "I32"
+    with safe_open(str(path), "pt") as f:
+        for n in ("mask", "count", "ids", "flags"):
+            assert torch.equal(f.get_tensor(f"buffer.{n}"), getattr(model, n)), n
+        assert not {"buffer.phase", "buffer.codes", "buffer.scales"} & set(f.keys())
+    lines = meta["warnings"].splitlines()
+    for n, dtype in (("phase", "torch.complex64"), ("codes", "torch.uint16"), ("scales", "torch.float8_e4m3fn")):
+        assert f"buffer {n}: its dtype {dtype} is not one a trace holds; not recorded" in lines
 
 
 def _ddp_worker(rank, world, tmp):

@@ -20,7 +20,7 @@ ENGINES: list[type[Engine]] = [
     Ddp,  # the rest: whole parameters on every rank
 ]
 
-__all__ = ["ENGINES", "Engine", "Patches", "find", "patch"]
+__all__ = ["ENGINES", "Engine", "Patches", "find", "patch", "setting_up"]
 
 
 def find(optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine:
@@ -30,6 +30,13 @@ def find(optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) ->
         if engine is not None:
             return engine
     raise RuntimeError("ddp_verify_trace: no engine claims the run (the registry must end with Ddp)")
+
+
+def setting_up(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` steps inside an engine's own setup (DeepSpeed's FP16 wrappers step
+    their optimizer once, on zero gradients, while deepspeed.initialize builds them): no
+    training step, and no step to find the model by."""
+    return any(kind.setting_up(optimizer) for kind in ENGINES)
 
 
 def patch(patches: Patches) -> None:

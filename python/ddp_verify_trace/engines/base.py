@@ -56,6 +56,9 @@ class Engine:
     # magnitudes and counts); where they do not, the warning the trace carries instead.
     backward_hooks = True
     no_magnitudes: str | None = None
+    # Tensor hooks see each backward's own gradient before the engine reduces it (the stage
+    # facts' local gradient); False where the engine hands it to the watch itself.
+    local_hooks = True
     # Every rank tracks peaks (its own shard's) and takes part in gathering them at close.
     peaks_on_every_rank = False
     # Peaks are read while the step's weights still stand (not later on the writer thread).
@@ -69,6 +72,12 @@ class Engine:
         """This engine, where it is the one that trains `params` (stepped by `optimizer`,
         where known); else None."""
         return None
+
+    @classmethod
+    def setting_up(cls, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether `optimizer` steps now inside this engine's own setup, not the training's
+        (asked before the first step, which names the model and engine)."""
+        return False
 
     @staticmethod
     def patch(patches: Patches) -> None:
@@ -149,3 +158,8 @@ class Engine:
     def closing_facts(self, world: int) -> dict[str, str]:
         """Header facts written at close, where no step said otherwise."""
         return {}
+
+    def warnings(self) -> list[str]:
+        """What the trace could not hold of this engine's run, a line each (the header's
+        `warnings`, beside the recorder's own), as known at close."""
+        return []

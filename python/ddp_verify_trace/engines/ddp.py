@@ -6,7 +6,14 @@ DDP decides at the end of each forward whether that micro-batch's backward is al
 (`require_backward_grad_sync`, which `no_sync()` clears): the patch of `_post_forward`
 notes each forward's flag and the bytes of its buckets, so a rank's unsynchronised gradient
 can be traced to the micro-batch that ran without the all-reduce, and a loop that reduces
-every micro-batch (seed 002's slowdown) can be told so."""
+every micro-batch (seed 002's slowdown) can be told so.
+
+A framework whose backwards run inside DDP's forward (Lightning's manual optimization:
+`training_step` calls `manual_backward` and `opt.step()` within the forward) decides for each
+backward itself, by preparing DDP's reducer where it runs it, and the flag the forward then
+ends with decides nothing (Lightning clears it there). Such a framework reports each of those
+backwards through `prepared` and marks the forward with `decided_inside`, whose end is then
+not counted as a micro-batch."""
 from __future__ import annotations
 
 from typing import Any
@@ -34,13 +41,10 @@ class Ddp(Engine):
             return
 
         def _post_forward(self: DistributedDataParallel, output: Any) -> Any:
-            if torch.is_grad_enabled():
-                synced = bool(self.require_backward_grad_sync)
-                buckets = _buckets(self) if synced else []
-                for watch in patches.watches():
-                    watch.reduced(synced)
-                    if synced:
-                        watch.synced(_schema.Engine.DDP, len(buckets), sum(buckets))
+            if id(self) in _DECIDED_INSIDE:
+                _DECIDED_INSIDE.discard(id(self))
+            elif torch.is_grad_enabled():
+                prepared(patches.watches(), self, bool(self.require_backward_grad_sync))
             return post_forward(self, output)
 
         patches.replace(DistributedDataParallel, "_post_forward", _post_forward)
@@ -50,6 +54,27 @@ class Ddp(Engine):
 
     def closing_facts(self, world: int) -> dict[str, str]:
         return {_schema.Key.DDP_FORWARD: _schema.DdpForward.NONE} if world > 1 else {}
+
+
+# The DDP modules whose forward now ending ran its backwards inside it, each reported where
+# the framework prepared the reducer for it (`decided_inside`), by id.
+_DECIDED_INSIDE: set[int] = set()
+
+
+def prepared(watches: list[Any], ddp: Any, synced: bool) -> None:
+    """One micro-batch's backward through `ddp` will be all-reduced (`synced`) or not, as the
+    watches hear it: its flag, and where synced the engine and the buckets' collectives."""
+    buckets = _buckets(ddp) if synced and watches else []
+    for watch in watches:
+        watch.reduced(synced)
+        if synced:
+            watch.synced(_schema.Engine.DDP, len(buckets), sum(buckets))
+
+
+def decided_inside(ddp: Any) -> None:
+    """The forward of `ddp` now ending ran its backwards inside it, each reported through
+    `prepared` where the framework prepared the reducer: its end is no micro-batch."""
+    _DECIDED_INSIDE.add(id(ddp))
 
 
 def _buckets(ddp: Any) -> list[int]:

@@ -1,25 +1,36 @@
-"""DeepSpeed ZeRO (stages 1, 2, 3): the model and full gradients behind the inner optimizer.
+"""DeepSpeed: the model and full gradients behind the inner optimizer, under ZeRO (stages 1,
+2, 3) and DeepSpeed's other optimizer wrappers.
 
-Under ZeRO the torch optimizer whose step hooks fire is DeepSpeed's *client* optimizer, and
-it steps flattened fp32 partitions, not the model's parameters: `engine.optimizer` is the
-ZeRO optimizer, `engine.optimizer.optimizer` that torch optimizer. `find_zero(optimizer)`
-tells whether an optimizer is one and returns the engine's module, its trained parameters by
-name and a `Zero` that reads the full gradient and weight of each parameter; `DeepSpeed` is
-the recorder's engine built on it.
+The torch optimizer whose step hooks fire is DeepSpeed's *client* optimizer, and it steps
+fp32 master copies, not the model's parameters: `engine.optimizer` is DeepSpeed's wrapper,
+`engine.optimizer.optimizer` that torch optimizer. `find_zero(optimizer)` tells whether an
+optimizer is one and returns the engine's module, its trained parameters by name and a
+`Zero` that reads the full gradient and weight of each parameter; `DeepSpeed` is the
+recorder's engine built on it. Where the wrapper keeps its master copies (`Zero.kind`):
+- "zero" (DeepSpeedZeroOptimizer, ZeRO 1/2, ZeRO-Offload's too): one flat fp32 partition
+  per parameter group and rank, linked to the parameters by `_hp_mapping`;
+- "zero3" (DeepSpeedZeroOptimizer_Stage3): flat partitions per sub-group;
+- "bf16" (BF16_Optimizer: ZeRO 1 with bf16 parameters and fp32 gradient accumulation): one
+  flat fp32 partition per group and rank as "zero", stepped by one inner step for all groups;
+- "flat" (FP16_Optimizer: stage 0, fp16 or bf16): one whole flat fp32 copy per group;
+- "copies" (FP16_UnfusedOptimizer: stage 0, fp16 or bf16): a whole fp32 copy per parameter;
+- "other": a wrapper this module does not know. Its steps, learning rates and final weights
+  are recorded, its gradients not, and the trace's header says so (`Zero.warnings`).
 
 When the gradients can be read (`Zero.when`): inside the inner optimizer's step, pre- or
 post-hook. ZeRO calls the inner optimizer's step once per parameter group (stage 1/2) or
-sub-group (stage 3), with `param_groups` narrowed to that group's one flat fp32 partition
-whose `.grad` is, there and only there, the gradient the optimizer applies: reduced over the
-ranks (averaged), divided by gradient_accumulation_steps, unscaled and clipped (DeepSpeed's
-`gradient_clipping`). ZeRO sets it just before and drops it just after that call, and by
-then its own buffers (`averaged_gradients`, which deepspeed.utils.safe_get_full_grad reads
-at stage 1/2) are gone: safe_get_full_grad fails there at stage 1/2 and returns the
-unclipped gradient at stage 3. `Zero.stepping(optimizer)` names the parameters whose
-gradients that call applies (all of them where the optimizer has one group).
+sub-group (stage 3), with `param_groups` narrowed to that group's one flat fp32 partition;
+the other wrappers call it once for all groups. The master copies' `.grad` is, there and
+only there, the gradient the optimizer applies: reduced over the ranks (averaged), divided
+by gradient_accumulation_steps, unscaled and clipped (DeepSpeed's `gradient_clipping`). The
+wrapper sets it just before and drops it just after that call, and by then its own buffers
+(`averaged_gradients`, which deepspeed.utils.safe_get_full_grad reads at stage 1/2) are gone
+or zeroed: safe_get_full_grad fails there at stage 1/2 and returns the unclipped gradient
+at stage 3. `Zero.stepping(optimizer)` names the parameters whose gradients that call
+applies (all of them where the optimizer has one group or the wrapper steps all at once).
 
-Every `full_grad` and `full_param` is a collective over the engine's data-parallel group:
-each rank calls it for the same parameters in the same order.
+Every `full_grad` and `full_param` of a partitioned kind is a collective over the engine's
+data-parallel group: each rank calls it for the same parameters in the same order.
 
 deepspeed is imported lazily, only once something already imported it: this module imports
 without it."""
@@ -59,24 +70,43 @@ def engines() -> list[Any]:
 
 
 def find_zero(optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, Named, Zero] | None:
-    """(engine.module, its named parameters that train, Engine) where `optimizer` is the
-    inner (client) optimizer of a live DeepSpeedEngine under ZeRO stage 1, 2 or 3; else None."""
+    """(engine.module, its named parameters that train, Zero) where `optimizer` is the inner
+    (client) optimizer of a live DeepSpeedEngine's optimizer wrapper (ZeRO stage 1, 2 or 3,
+    BF16_Optimizer, FP16_Optimizer, ... at any stage); else None."""
     for engine in engines():
         zero = getattr(engine, "optimizer", None)
         if zero is None or getattr(zero, "optimizer", None) is not optimizer:
             continue
         stage = int(engine.zero_optimization_stage())
-        if stage not in (1, 2, 3):
-            continue
         module = engine.module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         return module, named, Zero(engine, stage)
     return None
 
 
+# The wrappers' attributes that say where they keep the master copies, by kind (see the
+# module's docstring): (the flat fp32 tensors or per-parameter copies, the model's parameters
+# per group). Told apart by what they hold, not by class: the classes move between releases.
+_KINDS = (
+    ("zero3", "fp32_partitioned_groups_flat", "fp16_groups"),
+    ("zero", "single_partition_of_fp32_groups", "bit16_groups"),
+    ("bf16", "fp32_groups_flat_partition", "bf16_groups"),
+    ("flat", "fp32_groups_flat", "fp16_groups"),
+    ("copies", "fp32_groups", "fp16_groups"),
+)
+
+
+def kind_of(zero: Any) -> str:
+    """Which of `_KINDS` a DeepSpeed optimizer wrapper is, or "other"."""
+    for kind, masters, models in _KINDS:
+        if isinstance(getattr(zero, masters, None), list) and isinstance(getattr(zero, models, None), list):
+            return kind
+    return "other"
+
+
 class Zero:
-    """One DeepSpeedEngine under ZeRO: the full gradients the inner optimizer applies and the
-    full fp32 weights, gathered from the ranks' partitions."""
+    """One DeepSpeedEngine's optimizer wrapper: the full gradients the inner optimizer applies
+    and the full fp32 weights, gathered from the ranks' partitions where it partitions them."""
 
     # Read in the inner optimizer's step hooks; "post" sees the same gradient as "pre" (the
     # optimizer leaves it) and is where hook.py reads every other optimizer's.
@@ -85,9 +115,22 @@ class Zero:
     def __init__(self, engine: Any, stage: int) -> None:
         self.engine = engine
         self.stage = stage
-        self.name = getattr(_schema.Engine, f"DEEPSPEED_ZERO{stage}")
+        self.name = getattr(_schema.Engine, f"DEEPSPEED_ZERO{stage}", _schema.Engine.DEEPSPEED_ZERO0)
         self.zero = engine.optimizer
         self.inner = engine.optimizer.optimizer
+        self.kind = kind_of(self.zero)
+        # What the trace cannot hold of this wrapper's run, each once (the header's warnings).
+        self.warnings: list[str] = []
+        if self.kind == "other":
+            self.warnings.append(
+                f"DeepSpeed: its optimizer wrapper {type(self.zero).__name__} (ZeRO stage {stage}) is not one the "
+                "recorder knows: the gradients it applied are not recorded, only its steps, learning rates and "
+                "final weights"
+            )
+
+    def warn(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
 
     @property
     def gas(self) -> int:
@@ -97,41 +140,58 @@ class Zero:
     def clip(self) -> float:
         return float(self.engine.gradient_clipping() or 0.0)
 
+    @property
+    def partitioned(self) -> bool:
+        """Each rank holds its own part of the master weights (gathered by collectives)."""
+        return self.kind in ("zero", "zero3", "bf16")
+
     # -- where each parameter's gradient lives ------------------------------------------
-    def _flat_groups(self) -> list[torch.Tensor]:
-        if self.stage == 3:
-            return list(self.zero.fp32_partitioned_groups_flat)
-        return list(self.zero.single_partition_of_fp32_groups)
+    def _masters(self) -> list[list[torch.Tensor]]:
+        """Per parameter group (sub-group at stage 3), the tensors the inner optimizer steps."""
+        if self.kind == "other":
+            return [list(g["params"]) for g in self.inner.param_groups]
+        masters = getattr(self.zero, next(m for k, m, _ in _KINDS if k == self.kind))
+        return [list(g) if self.kind == "copies" else [g] for g in masters]
 
     def _lp_groups(self) -> list[list[torch.nn.Parameter]]:
-        if self.stage == 3:
-            return [list(g) for g in self.zero.fp16_groups]
-        return [list(g) for g in self.zero.bit16_groups]
+        """Per parameter group (sub-group at stage 3), the model's parameters it trains."""
+        if self.kind == "other":
+            return [[p for p in self.engine.module.parameters() if p.requires_grad]]
+        return [list(g) for g in getattr(self.zero, next(m for k, _, m in _KINDS if k == self.kind))]
 
-    def _group_of(self, param: torch.nn.Parameter) -> int:
+    def _where(self, param: torch.nn.Parameter) -> tuple[int, int, int]:
+        """(its group, its index there, its offset in the group's flat tensor)."""
         for i, group in enumerate(self._lp_groups()):
-            if any(p is param for p in group):
-                return i
+            offset = 0
+            for j, p in enumerate(group):
+                if p is param:
+                    return i, j, offset
+                offset += int(getattr(p, "ds_numel", None) or p.numel())
         raise ValueError("ddp_verify_trace: the parameter is not one the DeepSpeed engine trains")
 
     def stepping(self, optimizer: torch.optim.Optimizer | None = None) -> list[torch.nn.Parameter]:
         """The model parameters whose gradients the inner optimizer's step now running
-        applies: those of the (sub-)group whose flat partition it holds."""
+        applies: those of the (sub-)groups whose master copies it holds."""
+        if self.kind == "other":
+            return self._lp_groups()[0]
         opt = optimizer if optimizer is not None else self.inner
         held = {id(p) for g in opt.param_groups for p in g["params"]}
         out: list[torch.nn.Parameter] = []
-        for flat, lp in zip(self._flat_groups(), self._lp_groups()):
-            if id(flat) in held:
+        for masters, lp in zip(self._masters(), self._lp_groups()):
+            if any(id(m) in held for m in masters):
                 out.extend(lp)
         return out
 
     def lrs(self, optimizer: torch.optim.Optimizer) -> dict[int, float]:
         """{index of the user's parameter group: its learning rate} for the (sub-)groups the
         inner optimizer's step now running applies (stage 1/2 narrow `param_groups` to the
-        one group stepping; stage 3 keeps them all and fills the stepping one's params)."""
+        one group stepping; stage 3 keeps them all and fills the stepping one's params; the
+        other wrappers keep the user's groups, each holding its master copies)."""
+        if self.kind not in ("zero", "zero3"):
+            return {i: float(g["lr"]) for i, g in enumerate(optimizer.param_groups)}
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         out: dict[int, float] = {}
-        for i, flat in enumerate(self._flat_groups()):
+        for i, (flat,) in enumerate(self._masters()):
             if id(flat) not in held:
                 continue
             group = next(g for g in optimizer.param_groups if any(p is flat for p in g["params"]))
@@ -140,31 +200,48 @@ class Zero:
         return out
 
     def groups(self) -> int:
-        """How many inner optimizer steps make one engine step (one per (sub-)group)."""
-        return len(self._flat_groups())
+        """How many inner optimizer steps make one engine step: one per (sub-)group under
+        ZeRO, one for all of them under the other wrappers."""
+        return len(self._masters()) if self.kind in ("zero", "zero3") else 1
 
     # -- gathering ------------------------------------------------------------------------
     def full_grad(self, param: torch.nn.Parameter) -> torch.Tensor | None:
         """The full gradient the inner optimizer applies to `param` in the step now running
         (float32, CPU): averaged over the ranks, divided by gradient_accumulation_steps,
-        unscaled and clipped. None where the parameter does not train. Outside the inner
-        step (its flat partition has no .grad) it falls back to
-        deepspeed.utils.safe_get_full_grad: before the clipping, and at stage 1/2 only
-        between the boundary backward and engine.step(). Collective."""
-        if not param.requires_grad:
+        unscaled and clipped. None where the parameter does not train, or the wrapper keeps
+        it where this cannot read it ("other"; a fused step given its gradients as
+        arguments). Under ZeRO, outside the inner step (its flat partition has no .grad) it
+        falls back to deepspeed.utils.safe_get_full_grad: before the clipping, and at stage
+        1/2 only between the boundary backward and engine.step(). Collective where the
+        wrapper partitions the weights."""
+        if not param.requires_grad or self.kind == "other":
             return None
-        if self.stage == 3:
+        if self.kind == "zero3":
             sub, offset, numel = self.zero.grad_position[self.zero.get_param_id(param)]
             flat = self.zero.fp32_partitioned_groups_flat[sub]
             if flat.grad is None:
                 return self._fallback_grad(param)
             part = flat.grad.narrow(0, offset, numel).float()
             return self.zero._fp32_state_allgather(param, part).detach().float().cpu().clone()
-        i = self._group_of(param)
-        flat = self.zero.single_partition_of_fp32_groups[i]
+        i, j, offset = self._where(param)
+        masters = self._masters()[i]
+        if self.kind == "copies":
+            g = masters[j].grad
+            return None if g is None else g.detach().float().cpu().clone().view(param.shape)
+        flat = masters[0]
+        if self.kind == "flat":  # whole on every rank
+            if flat.grad is None:
+                self.warn(
+                    f"DeepSpeed: {type(self.zero).__name__} stepped without its gradients in .grad (a fused "
+                    "step given them as arguments): the gradients it applied are not recorded"
+                )
+                return None
+            return flat.grad.narrow(0, offset, param.numel()).float().cpu().clone().view(param.shape)
         if flat.grad is None:
             return self._fallback_grad(param)
-        full = torch.zeros(param.numel(), dtype=torch.float32, device=flat.device)
+        # The buffer the partitions are summed in lives where the collective runs: beside the
+        # model's parameters (a ZeRO-Offload partition is on the host, NCCL's world is not).
+        full = torch.zeros(param.numel(), dtype=torch.float32, device=param.device)
         mapping = getattr(param, "_hp_mapping", None)
         if mapping is not None:
             hp, lp = mapping.hp_fragment_address, mapping.lp_fragment_address
@@ -185,7 +262,13 @@ class Zero:
 
     def full_param(self, param: torch.nn.Parameter) -> torch.Tensor:
         """The full fp32 master weight of `param` (float32, CPU); in the inner step's
-        post-hook, the weight the step made for the (sub-)group that stepped. Collective."""
+        post-hook, the weight the step made for the (sub-)group that stepped. Collective
+        where the wrapper partitions the weights."""
+        if self.kind in ("flat", "copies"):
+            i, j, offset = self._where(param)
+            masters = self._masters()[i]
+            w = masters[j] if self.kind == "copies" else masters[0].narrow(0, offset, param.numel())
+            return w.detach().float().cpu().clone().view(param.shape)
         from deepspeed.utils import safe_get_full_fp32_param
 
         w = safe_get_full_fp32_param(param)
@@ -237,10 +320,11 @@ class Counter:
 
 
 class DeepSpeed(Engine):
-    """DeepSpeed ZeRO behind the recorder's one interface: the engine names the model; each
+    """DeepSpeed behind the recorder's one interface: the engine names the model; each
     engine step's whole gradients are gathered in its inner optimizer's steps (one per
-    (sub-)group) and its whole weights kept on the host after it, so the trace is written
-    at destroy_process_group or at exit without a collective (the engine may be gone)."""
+    (sub-)group under ZeRO, one in all under its other wrappers) and its whole weights kept
+    on the host after it, so the trace is written at destroy_process_group or at exit
+    without a collective (the engine may be gone)."""
 
     backward_hooks = False
     no_magnitudes = "DeepSpeed: no per-micro-batch magnitudes (its partitions are flat)"
@@ -265,6 +349,26 @@ class DeepSpeed(Engine):
     def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
         found = find_zero(optimizer) if optimizer is not None else None
         return None if found is None else cls(*found)
+
+    @classmethod
+    def setting_up(cls, optimizer: torch.optim.Optimizer | None) -> bool:
+        # FP16_Optimizer and FP16_UnfusedOptimizer step their optimizer on zero gradients in
+        # their __init__, inside DeepSpeedEngine.__init__: before the engine holds them.
+        if "deepspeed" not in sys.modules:
+            return False
+        try:
+            from deepspeed.runtime.engine import DeepSpeedEngine
+        except Exception:  # noqa: BLE001 - a broken or partial install: not DeepSpeed's loop
+            return False
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            try:
+                if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), DeepSpeedEngine):
+                    return True
+            except Exception:  # noqa: BLE001 - a frame that will not be looked at: not the engine's
+                pass
+            frame = frame.f_back
+        return False
 
     def model(self) -> tuple[torch.nn.Module, Named] | None:
         return self._module, self._named
@@ -324,3 +428,6 @@ class DeepSpeed(Engine):
 
     def rank_checksums(self, sampled: bool) -> bool:
         return False  # its ranks hold partitions, and its gradients come gathered
+
+    def warnings(self) -> list[str]:
+        return list(self.zero.warnings)

@@ -41,6 +41,7 @@ class Fsdp2(Engine):
 
     name = _schema.Engine.FSDP2
     backward_hooks = False
+    local_hooks = False  # its unsharded gradients, at post_backward (`_local_grads`)
     no_magnitudes = "FSDP2: no per-micro-batch magnitudes (each backward adds into FSDP2's own buffers)"
     peaks_on_every_rank = True
     write_at_destroy = True
@@ -151,9 +152,22 @@ def _backward_ended(watch: Any, group: Any, reduced: bool) -> None:
         watch.compute_dtype = dtype
     if reduced:
         params = getattr(group, "fsdp_params", [])
+        _local_grads(watch, params)
         reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or torch.float32
         size = torch.empty((), dtype=reduce).element_size()
         watch.synced(Fsdp2.name, 1, size * sum(int(fp.sharded_param.numel()) for fp in params))
+
+
+def _local_grads(watch: Any, params: list[Any]) -> None:
+    """This rank's whole gradient of each parameter about to be reduce-scattered: the
+    micro-batches FSDP2 accumulated unsharded, and this backward's (the stage facts' local
+    gradient before the reduction)."""
+    for fp in params:
+        if not hasattr(fp, "_unsharded_param"):
+            continue
+        for g in (getattr(fp, "unsharded_accumulated_grad", None), fp.unsharded_param.grad):
+            if isinstance(g, torch.Tensor):
+                watch.local_grad(fp.sharded_param, g)
 
 
 def _dtensor_type() -> Any:

@@ -10,3 +10,7 @@ from .base import Framework
 class Accelerate(Framework):
     name = _schema.Framework.ACCELERATE
     modules = ("accelerate",)
+    backward_apis = (("accelerate.accelerator", "Accelerator", "backward"),)
+    step_wrappers = (
+        ("accelerate.optimizer", "AcceleratedOptimizer", "step", lambda o: o.gradient_state.num_steps),
+    )

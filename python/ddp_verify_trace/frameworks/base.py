@@ -7,9 +7,15 @@ A new framework is one module in this folder and one line in the registry
 (`frameworks/__init__.py`), plus its word in the Rust `Framework` vocabulary."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from ..engines.base import Patches
+
+# (module, class, method): a framework's API a script hands its loss to (first argument).
+Api = tuple[str, str, str]
+# (module, class, method, the accumulation steps it was told, read from the wrapper or None).
+Wrapper = tuple[str, str, str, Callable[[Any], Any]]
 
 # Makes the recording a callback starts: (path, record()'s keyword arguments) -> Session.
 SessionMaker = Callable[[Any, dict[str, Any]], Any]
@@ -34,8 +40,69 @@ class Framework:
         training to its end; built on first use (importing the framework), or None."""
         return None
 
-    @staticmethod
-    def patch(patches: Patches) -> None:
-        """Installs what the framework adds around the step: its own division of the loss
-        and its step gating (where it skips or repeats optimizer.step()), as facts for the
-        watch; undone with the engines' patches."""
+    # Where it takes the loss to run backward (its own division of the loss happens there).
+    backward_apis: tuple[Api, ...] = ()
+    # Its optimizer wrappers' step: the script calls it every micro-batch, and the framework
+    # gates the real step.
+    step_wrappers: tuple[Wrapper, ...] = ()
+
+    def patch(self, patches: Patches) -> None:
+        """Installs what the framework adds around the step: the loss handed to its backward
+        API (and by whom), and each call of its optimizer wrapper's step, as stage facts for
+        the watch; undone with the engines' patches."""
+        name = self.name
+        for module, cls, method in self.backward_apis:
+            patches.after_import(module, _api_patch(patches, name, cls, method))
+        for module, cls, method, told in self.step_wrappers:
+            patches.after_import(module, _wrapper_patch(patches, cls, method, told))
+
+
+def _api_patch(patches: Patches, framework: str, cls: str, method: str) -> Callable[[Any], None]:
+    def install(module: Any) -> None:
+        owner = getattr(module, cls)
+        original = getattr(owner, method)
+
+        def api(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+            from .._stages import caller
+
+            watches = patches.watches()
+            outermost = [w for w in watches if not w.batches.in_api]
+            try:
+                who = caller(sys._getframe(1))
+                for w in outermost:
+                    w.batches.handed(loss, framework, who)
+            except Exception:  # noqa: BLE001 - a fact not taken; training goes on
+                pass
+            for w in watches:
+                w.batches.in_api += 1
+            try:
+                return original(self, loss, *args, **kwargs)
+            finally:
+                for w in watches:
+                    w.batches.in_api -= 1
+
+        patches.replace(owner, method, api)
+
+    return install
+
+
+def _wrapper_patch(patches: Patches, cls: str, method: str, told: Callable[[Any], Any]) -> Callable[[Any], None]:
+    def install(module: Any) -> None:
+        owner = getattr(module, cls)
+        original = getattr(owner, method)
+
+        def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            watches = patches.watches()
+            if watches:
+                try:
+                    k = told(self)
+                    k = int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 1 else None
+                except Exception:  # noqa: BLE001 - not known: counted only
+                    k = None
+                for w in watches:
+                    w.wrapper_step(k)
+            return original(self, *args, **kwargs)
+
+        patches.replace(owner, method, step)
+
+    return install

@@ -11,3 +11,7 @@ from .base import Framework
 class DeepSpeed(Framework):
     name = _schema.Framework.DEEPSPEED
     modules = ("deepspeed",)
+    backward_apis = (("deepspeed.runtime.engine", "DeepSpeedEngine", "backward"),)
+    step_wrappers = (
+        ("deepspeed.runtime.engine", "DeepSpeedEngine", "step", lambda e: e.gradient_accumulation_steps()),
+    )

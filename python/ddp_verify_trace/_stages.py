@@ -1,0 +1,266 @@
+"""Stage facts: what each micro-batch went through between its samples and the gradient the
+optimizer applied, so that the judge can name the first stage where two trainings part and
+whose code owns it (docs/stages.md).
+
+Per backward (one micro-batch), on each rank, kept as tensors until the step (no device sync
+per micro-batch):
+- the fingerprint of the inputs of the outermost module calls since the previous backward
+  (the samples this micro-batch saw);
+- `num_items_in_batch`, where the forward was passed one (the loss normaliser);
+- the loss the model's forward returned, where it returned one;
+- the value backward ran on (the root), and the root with its constant scalar factors
+  peeled off the autograd graph (the loss before scaling);
+- the value handed to a framework's backward API (`frameworks/`: each names its own, such
+  as `accelerator.backward` or Lightning's `manual_backward`), where one was called.
+Per step, per parameter: the sum of each backward's own gradient before any reduction (tensor
+hooks, or the engine's own point before it reduces), added over ranks. Who handed the loss on
+and who passed the normaliser are header words (`_schema.Framework`)."""
+from __future__ import annotations
+
+import math
+import sys
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _schema
+
+FIELDS = _schema.BATCH_FIELDS
+_MASK = (1 << 52) - 1  # fingerprints are kept exact in float64
+_MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # as int64
+_NAN = float("nan")
+
+
+def _tensors(value: Any, out: list[torch.Tensor], depth: int = 0) -> None:
+    """Every tensor in args and kwargs, in order (dicts by key order, as passed)."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out, depth + 1)
+    elif depth < 4 and isinstance(value, dict):
+        for k in value:
+            if k != "num_items_in_batch":
+                _tensors(value[k], out, depth + 1)
+
+
+_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A 0-d int64 tensor on the inputs' device that changes with any input's bits, shape or
+    order (the values' bit patterns weighted by position); None where no tensor was passed."""
+    ts: list[torch.Tensor] = []
+    _tensors(args, ts)
+    _tensors(kwargs, ts)
+    total: torch.Tensor | None = None
+    for i, t in enumerate(ts):
+        t = t.detach()
+        if t.is_complex() or t.numel() == 0 or t.layout != torch.strided:
+            continue
+        flat = t.reshape(-1)
+        if flat.dtype == torch.bool:
+            flat = flat.view(torch.uint8)
+        elif flat.is_floating_point():
+            flat = flat.view(_INTS[flat.element_size()])
+        weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).mul_(_MIX).add_(i * 7919 + 1)
+        h = (flat.to(torch.int64) * weights).sum() + (len(t.shape) * 131 + t.numel()) * (i + 3)
+        total = h if total is None else total * 31 + h
+    return total
+
+
+def normaliser(kwargs: dict[str, Any]) -> Any:
+    """The `num_items_in_batch` a forward was passed (Transformers' Trainer), else None."""
+    n = kwargs.get("num_items_in_batch")
+    return n if isinstance(n, (int, float, torch.Tensor)) else None
+
+
+def forward_loss(out: Any) -> torch.Tensor | None:
+    """The scalar loss a forward returned (a tensor, or a ModelOutput's or dict's `loss`)."""
+    loss = out if isinstance(out, torch.Tensor) else None
+    if loss is None:
+        try:
+            loss = out["loss"] if isinstance(out, dict) or hasattr(out, "keys") else getattr(out, "loss", None)
+        except (KeyError, TypeError, IndexError):
+            loss = None
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+        return loss.detach()
+    return None
+
+
+def peel(root: torch.Tensor) -> Any:
+    """The product of the constant scalar factors at the top of `root`'s graph (x * c, x / c,
+    c * x): what scaled the loss before backward. 1.0 where none; a tensor where one is."""
+    factor: Any = 1.0
+    node = root.grad_fn
+    for _ in range(16):
+        if node is None:
+            break
+        kind = node.name()
+        nexts = [f for f, _ in node.next_functions]
+        live = [i for i, f in enumerate(nexts) if f is not None]
+        if kind not in ("MulBackward0", "DivBackward0") or len(live) != 1:
+            break
+        try:
+            if kind == "DivBackward0":
+                if live != [0]:
+                    break
+                c = node._saved_other
+                if not isinstance(c, torch.Tensor) or c.numel() != 1:
+                    break
+                factor = factor / c.detach().double()
+            else:
+                c = node._saved_other if live == [0] else node._saved_self
+                if not isinstance(c, torch.Tensor) or c.numel() != 1:
+                    break
+                factor = factor * c.detach().double()
+        except RuntimeError:  # saved tensors freed (a graph already run): nothing to peel
+            break
+        node = nexts[live[0]]
+    return factor
+
+
+def caller(frame: FrameType | None) -> str:
+    """The framework word of the first frame outward that is neither torch's nor the
+    recorder's: whose code made the call (`plain`: the user's script)."""
+    from . import frameworks
+
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not (module == "torch" or module.startswith(("torch.", "ddp_verify_trace"))):
+            for fw in frameworks.FRAMEWORKS:
+                if fw.owns(module):
+                    return fw.name
+            return frameworks.PLAIN
+        frame = frame.f_back
+    return frameworks.PLAIN
+
+
+def versions() -> str:
+    """torch and each framework or engine library the run imported, `name==version`, for
+    the header: a library's bug belongs to a version."""
+    from importlib import metadata
+
+    from . import frameworks
+
+    out = []
+    for module in ["torch"] + [m for fw in frameworks.FRAMEWORKS for m in fw.modules]:
+        if module in sys.modules:
+            try:
+                out.append(f"{module}=={metadata.version(module)}")
+            except metadata.PackageNotFoundError:
+                version = getattr(sys.modules[module], "__version__", None)
+                if isinstance(version, str):
+                    out.append(f"{module}=={version}")
+    return ", ".join(out)
+
+
+class Batches:
+    """One rank's micro-batches since the last step, as the patches saw them."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._inputs: Any = None  # fingerprints of the forwards since the last backward
+        self._norm: Any = None
+        self._loss: Any = None
+        self._handed: Any = None
+        self.handed_by: str | None = None  # who handed the loss to a framework API, or called backward
+        self.api: str | None = None  # the framework whose backward API took the loss
+        self.normalised_by: str | None = None
+        self.in_api = 0
+
+    def forward(self, fp: torch.Tensor | None, norm: Any, who: str | None) -> None:
+        if fp is not None:
+            self._inputs = fp if self._inputs is None else self._inputs * 1000003 + fp
+        if norm is not None:
+            self._norm = norm
+            if who is not None:
+                self.normalised_by = who
+        self._loss = None
+
+    def returned(self, loss: torch.Tensor | None) -> None:
+        if loss is not None:
+            self._loss = loss
+
+    def handed(self, loss: Any, api: str, who: str) -> None:
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self._handed = loss.detach()
+            self.api, self.handed_by = api, who
+
+    def backward(self, root: torch.Tensor, who: str) -> None:
+        if self._handed is None:
+            self.handed_by = who
+        self.rows.append(
+            {"fingerprint": self._inputs, "normaliser": self._norm, "forward": self._loss,
+             "root": root.detach(), "factor": peel(root), "handed": self._handed}  # fmt: skip
+        )
+        self._inputs = self._norm = self._loss = self._handed = None
+
+    def take(self, rank: int) -> list[list[float]]:
+        """The rows since the last take, as numbers (the one sync of the step's facts)."""
+        rows, self.rows = self.rows, []
+        return [_row(rank, r) for r in rows]
+
+
+def _number(v: Any) -> float:
+    if v is None:
+        return _NAN
+    if isinstance(v, torch.Tensor):
+        return float(v.detach().double().cpu())
+    return float(v)
+
+
+def _row(rank: int, r: dict[str, Any]) -> list[float]:
+    root = _number(r["root"])
+    factor = _number(r["factor"])
+    fp = r["fingerprint"]
+    values = {
+        "rank": float(rank),
+        "fingerprint": float(int(fp) & _MASK) if fp is not None else _NAN,
+        "forward": _number(r["forward"]),
+        "peeled": root / factor if factor not in (0.0,) and math.isfinite(factor) else _NAN,
+        "root": root,
+        "handed": _number(r["handed"]),
+        "normaliser": _number(r["normaliser"]),
+    }
+    return [values[f] for f in FIELDS]
+
+
+def gather_rows(rows: list[list[float]], world: int) -> torch.Tensor:
+    """Every rank's rows, in rank order, flat (one all_gather_object per step)."""
+    if world > 1:
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, rows)
+        rows = [r for part in every for r in (part or [])]
+    return torch.tensor([v for r in rows for v in r], dtype=torch.float64)
+
+
+class LocalSums:
+    """Per parameter, the sum of every backward's own gradient since the step, before any
+    reduction, in float64 on the gradient's device."""
+
+    def __init__(self) -> None:
+        self.sums: dict[int, torch.Tensor] = {}  # by the parameter's id
+
+    def add(self, key: int, grad: torch.Tensor) -> None:
+        s = grad.detach().sum(dtype=torch.float64)
+        total = self.sums.get(key)
+        self.sums[key] = s if total is None else total.add_(s)
+
+    def take(self, params: list[tuple[str, Any]], world: int, device: torch.device) -> dict[str, float] | None:
+        """The sums over ranks, by name (every rank calls this; one all_reduce), or None where
+        no backward was seen on any rank."""
+        sums, self.sums = self.sums, {}
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        seen = torch.tensor([float(bool(sums))], dtype=torch.float64, device=device)
+        flat = torch.stack([sums[id(p)].to(device) if id(p) in sums else zero for _, p in params])
+        names = [n for n, _ in params]
+        flat = torch.cat([seen, flat])
+        if world > 1:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        values = flat.cpu().tolist()
+        if not values[0]:
+            return None
+        return dict(zip(names, values[1:]))

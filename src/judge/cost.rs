@@ -109,6 +109,7 @@ pub fn needless_sync(costs: &[LegCost]) -> Option<Diagnosis> {
     };
     Some(Diagnosis {
         reason: Reason::NeedlessSync,
+        located: None,
         detail: format!(
             "{needless} of the {m} micro-batches per rank were all-reduced needlessly in {}: {volume}; wrap all but \
              the last in `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`), which gives the same gradients \

@@ -13,6 +13,7 @@ pub fn clip_count(ev: &Evidence) -> Option<Diagnosis> {
     let (m, n) = (ev.a.facts.clips.get(s)?, ev.b.facts.clips.get(s)?);
     (m != n).then(|| Diagnosis {
         reason: Reason::GradientClipping,
+        located: None,
         detail: format!(
             "{} clipped its gradients {m} times in step {s} and {} {n} times: clip once per step, on the \
              accumulated and synchronised gradient right before optimizer.step(), not after every \

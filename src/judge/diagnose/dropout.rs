@@ -11,6 +11,7 @@ pub fn keys(ev: &Evidence) -> Option<Diagnosis> {
     let (m, n) = (ev.a.facts.dropout_keys.get(s)?, ev.b.facts.dropout_keys.get(s)?);
     (m != n && ev.cx.same_samples != Some(false)).then(|| Diagnosis {
         reason: Reason::DropoutMasks,
+        located: None,
         detail: format!(
             "{} and {} drew step {s}'s dropout masks from different keys: masks must follow the samples \
              (seed, epoch, sample index, layer), not each rank's own counter or stream, or ranks repeat one \

@@ -15,6 +15,7 @@ mod rounding;
 mod samples;
 mod scaling;
 mod schedule;
+mod stages;
 mod steps;
 mod sync;
 
@@ -24,6 +25,7 @@ pub use big_batch::big_batch;
 pub use clipping::caution;
 pub use context::{Context, Loss, Origin, ShortWindow};
 pub use evidence::Evidence;
+pub use stages::{Located, Owner, Stage};
 
 use super::{Agreement, Comparison};
 use crate::evidence::Trace;
@@ -139,11 +141,33 @@ pub struct Diagnosis {
     /// Short and stable, for counting by reason.
     pub reason: Reason,
     pub detail: String,
+    /// The stage where the runs part and its owner (`stage`, `owner`, `known_fix` in a
+    /// report): from the stage walk's recorded facts, else the reason's stage.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub located: Option<Located>,
 }
 
 impl Diagnosis {
     fn new(reason: Reason, detail: impl Into<String>) -> Option<Diagnosis> {
-        Some(Diagnosis { reason, detail: detail.into() })
+        Some(Diagnosis { reason, detail: detail.into(), located: None })
+    }
+}
+
+impl Reason {
+    /// The stage a rule's cause sits at, where it has one (chaos and tolerances have none).
+    pub fn stage(self) -> Option<Stage> {
+        use Reason as R;
+        Some(match self {
+            R::Chaos | R::ExplicitTolerance | R::NonFinite | R::NeedlessSync => return None,
+            R::DifferentSamples | R::EpochDependentSampling => Stage::Samples,
+            R::TokenCountPerRank | R::TokenCount | R::PerMicroBatchMean | R::DropoutMasks => Stage::Loss,
+            R::LossScaling | R::UniformFactor | R::ShortWindowScaling | R::LossScaler | R::HiddenFactor => {
+                Stage::Scaling
+            }
+            R::DifferentGradients | R::StaleGradients | R::RanksDiffer | R::Buffers => Stage::LocalGradient,
+            R::OneProcess | R::UnsyncedGradient | R::SummedOverRanks | R::EngineBoundary => Stage::Reduction,
+            R::StepCount | R::LrSchedule | R::OptimizerStep | R::GradientClipping => Stage::Update,
+        })
     }
 }
 
@@ -158,11 +182,13 @@ pub struct Rule {
 pub const RULES: &[Rule] = &[
     Rule { name: "one process", test: sync::one_process },
     Rule { name: "unreduced micro-batches", test: sync::unreduced_tail },
+    Rule { name: "framework step gating", test: stages::cadence },
     Rule { name: "step count", test: steps::step_count },
     Rule { name: "engine accumulation boundary", test: steps::engine_boundary },
     Rule { name: "unsynchronised gradient", test: sync::unsynced },
     Rule { name: "ranks differ", test: sync::ranks_differ },
     Rule { name: "summed over ranks", test: sync::summed_over_ranks },
+    Rule { name: "a library's stage", test: stages::library_at_fault },
     Rule { name: "learning-rate schedule", test: schedule::lr_schedule },
     Rule { name: "loss scaler", test: scaling::loss_scaler },
     Rule { name: "non-finite", test: rounding::non_finite },
@@ -189,7 +215,16 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Di
         return None;
     }
     let ev = Evidence::new(a, b, c, cx);
-    RULES.iter().find_map(|r| (r.test)(&ev))
+    // The stage walk speaks among the rules where it found a library at fault (after the
+    // facts of the script's own synchronisation); where it found the script, the rules' cause
+    // (with its tested advice) keeps its words and takes the walk's stage.
+    let mut d = RULES.iter().find_map(|r| (r.test)(&ev))?;
+    if d.located.is_none() && !cx.ours() {
+        let walked = stages::walk(&ev).and_then(|w| w.located).map(|l| l.stage);
+        let stage = walked.or(d.reason.stage());
+        d.located = stage.map(|stage| Located { stage, owner: Owner::Script, known_fix: None });
+    }
+    Some(d)
 }
 
 #[cfg(test)]

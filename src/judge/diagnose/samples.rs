@@ -29,6 +29,7 @@ pub fn epoch(ev: &Evidence) -> Option<Diagnosis> {
     let epoch = ev.cx.steps_per_epoch.map_or(0, |n| s / n.max(1));
     (epoch > 0).then(|| Diagnosis {
         reason: Reason::EpochDependentSampling,
+        located: None,
         detail: format!(
             "the runs agree through epoch {} and first differ in epoch {epoch} (step {s}): the shuffle differs \
              between epochs; is set_epoch(epoch) called on every rank's sampler?",

@@ -23,6 +23,7 @@ pub fn engine_boundary(ev: &Evidence) -> Option<Diagnosis> {
         };
         (m > gas).then(|| Diagnosis {
             reason: Reason::EngineBoundary,
+            located: None,
             detail: format!(
                 "{label} ran {m} backward passes per optimizer step per rank under DeepSpeed's \
                      gradient_accumulation_steps={gas}: engine.backward takes {every} for an \

@@ -1,0 +1,160 @@
+//! Numbers each stage is judged by, measured from one leg's recorded facts at one step: the
+//! micro-batches matched across legs by their inputs' fingerprint, what scaled each loss,
+//! and what the reduction divided the ranks' local gradients by.
+
+use std::collections::BTreeMap;
+
+use crate::evidence::{Batch, Trace};
+
+/// Two values equal to within `rel` of the larger.
+pub fn near(x: f64, y: f64, rel: f64) -> bool {
+    (x - y).abs() <= rel * x.abs().max(y.abs()).max(f64::MIN_POSITIVE)
+}
+
+/// The median of some values (None where there are none).
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// One leg at one step.
+pub struct Leg<'a> {
+    pub trace: &'a Trace,
+    pub label: &'a str,
+    pub batches: &'a [Batch],
+    /// Processes in the leg.
+    pub world: usize,
+}
+
+impl<'a> Leg<'a> {
+    pub fn at(trace: &'a Trace, label: &'a str, s: usize) -> Option<Leg<'a>> {
+        let st = trace.facts.stages.get(s)?;
+        (!st.batches.is_empty()).then(|| Leg {
+            trace,
+            label,
+            batches: &st.batches,
+            world: trace.header.world_size.unwrap_or(1).max(1),
+        })
+    }
+
+    /// Micro-batches per rank.
+    pub fn per_rank(&self) -> f64 {
+        self.batches.len() as f64 / self.world as f64
+    }
+
+    /// The inputs' fingerprints, sorted, where every micro-batch has one.
+    pub fn fingerprints(&self) -> Option<Vec<u64>> {
+        let mut v: Option<Vec<u64>> = self.batches.iter().map(|b| b.fingerprint).collect();
+        if let Some(v) = v.as_mut() {
+            v.sort_unstable();
+        }
+        v
+    }
+
+    /// The typical factor that scaled a loss before backward.
+    pub fn scaling(&self) -> Option<f64> {
+        median(self.batches.iter().filter_map(Batch::scaling).collect())
+    }
+
+    /// The typical factor applied before a framework's backward API (handed / loss) and by
+    /// it (root / handed), where a framework took the loss.
+    pub fn split(&self) -> Option<(f64, f64)> {
+        let pre = median(self.batches.iter().filter_map(|b| Some(b.handed? / b.loss()?)).collect())?;
+        let api = median(self.batches.iter().filter_map(|b| Some(b.root? / b.handed?)).collect())?;
+        Some((pre, api))
+    }
+
+    /// What the reduction divided the ranks' summed local gradients by at step `s`: fitted
+    /// over the parameters (each local sum against the applied gradient's sum, undoing a
+    /// clip and a loss scale the recorder saw); None where not recorded or no one factor fits.
+    pub fn divide(&self, s: usize) -> Option<f64> {
+        // The first step from `s` with local sums (a recording that found its model at the
+        // first step has none there): an engine reduces alike every step.
+        (s..self.trace.facts.stages.len()).find_map(|s| self.divide_at(s))
+    }
+
+    fn divide_at(&self, s: usize) -> Option<f64> {
+        let t = self.trace;
+        let local = &t.facts.stages.get(s)?.local;
+        if local.is_empty() {
+            return None;
+        }
+        let applied = applied_sums(t, s);
+        let clip =
+            t.facts.clip_norms.get(s).copied().flatten().filter(|_| t.facts.clips.get(s).is_some_and(|&c| c > 0));
+        let coef = clip.map_or(1.0, |(total, max)| (max / (total + 1e-6)).min(1.0));
+        let scale = t.facts.scaler.scales.get(s).copied().unwrap_or(1.0);
+        let pairs: Vec<(f64, f64)> =
+            local.iter().filter_map(|(n, &l)| Some((l, applied.get(n)? * scale / coef))).collect();
+        fit(&pairs)
+    }
+}
+
+/// Each parameter's applied gradient summed: whole tensors, or a sampled one's summary.
+fn applied_sums(t: &Trace, s: usize) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = t
+        .steps
+        .get(s)
+        .map(|ps| ps.iter().map(|(n, v)| (n.clone(), v.to_f64().iter().sum())).collect())
+        .unwrap_or_default();
+    if let Some(summaries) = t.sampling.as_ref().and_then(|sm| sm.steps.get(s)) {
+        for (n, sum) in summaries {
+            out.insert(n.clone(), sum.sum);
+        }
+    }
+    out
+}
+
+/// d with local = d · applied for every pair, fitted by least squares; None where the
+/// pairs are all zero or one factor leaves a residual above 1% of the largest local sum.
+pub fn fit(pairs: &[(f64, f64)]) -> Option<f64> {
+    let (sla, saa) = pairs.iter().fold((0.0, 0.0), |(sla, saa), (l, a)| (sla + l * a, saa + a * a));
+    if saa == 0.0 || sla == 0.0 {
+        return None;
+    }
+    let d = sla / saa;
+    let peak = pairs.iter().fold(0.0f64, |m, (l, _)| m.max(l.abs()));
+    pairs.iter().all(|(l, a)| (l - d * a).abs() <= 1e-2 * peak).then_some(d)
+}
+
+/// Pairs of micro-batches, one from each leg, with the same inputs (by fingerprint, in
+/// rank and order within each fingerprint).
+pub fn matched<'a>(a: &'a [Batch], b: &'a [Batch]) -> Vec<(&'a Batch, &'a Batch)> {
+    let mut by: BTreeMap<u64, Vec<&Batch>> = BTreeMap::new();
+    for x in a {
+        if let Some(f) = x.fingerprint {
+            by.entry(f).or_default().push(x);
+        }
+    }
+    let mut out = vec![];
+    for y in b {
+        if let Some(list) = y.fingerprint.and_then(|f| by.get_mut(&f)) {
+            if !list.is_empty() {
+                out.push((list.remove(0), y));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_divide_is_fitted_and_a_mix_is_not() {
+        let pairs = [(2.0, 1.0), (-4.0, -2.0), (1e-9, 0.0)];
+        assert!(near(fit(&pairs).unwrap(), 2.0, 1e-9));
+        assert!(fit(&[(2.0, 1.0), (4.0, 1.0)]).is_none());
+        assert!(fit(&[(0.0, 0.0)]).is_none());
+    }
+
+    #[test]
+    fn micro_batches_are_matched_by_their_inputs() {
+        let b = |rank, f| Batch { rank, fingerprint: Some(f), ..Batch::default() };
+        let (a, d) = ([b(0, 1), b(0, 2), b(0, 3)], [b(0, 3), b(1, 1), b(1, 9)]);
+        let m = matched(&a, &d);
+        assert_eq!(m.iter().map(|(x, y)| (x.fingerprint, y.rank)).collect::<Vec<_>>(), [(Some(3), 0), (Some(1), 1)]);
+    }
+}

@@ -1,0 +1,409 @@
+//! The walk: at the first step whose gradients diverged, each stage in turn from recorded
+//! facts, the first that parts named with its numbers, owner and advice in the factor's
+//! direction. Silent where a stage's facts were not recorded on both legs (the older rules
+//! then speak).
+
+use super::known::lookup;
+use super::measure::{matched, median, near, Leg};
+use super::owner::{library_of, Owner};
+use super::{Located, Stage};
+use crate::evidence::{Framework, Trace};
+use crate::judge::diagnose::{Diagnosis, Evidence, Reason};
+
+/// How a located stage went wrong: the known-fixes table's key beside library and stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    DifferentInputs,
+    NormaliserPerRank,
+    LossDiffers,
+    DividedTwice,
+    Scaled,
+    ApiScaled,
+    LocalDiffers,
+    Summed,
+    DividedAgain,
+    SteppedEarly,
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+impl Mechanism {
+    const ALL: [Mechanism; 10] = [
+        Mechanism::DifferentInputs,
+        Mechanism::NormaliserPerRank,
+        Mechanism::LossDiffers,
+        Mechanism::DividedTwice,
+        Mechanism::Scaled,
+        Mechanism::ApiScaled,
+        Mechanism::LocalDiffers,
+        Mechanism::Summed,
+        Mechanism::DividedAgain,
+        Mechanism::SteppedEarly,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::DifferentInputs => "different inputs",
+            Mechanism::NormaliserPerRank => "normaliser per rank",
+            Mechanism::LossDiffers => "loss differs",
+            Mechanism::DividedTwice => "divided twice",
+            Mechanism::Scaled => "scaled",
+            Mechanism::ApiScaled => "api scaled",
+            Mechanism::LocalDiffers => "local gradient differs",
+            Mechanism::Summed => "summed",
+            Mechanism::DividedAgain => "divided again",
+            Mechanism::SteppedEarly => "stepped early",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Mechanism> {
+        Mechanism::ALL.into_iter().find(|m| m.name() == word)
+    }
+}
+
+/// Relative agreement of two recorded losses of the same inputs and weights.
+const LOSS_REL: f64 = 1e-3;
+/// Of two factors (scalings, divides), which are ratios of recorded values.
+const FACTOR_REL: f64 = 2e-3;
+
+fn located(reason: Reason, stage: Stage, owner: Owner, m: Mechanism, detail: String) -> Option<Diagnosis> {
+    let known_fix = lookup(&owner, stage, m.name());
+    let mut detail = detail;
+    if let Some(f) = known_fix {
+        detail += &format!(
+            " (known: {} {} to {}: {}; fixed in {}, {})",
+            f.library, f.from, f.fixed_in, f.what, f.fixed_in, f.tracker
+        );
+    }
+    Some(Diagnosis { reason, detail, located: Some(Located { stage, owner, known_fix }) })
+}
+
+/// The walk's cause where it names a library (a rule among the rules); None where the
+/// script owns the stage, which the rules after it word.
+pub fn library_at_fault(ev: &Evidence) -> Option<Diagnosis> {
+    walk(ev).filter(|d| d.located.as_ref().is_some_and(|l| l.owner.is_library()))
+}
+
+/// The walk, in stage order.
+pub fn walk(ev: &Evidence) -> Option<Diagnosis> {
+    let s = ev.first?;
+    let (a, b) = (Leg::at(ev.a, ev.left(), s)?, Leg::at(ev.b, ev.right(), s)?);
+    samples(&a, &b, s)
+        .or_else(|| loss(&a, &b, s))
+        .or_else(|| scaling_and_reduction(&a, &b, s))
+        .or_else(|| local_gradient(&a, &b, s))
+}
+
+/// Local gradient: the same losses, scaled alike, gave other gradients before any reduction
+/// (each parameter's local sum over ranks, undone of its scaling).
+fn local_gradient(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
+    let (sa, sb) = (a.scaling()?, b.scaling()?);
+    let (la, lb) = (&a.trace.facts.stages.get(s)?.local, &b.trace.facts.stages.get(s)?.local);
+    let peak = la.values().fold(0.0f64, |m, v| m.max((v / sa).abs()));
+    let off = la.iter().find(|(n, &x)| lb.get(*n).is_some_and(|&y| (x / sa - y / sb).abs() > 1e-3 * peak))?;
+    let detail = format!(
+        "the same losses, scaled alike, gave other gradients before any reduction at step {s} (recorded: {}'s \
+         local gradient sum, unscaled, {:.6e} in {} against {:.6e} over {}'s ranks): the backward differs between \
+         the runs (a parameter frozen or hooked in one run, a gradient changed before the step, a rank's own model)",
+        off.0,
+        off.1 / sa,
+        a.label,
+        lb[off.0] / sb,
+        b.label
+    );
+    located(Reason::DifferentGradients, Stage::LocalGradient, Owner::Script, Mechanism::LocalDiffers, detail)
+}
+
+/// The update's cadence: a framework's optimizer wrapper told to accumulate n micro-batches
+/// whose optimizer stepped after fewer.
+pub fn cadence(ev: &Evidence) -> Option<Diagnosis> {
+    if ev.c.left_steps == ev.c.right_steps {
+        return None;
+    }
+    for (label, t) in [(ev.left(), ev.a), (ev.right(), ev.b)] {
+        let told = t.header.framework_accumulation?;
+        let micro = median(t.facts.micro.iter().map(|&m| m as f64).collect())?;
+        let calls = median(t.facts.stages.iter().filter_map(|s| s.step_calls).map(|c| c as f64).collect());
+        if told as f64 > micro && calls.is_some() {
+            let f = t.header.framework.unwrap_or(Framework::Plain);
+            let owner = Owner::of_framework(t, f, "its optimizer wrapper's step()");
+            if !owner.is_library() {
+                continue;
+            }
+            let detail = format!(
+                "{label}'s optimizer stepped after every {micro} backward pass(es), though {} was told to \
+                 accumulate {told} micro-batches per step: the script called the wrapper's step() {} time(s) per \
+                 optimizer step and the wrapper let each one through. The library's step gating is at fault, not \
+                 your loop (calling step() every micro-batch under its accumulation is its documented use): \
+                 upgrade {}",
+                owner.describe(),
+                calls.unwrap_or(1.0),
+                owner.name()
+            );
+            return located(Reason::StepCount, Stage::Update, owner, Mechanism::SteppedEarly, detail);
+        }
+    }
+    None
+}
+
+/// Samples: the micro-batches' inputs, as multisets over the step.
+fn samples(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
+    let (fa, fb) = (a.fingerprints()?, b.fingerprints()?);
+    if fa == fb {
+        return None;
+    }
+    let missing =
+        b.batches.iter().enumerate().find(|(_, x)| x.fingerprint.is_some_and(|f| fa.binary_search(&f).is_err()));
+    let which = match missing {
+        Some((i, x)) => {
+            let nth = b.batches[..i].iter().filter(|y| y.rank == x.rank).count() + 1;
+            format!("{}'s rank {} micro-batch {nth} saw inputs no micro-batch of {} saw", b.label, x.rank, a.label)
+        }
+        None => format!("{} and {} saw different numbers of micro-batches", a.label, b.label),
+    };
+    let (owner, by) = dealer(b.trace);
+    let detail = format!(
+        "the runs see different samples at step {s} (recorded: {which}; {} of {} micro-batches differ): {}",
+        fb.iter().filter(|f| fa.binary_search(f).is_err()).count(),
+        fb.len(),
+        by
+    );
+    located(Reason::DifferentSamples, Stage::Samples, owner, Mechanism::DifferentInputs, detail)
+}
+
+/// Who dealt the samples: a framework that shards the data loader, else the script.
+fn dealer(t: &Trace) -> (Owner, String) {
+    match t
+        .header
+        .framework
+        .filter(|f| matches!(f, Framework::Transformers | Framework::Accelerate | Framework::Lightning))
+    {
+        Some(f) => {
+            let o = Owner::of_framework(t, f, "its sharding of the data loader");
+            let by = format!(
+                "{} deals the batches to the ranks; check its drop_last/even_batches settings against the \
+                 accumulation run's order",
+                o.describe()
+            );
+            (o, by)
+        }
+        None => (
+            Owner::Script,
+            "each rank must see the accumulation run's micro-batches of that step (strided vs contiguous split, \
+             padding, the sampler's seed and epoch)"
+                .into(),
+        ),
+    }
+}
+
+/// Loss: the same inputs gave different losses.
+fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
+    let pairs = matched(a.batches, b.batches);
+    let (x, y) = pairs.iter().find(|(x, y)| match (x.loss(), y.loss()) {
+        (Some(l), Some(m)) => !near(l, m, LOSS_REL),
+        _ => false,
+    })?;
+    let (lx, ly) = (x.loss()?, y.loss()?);
+    if let (Some(nx), Some(ny)) = (x.normaliser, y.normaliser) {
+        if !near(nx, ny, 1e-9) {
+            let t = b.trace;
+            let by = t.header.normalised_by.unwrap_or(Framework::Plain);
+            let owner = Owner::of_framework(t, by, "the num_items_in_batch it passes the model's loss");
+            let advice = match owner.is_library() {
+                true => format!(
+                    "{} counts the normaliser on each rank alone; this is the library's, not your script's: \
+                     upgrade it, or where it has the setting, count tokens across ranks \
+                     (Transformers: TrainingArguments(average_tokens_across_devices=True))",
+                    owner.describe()
+                ),
+                false => "your script passes each rank its own count: all-reduce the count over the ranks and \
+                          multiply the loss by W before backward (DDP averages)"
+                    .into(),
+            };
+            let detail = format!(
+                "the same inputs gave different losses at step {s}: {} {lx:.6} with num_items_in_batch={nx} \
+                 against {}'s rank {} {ly:.6} with num_items_in_batch={ny}: each micro-batch's loss is divided by a \
+                 different token count; {advice}",
+                a.label, b.label, y.rank
+            );
+            return located(Reason::TokenCountPerRank, Stage::Loss, owner, Mechanism::NormaliserPerRank, detail);
+        }
+    }
+    // One ratio for every micro-batch is a scaling inside the forward (a framework making up
+    // for the ranks' averaging), judged with the scaling.
+    let ratios: Vec<f64> = pairs.iter().filter_map(|(x, y)| Some(y.loss()? / x.loss()?)).collect();
+    if ratios.iter().all(|r| near(*r, ratios[0], LOSS_REL)) {
+        return None;
+    }
+    let detail = format!(
+        "the same inputs gave different losses at step {s} ({} {lx:.6}, {}'s rank {} {ly:.6}) from the same \
+         weights: the forward differs between the runs (a rank's own model state, dropout, or a loss computed \
+         from other than the inputs)",
+        a.label, b.label, y.rank
+    );
+    located(Reason::DifferentGradients, Stage::Loss, Owner::Script, Mechanism::LossDiffers, detail)
+}
+
+/// Scaling before backward and the reduction, judged together: each micro-batch's loss
+/// reaches the applied gradient multiplied by scaling / divide, which both legs must share.
+fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
+    let (sa, sb) = (a.scaling()?, b.scaling()?);
+    let (da, db) = (a.divide(s), b.divide(s));
+    // A reduction that does not average (measured) is the engine's, whatever the scaling.
+    for (leg, d) in [(b, db), (a, da)] {
+        let Some(d) = d else { continue };
+        let w = leg.world as f64;
+        if leg.world > 1 && !near(d, w, FACTOR_REL) {
+            return reduction(leg, d, s);
+        }
+    }
+    let (da, db) = (da.unwrap_or(1.0), db.unwrap_or(b.world as f64));
+    // Each matched micro-batch's root reaches the applied gradient divided by the reduction.
+    let ratio = median(
+        matched(a.batches, b.batches).iter().filter_map(|(x, y)| Some((y.root? / db) / (x.root? / da))).collect(),
+    )?;
+    if near(ratio, 1.0, FACTOR_REL) {
+        return None;
+    }
+    scaling(a, b, (sa, sb), ratio, s)
+}
+
+fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {
+    let t = leg.trace;
+    let w = leg.world as f64;
+    let owner = Owner::of_engine(t, t.header.engine);
+    let (m, what) = match d < w {
+        true => (
+            Mechanism::Summed,
+            format!(
+                "{}: the applied gradients are {:.2}x too large",
+                if near(d, 1.0, FACTOR_REL) {
+                    "summed them instead of averaging"
+                } else {
+                    "divided them by less than the ranks"
+                },
+                w / d
+            ),
+        ),
+        false => (
+            Mechanism::DividedAgain,
+            format!(
+                "divided them by {:.2} more than averaging does: the applied gradients are {:.2}x too small",
+                d / w,
+                d / w
+            ),
+        ),
+    };
+    let detail = format!(
+        "at step {s} {}'s reduction divided the {} ranks' local gradients by {d:.2} where averaging divides by \
+         {w} (recorded: each parameter's local gradient before the reduction, summed over ranks, against the \
+         gradient the optimizer applied); {} {what}. The loss scaling before backward matches the other run, so \
+         this is the library's reduction, not your script: upgrade {} (or average yourself only where its docs \
+         say so)",
+        leg.label,
+        leg.world,
+        owner.describe(),
+        owner.name()
+    );
+    located(Reason::SummedOverRanks, Stage::Reduction, owner, m, detail)
+}
+
+/// The loss was scaled differently before backward: which leg, by whom, and which way.
+fn scaling(a: &Leg, b: &Leg, (sa, sb): (f64, f64), ratio: f64, s: usize) -> Option<Diagnosis> {
+    // Plausible scalings: 1/k (a mean per micro-batch), or 1 and W where the forward was
+    // passed a normaliser over the window (Trainer's num_items_in_batch).
+    let normalised = |l: &Leg| l.batches.iter().any(|x| x.normaliser.is_some());
+    let plausible = |l: &Leg, sc: f64| match normalised(l) {
+        true => near(sc, 1.0, FACTOR_REL) || near(sc, l.world as f64, FACTOR_REL),
+        false => near(sc, 1.0 / l.per_rank(), FACTOR_REL),
+    };
+    let (off_a, off_b) = (!plausible(a, sa), !plausible(b, sb));
+    let (leg, sc) = if off_a && !off_b { (a, sa) } else { (b, sb) };
+    let t = leg.trace;
+    let k = leg.per_rank();
+    let direction = match ratio > 1.0 {
+        true => format!("{}'s gradients are {ratio:.2}x {}'s", b.label, a.label),
+        false => format!("{}'s gradients are {:.2}x smaller than {}'s", b.label, 1.0 / ratio, a.label),
+    };
+    let handed_by = t.header.loss_handed_by.unwrap_or(Framework::Plain);
+    let api = t.header.loss_api;
+    // Too large (not divided enough) or too small (divided too much), in the leg at fault.
+    let too_small = sc < 1.0 / k;
+    let (owner, m, advice) = match (leg.split(), api) {
+        (Some((pre, by_api)), Some(api)) if !near(pre, 1.0, FACTOR_REL) && !near(by_api, 1.0, FACTOR_REL) => {
+            // Who divided before the API is not recorded (a framework's loop may run the
+            // script's override): the script's, as its code returns the loss.
+            let owner = Owner::Script;
+            let _ = handed_by;
+            let fw = library_of(api).unwrap_or("the framework");
+            let advice = format!(
+                "the loss was divided twice: by {pre:.4} before {fw}'s backward API and by {by_api:.4} inside it; \
+                 {fw} already divides by its accumulation steps, so {}",
+                match owner.is_library() {
+                    true => format!("{} must hand it the plain loss: upgrade it", owner.describe()),
+                    false => "hand it the plain mean loss".into(),
+                }
+            );
+            (owner, Mechanism::DividedTwice, advice)
+        }
+        (Some((pre, by_api)), Some(api)) if near(pre, 1.0, FACTOR_REL) => {
+            let told = t.header.framework_accumulation;
+            let owner = Owner::of_framework(t, api, "its backward's division of the loss");
+            match told {
+                Some(n) if near(by_api, 1.0 / n as f64, FACTOR_REL) => (
+                    Owner::Script,
+                    Mechanism::Scaled,
+                    format!(
+                        "{} divided each loss by the {n} micro-batches it was told to accumulate, but each rank \
+                         runs {k} per step: tell it the micro-batches per rank (K/W under DDP, K alone)",
+                        owner.describe()
+                    ),
+                ),
+                _ => (
+                    owner.clone(),
+                    Mechanism::ApiScaled,
+                    format!(
+                        "{} scaled each loss by {by_api:.4} where 1/{k} averages this leg's micro-batches; the \
+                         library's scaling, not your script: upgrade {}",
+                        owner.describe(),
+                        owner.name()
+                    ),
+                ),
+            }
+        }
+        _ => {
+            let owner = match handed_by {
+                Framework::Plain => Owner::Script,
+                // A framework's loop ran backward with no API between: its scaling, unless the
+                // script's override in that loop did it (not recorded): said as the script's.
+                _ => Owner::Script,
+            };
+            let advice = match (owner.is_library(), too_small) {
+                (true, _) => format!(
+                    "{} scaled each loss by {sc:.4} where 1/{k} averages this leg's micro-batches: the library's \
+                     scaling, not your script: upgrade {}",
+                    owner.describe(),
+                    owner.name()
+                ),
+                (false, true) => format!(
+                    "{} divides each loss by {:.2} where its {k} micro-batches per rank need {k}: divide by the \
+                     micro-batches each process runs (K in accumulation, K/W per rank), not by K on every rank, and \
+                     not again where a framework divides",
+                    leg.label,
+                    1.0 / sc
+                ),
+                (false, false) => format!(
+                    "{} scales each loss by {sc:.4} where its {k} micro-batches per rank need 1/{k}: divide each \
+                     micro-batch's loss by the micro-batches each process runs (K in accumulation, K/W per rank)",
+                    leg.label
+                ),
+            };
+            (owner, Mechanism::Scaled, advice)
+        }
+    };
+    let detail = format!(
+        "{direction} from step {s}: the same losses were scaled differently before backward (recorded: {} \
+         multiplied each loss by {sa:.4}, {} by {sb:.4}, and the reduction averaged); {advice}",
+        a.label, b.label
+    );
+    located(Reason::LossScaling, Stage::Scaling, owner, m, detail)
+}

@@ -4,8 +4,8 @@ whose code owns it (docs/stages.md).
 
 Per backward (one micro-batch), on each rank, kept as tensors until the step (no device sync
 per micro-batch):
-- the fingerprint of the inputs of the outermost module calls since the previous backward
-  (the samples this micro-batch saw);
+- the fingerprint of the first tensor input of the outermost module calls since the previous
+  backward (the samples this micro-batch saw);
 - `num_items_in_batch`, where the forward was passed one (the loss normaliser);
 - the loss the model's forward returned, where it returned one;
 - the value backward ran on (the root), and the root with its constant scalar factors
@@ -50,13 +50,15 @@ _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """A 0-d int64 tensor on the inputs' device that changes with any input's bits, shape or
-    order (the values' bit patterns weighted by position); None where no tensor was passed."""
+    """A 0-d int64 tensor on the input's device that changes with the first tensor input's
+    bits, shape or order (its values' bit patterns weighted by position); None where no tensor
+    was passed. The first only: wrappers pass more than the model sees (Lightning's DDP
+    wrapper the whole batch with its labels, the model the inputs alone), and the samples
+    come first (input_ids, images)."""
     ts: list[torch.Tensor] = []
     _tensors(args, ts)
     _tensors(kwargs, ts)
-    total: torch.Tensor | None = None
-    for i, t in enumerate(ts):
+    for t in ts:
         t = t.detach()
         if t.is_complex() or t.numel() == 0 or t.layout != torch.strided:
             continue
@@ -65,10 +67,10 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor |
             flat = flat.view(torch.uint8)
         elif flat.is_floating_point():
             flat = flat.view(_INTS[flat.element_size()])
-        weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).mul_(_MIX).add_(i * 7919 + 1)
-        h = (flat.to(torch.int64) * weights).sum() + (len(t.shape) * 131 + t.numel()) * (i + 3)
-        total = h if total is None else total * 31 + h
-    return total
+        weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).mul_(_MIX).add_(1)
+        # The shape mixed in (tuples of ints hash alike in every process).
+        return (flat.to(torch.int64) * weights).sum() + (hash(tuple(t.shape)) & 0x7FFFFFFFFFFF)
+    return None
 
 
 def normaliser(kwargs: dict[str, Any]) -> Any:
@@ -148,12 +150,13 @@ def versions() -> str:
     out = []
     for module in ["torch"] + [m for fw in frameworks.FRAMEWORKS for m in fw.modules]:
         if module in sys.modules:
-            try:
-                out.append(f"{module}=={metadata.version(module)}")
-            except metadata.PackageNotFoundError:
-                version = getattr(sys.modules[module], "__version__", None)
-                if isinstance(version, str):
-                    out.append(f"{module}=={version}")
+            version = getattr(sys.modules[module], "__version__", None)  # torch's says its build (+cu130)
+            if not isinstance(version, str):
+                try:
+                    version = metadata.version(module)
+                except metadata.PackageNotFoundError:
+                    continue
+            out.append(f"{module}=={version}")
     return ", ".join(out)
 
 

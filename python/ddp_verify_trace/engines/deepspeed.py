@@ -159,15 +159,16 @@ class Zero:
             return [[p for p in self.engine.module.parameters() if p.requires_grad]]
         return [list(g) for g in getattr(self.zero, next(m for k, _, m in _KINDS if k == self.kind))]
 
-    def _where(self, param: torch.nn.Parameter) -> tuple[int, int, int]:
-        """(its group, its index there, its offset in the group's flat tensor)."""
+    def _where(self, param: torch.nn.Parameter) -> tuple[int, int, int] | None:
+        """(its group, its index there, its offset in the group's flat tensor); None where
+        the optimizer does not train it (a parameter left out of its groups)."""
         for i, group in enumerate(self._lp_groups()):
             offset = 0
             for j, p in enumerate(group):
                 if p is param:
                     return i, j, offset
                 offset += int(getattr(p, "ds_numel", None) or p.numel())
-        raise ValueError("ddp_verify_trace: the parameter is not one the DeepSpeed engine trains")
+        return None
 
     def stepping(self, optimizer: torch.optim.Optimizer | None = None) -> list[torch.nn.Parameter]:
         """The model parameters whose gradients the inner optimizer's step now running
@@ -223,7 +224,10 @@ class Zero:
                 return self._fallback_grad(param)
             part = flat.grad.narrow(0, offset, numel).float()
             return self.zero._fp32_state_allgather(param, part).detach().float().cpu().clone()
-        i, j, offset = self._where(param)
+        where = self._where(param)
+        if where is None:
+            return None
+        i, j, offset = where
         masters = self._masters()[i]
         if self.kind == "copies":
             g = masters[j].grad
@@ -264,11 +268,14 @@ class Zero:
         """The full fp32 master weight of `param` (float32, CPU); in the inner step's
         post-hook, the weight the step made for the (sub-)group that stepped. Collective
         where the wrapper partitions the weights."""
-        if self.kind in ("flat", "copies"):
-            i, j, offset = self._where(param)
+        where = self._where(param) if self.kind in ("flat", "copies") else None
+        if where is not None:
+            i, j, offset = where
             masters = self._masters()[i]
             w = masters[j] if self.kind == "copies" else masters[0].narrow(0, offset, param.numel())
             return w.detach().float().cpu().clone().view(param.shape)
+        if self.kind in ("flat", "copies"):  # not the optimizer's: the model's own weight
+            return param.detach().float().cpu().clone()
         from deepspeed.utils import safe_get_full_fp32_param
 
         w = safe_get_full_fp32_param(param)

@@ -10,10 +10,10 @@ mod clipping;
 mod context;
 mod dropout;
 mod evidence;
-mod factor;
+pub(crate) mod factor;
 mod rounding;
 mod samples;
-mod scaling;
+pub(crate) mod scaling;
 mod schedule;
 mod stages;
 mod steps;
@@ -201,6 +201,7 @@ pub const RULES: &[Rule] = &[
     Rule { name: "gradients not kept", test: rounding::not_kept },
     Rule { name: "stale gradients", test: steps::stale },
     Rule { name: "factor hidden by clipping", test: clipping::clipped_factor },
+    Rule { name: "stages", test: stages::walk },
     Rule { name: "loss scaling", test: scaling::whole_factor },
     Rule { name: "uniform factor", test: scaling::uniform_factor },
     Rule { name: "token count per rank", test: samples::token_count_per_rank },
@@ -215,9 +216,10 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Di
         return None;
     }
     let ev = Evidence::new(a, b, c, cx);
-    // The stage walk speaks among the rules where it found a library at fault (after the
-    // facts of the script's own synchronisation); where it found the script, the rules' cause
-    // (with its tested advice) keeps its words and takes the walk's stage.
+    // The stage walk speaks twice among the rules: where it found a library at fault, right
+    // after the facts of the script's own synchronisation; where it found the script, before
+    // the inferences from the gradients' shape. A cause it did not speak for takes the
+    // stage its facts locate, else the reason's.
     let mut d = RULES.iter().find_map(|r| (r.test)(&ev))?;
     if d.located.is_none() && !cx.ours() {
         let walked = stages::walk(&ev).and_then(|w| w.located).map(|l| l.stage);

@@ -67,7 +67,7 @@ pub fn uniform_factor(ev: &Evidence) -> Option<Diagnosis> {
 
 /// The setting with which a framework divides each micro-batch's loss by its accumulation
 /// steps itself, where it does.
-fn loss_division(f: Framework) -> Option<&'static str> {
+pub fn loss_division(f: Framework) -> Option<&'static str> {
     match f {
         Framework::Lightning => Some("Lightning's Trainer(accumulate_grad_batches=K)"),
         Framework::Accelerate => Some("Accelerate's accelerator.backward under accumulate()"),

@@ -65,13 +65,14 @@ impl<'a> Leg<'a> {
         Some((pre, api))
     }
 
-    /// What the reduction divided the ranks' summed local gradients by at step `s`: fitted
+    /// What the reduction divided the ranks' summed local gradients by: fitted
     /// over the parameters (each local sum against the applied gradient's sum, undoing a
     /// clip and a loss scale the recorder saw); None where not recorded or no one factor fits.
-    pub fn divide(&self, s: usize) -> Option<f64> {
-        // The first step from `s` with local sums (a recording that found its model at the
-        // first step has none there): an engine reduces alike every step.
-        (s..self.trace.facts.stages.len()).find_map(|s| self.divide_at(s))
+    pub fn divide(&self) -> Option<f64> {
+        // The first step with local sums (a recording that found its model at the first step
+        // has none there): an engine reduces alike every step, and the first step's gradients
+        // hold no earlier step's (a gradient never zeroed would fit no one divide later).
+        (0..self.trace.facts.stages.len()).find_map(|s| self.divide_at(s))
     }
 
     fn divide_at(&self, s: usize) -> Option<f64> {

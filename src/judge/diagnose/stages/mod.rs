@@ -64,3 +64,6 @@ pub struct Located {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub known_fix: Option<&'static KnownFix>,
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,9 +5,11 @@
 
 use super::known::lookup;
 use super::measure::{matched, median, near, Leg};
-use super::owner::{library_of, Owner};
+use super::owner::Owner;
 use super::{Located, Stage};
 use crate::evidence::{Framework, Trace};
+use crate::judge::diagnose::factor::is_whole;
+use crate::judge::diagnose::scaling::loss_division;
 use crate::judge::diagnose::{Diagnosis, Evidence, Reason};
 
 /// How a located stage went wrong: the known-fixes table's key beside library and stage.
@@ -120,8 +122,11 @@ pub fn cadence(ev: &Evidence) -> Option<Diagnosis> {
         return None;
     }
     for (label, t) in [(ev.left(), ev.a), (ev.right(), ev.b)] {
-        let told = t.header.framework_accumulation?;
-        let micro = median(t.facts.micro.iter().map(|&m| m as f64).collect())?;
+        let (Some(told), Some(micro)) =
+            (t.header.framework_accumulation, median(t.facts.micro.iter().map(|&m| m as f64).collect()))
+        else {
+            continue;
+        };
         let calls = median(t.facts.stages.iter().filter_map(|s| s.step_calls).map(|c| c as f64).collect());
         if told as f64 > micro && calls.is_some() {
             let f = t.header.framework.unwrap_or(Framework::Plain);
@@ -247,7 +252,7 @@ fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
 /// reaches the applied gradient multiplied by scaling / divide, which both legs must share.
 fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
     let (sa, sb) = (a.scaling()?, b.scaling()?);
-    let (da, db) = (a.divide(s), b.divide(s));
+    let (da, db) = (a.divide(), b.divide());
     // A reduction that does not average (measured) is the engine's, whatever the scaling.
     for (leg, d) in [(b, db), (a, da)] {
         let Some(d) = d else { continue };
@@ -309,15 +314,15 @@ fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {
 
 /// The loss was scaled differently before backward: which leg, by whom, and which way.
 fn scaling(a: &Leg, b: &Leg, (sa, sb): (f64, f64), ratio: f64, s: usize) -> Option<Diagnosis> {
-    // Plausible scalings: 1/k (a mean per micro-batch), or 1 and W where the forward was
-    // passed a normaliser over the window (Trainer's num_items_in_batch).
-    let normalised = |l: &Leg| l.batches.iter().any(|x| x.normaliser.is_some());
-    let plausible = |l: &Leg, sc: f64| match normalised(l) {
-        true => near(sc, 1.0, FACTOR_REL) || near(sc, l.world as f64, FACTOR_REL),
-        false => near(sc, 1.0 / l.per_rank(), FACTOR_REL),
+    // What a leg's scaling should be: 1/k (a mean per micro-batch, k per rank), or where the
+    // forward was passed a normaliser over the window (Trainer's num_items_in_batch) none, or
+    // W on each of W ranks (making up for the ranks' averaging).
+    let expected = |l: &Leg| match l.batches.iter().any(|x| x.normaliser.is_some()) {
+        true => l.world as f64,
+        false => 1.0 / l.per_rank(),
     };
-    let (off_a, off_b) = (!plausible(a, sa), !plausible(b, sb));
-    let (leg, sc) = if off_a && !off_b { (a, sa) } else { (b, sb) };
+    let (dev_a, dev_b) = (sa / expected(a), sb / expected(b));
+    let (leg, sc, dev) = if dev_a.ln().abs() > dev_b.ln().abs() { (a, sa, dev_a) } else { (b, sb, dev_b) };
     let t = leg.trace;
     let k = leg.per_rank();
     let direction = match ratio > 1.0 {
@@ -325,85 +330,74 @@ fn scaling(a: &Leg, b: &Leg, (sa, sb): (f64, f64), ratio: f64, s: usize) -> Opti
         false => format!("{}'s gradients are {:.2}x smaller than {}'s", b.label, 1.0 / ratio, a.label),
     };
     let handed_by = t.header.loss_handed_by.unwrap_or(Framework::Plain);
-    let api = t.header.loss_api;
-    // Too large (not divided enough) or too small (divided too much), in the leg at fault.
-    let too_small = sc < 1.0 / k;
-    let (owner, m, advice) = match (leg.split(), api) {
-        (Some((pre, by_api)), Some(api)) if !near(pre, 1.0, FACTOR_REL) && !near(by_api, 1.0, FACTOR_REL) => {
+    // Divided too much (a division on top of a framework's, or by K on every rank), or not
+    // enough (a loss never divided): opposite advice.
+    let too_much = dev < 1.0;
+    let (owner, m, advice) = match (leg.split(), t.header.loss_api) {
+        (Some((pre, by_api)), Some(api))
+            if !near(pre, 1.0, FACTOR_REL) && !near(by_api, 1.0, FACTOR_REL) && too_much =>
+        {
             // Who divided before the API is not recorded (a framework's loop may run the
             // script's override): the script's, as its code returns the loss.
-            let owner = Owner::Script;
-            let _ = handed_by;
-            let fw = library_of(api).unwrap_or("the framework");
+            let how = loss_division(api).unwrap_or("the framework's backward");
             let advice = format!(
-                "the loss was divided twice: by {pre:.4} before {fw}'s backward API and by {by_api:.4} inside it; \
-                 {fw} already divides by its accumulation steps, so {}",
-                match owner.is_library() {
-                    true => format!("{} must hand it the plain loss: upgrade it", owner.describe()),
-                    false => "hand it the plain mean loss".into(),
-                }
+                "the loss was divided twice, by {pre:.4} before the backward API and by {by_api:.4} inside it: {how} \
+                 already divides each loss by the accumulation steps, so a loss divided by K in your own step is \
+                 divided twice: return the plain mean loss"
             );
-            (owner, Mechanism::DividedTwice, advice)
+            (Owner::Script, Mechanism::DividedTwice, advice)
         }
-        (Some((pre, by_api)), Some(api)) if near(pre, 1.0, FACTOR_REL) => {
-            let told = t.header.framework_accumulation;
+        (Some((pre, by_api)), Some(api)) if near(pre, 1.0, FACTOR_REL) && !near(by_api, 1.0, FACTOR_REL) => {
             let owner = Owner::of_framework(t, api, "its backward's division of the loss");
-            match told {
+            match t.header.framework_accumulation {
                 Some(n) if near(by_api, 1.0 / n as f64, FACTOR_REL) => (
                     Owner::Script,
                     Mechanism::Scaled,
                     format!(
-                        "{} divided each loss by the {n} micro-batches it was told to accumulate, but each rank \
-                         runs {k} per step: tell it the micro-batches per rank (K/W under DDP, K alone)",
+                        "{} divided each loss by the {n} micro-batches it was told to accumulate, but each process \
+                         runs {k} per step: tell it the micro-batches per process (K/W under DDP, K alone)",
                         owner.describe()
                     ),
                 ),
-                _ => (
-                    owner.clone(),
-                    Mechanism::ApiScaled,
-                    format!(
-                        "{} scaled each loss by {by_api:.4} where 1/{k} averages this leg's micro-batches; the \
-                         library's scaling, not your script: upgrade {}",
+                _ => {
+                    let advice = format!(
+                        "{} scaled each loss by {by_api:.4} where 1/{k} averages the micro-batches each process runs: \
+                         the library's scaling, not your script: upgrade {}",
                         owner.describe(),
                         owner.name()
-                    ),
-                ),
+                    );
+                    (owner, Mechanism::ApiScaled, advice)
+                }
             }
         }
         _ => {
-            let owner = match handed_by {
-                Framework::Plain => Owner::Script,
-                // A framework's loop ran backward with no API between: its scaling, unless the
-                // script's override in that loop did it (not recorded): said as the script's.
-                _ => Owner::Script,
-            };
-            let advice = match (owner.is_library(), too_small) {
-                (true, _) => format!(
-                    "{} scaled each loss by {sc:.4} where 1/{k} averages this leg's micro-batches: the library's \
-                     scaling, not your script: upgrade {}",
-                    owner.describe(),
-                    owner.name()
+            let advice = match (too_much, loss_division(handed_by)) {
+                (true, Some(how)) => format!(
+                    "{} scales each loss by {sc:.4}: {how} already divides each loss by the accumulation steps, so a \
+                     loss divided by K in your own step is divided twice: return the plain mean loss",
+                    leg.label
                 ),
-                (false, true) => format!(
-                    "{} divides each loss by {:.2} where its {k} micro-batches per rank need {k}: divide by the \
-                     micro-batches each process runs (K in accumulation, K/W per rank), not by K on every rank, and \
-                     not again where a framework divides",
+                (true, None) => format!(
+                    "{} divides each loss by {:.2} where the {k} micro-batches each of its processes runs need {k}: \
+                     divide by the micro-batches per process (K in accumulation, K/W on each rank), not by K on every \
+                     rank",
                     leg.label,
                     1.0 / sc
                 ),
-                (false, false) => format!(
-                    "{} scales each loss by {sc:.4} where its {k} micro-batches per rank need 1/{k}: divide each \
-                     micro-batch's loss by the micro-batches each process runs (K in accumulation, K/W per rank)",
-                    leg.label
+                (false, _) => format!(
+                    "{} scales each loss by {sc:.4}, {:.2}x what its {k} micro-batches per process need: divide each \
+                     micro-batch's loss by the micro-batches each process runs (K in accumulation, K/W on each rank)",
+                    leg.label, dev
                 ),
             };
-            (owner, Mechanism::Scaled, advice)
+            (Owner::Script, Mechanism::Scaled, advice)
         }
     };
+    let reason = if is_whole(ratio, FACTOR_REL) { Reason::LossScaling } else { Reason::UniformFactor };
     let detail = format!(
         "{direction} from step {s}: the same losses were scaled differently before backward (recorded: {} \
-         multiplied each loss by {sa:.4}, {} by {sb:.4}, and the reduction averaged); {advice}",
+         multiplied each loss by {sa:.4}, {} by {sb:.4}); {advice}",
         a.label, b.label
     );
-    located(Reason::LossScaling, Stage::Scaling, owner, m, detail)
+    located(reason, Stage::Scaling, owner, m, detail)
 }

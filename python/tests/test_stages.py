@@ -1,0 +1,122 @@
+"""Stage facts (`_stages.py`): what each micro-batch went through on its way to the applied
+gradient, as the trace holds it; the expected values are the loop's own numbers."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch.nn.parallel import DistributedDataParallel
+
+import ddp_verify_trace
+from ddp_verify_trace import _schema, _stages
+from _world import run_world
+
+FIELD = {f: i for i, f in enumerate(_schema.BATCH_FIELDS)}
+
+
+def load(path):
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def rows(t, s):
+    return t[f"batches.{s}"].view(-1, len(_schema.BATCH_FIELDS))
+
+
+def test_a_fingerprint_follows_the_first_input_bit_for_bit():
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    fp = lambda *a, **k: int(_stages.fingerprint(a, k))  # noqa: E731
+    assert fp(x) == fp(x.clone()) == fp((x, torch.ones(2)))  # the first tensor only
+    y = x.clone()
+    y[3, 2] = y[3, 2].nextafter(torch.tensor(9.0))
+    assert fp(y) != fp(x) and fp(x.flip(0)) != fp(x) and fp(x.reshape(3, 4)) != fp(x)
+    assert fp(input_ids=torch.arange(5)) != fp(input_ids=torch.arange(1, 6))
+    assert _stages.fingerprint((3, "a"), {}) is None
+
+
+def test_constant_factors_are_peeled_off_the_root():
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()
+    assert float(_stages.peel(loss / 4)) == 0.25
+    assert float(_stages.peel((loss / 4) * 2)) == 0.5
+    assert abs(float(_stages.peel(loss / torch.tensor(3.0))) - 1 / 3) < 1e-12
+    assert _stages.peel(loss) == 1.0 and _stages.peel(loss * w.sum()) == 1.0  # no constant on top
+
+
+def _loop(model, opt, k, steps, wrap=None):
+    g = torch.Generator().manual_seed(1)
+    losses, sums = [], []
+    for _ in range(steps):
+        for _ in range(k):
+            x = torch.randn(4, 3, generator=g)
+            loss = F.mse_loss((wrap or model)(x), x.sum(1, keepdim=True))
+            losses.append(float(loss))
+            (loss / k).backward()
+        sums.append({n: float(p.grad.double().sum()) for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    return losses, sums
+
+
+def test_one_process_records_each_loss_its_scaling_and_the_local_sums(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
+        losses, sums = _loop(model, opt, k=2, steps=2)
+    t, meta = load(tmp_path / "t.safetensors")
+    assert meta["loss_handed_by"] == "plain" and meta["versions"].startswith(f"torch=={torch.__version__}")
+    for s in range(2):
+        r = rows(t, s)
+        assert r.shape[0] == 2 and (r[:, FIELD["rank"]] == 0).all()
+        # The model returned no loss; the root is the loss / K, whose constant peels off.
+        assert r[:, FIELD["forward"]].isnan().all() and r[:, FIELD["handed"]].isnan().all()
+        assert torch.allclose(r[:, FIELD["peeled"]], torch.tensor(losses[2 * s : 2 * s + 2], dtype=torch.float64))
+        assert torch.allclose(r[:, FIELD["root"]] * 2, r[:, FIELD["peeled"]])
+        assert r[0, FIELD["fingerprint"]] != r[1, FIELD["fingerprint"]]
+        for n, v in sums[s].items():  # one process: what it applied is its local gradient
+            assert abs(t[f"local.{s}.{n}"].item() - v) <= 1e-6 * max(1.0, abs(v)), (s, n)
+
+
+def _ddp_rank(rank, world, path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ddp_verify_trace.recording(path):
+        _loop(model, opt, k=2, steps=1, wrap=ddp)
+
+
+def test_under_ddp_the_local_sums_are_the_ranks_before_the_average(tmp_path):
+    path = str(tmp_path / "ddp.safetensors")
+    run_world(_ddp_rank, 2, path)
+    t, _ = load(path)
+    r = rows(t, 0)
+    assert r[:, FIELD["rank"]].tolist() == [0, 0, 1, 1]
+    for name in ("0.weight", "2.bias"):
+        # Each rank's own gradients summed over the ranks: W times the averaged one applied.
+        local, applied = t[f"local.0.{name}"].item(), t[f"grads.0.{name}"].double().sum().item()
+        assert abs(local - 2 * applied) <= 1e-6 * max(1.0, abs(local)), name
+
+
+def test_a_frameworks_backward_api_and_its_wrapper_are_recorded(tmp_path):
+    from accelerate import Accelerator
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    acc = Accelerator(gradient_accumulation_steps=2, cpu=True)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(1)
+    with ddp_verify_trace.recording(tmp_path / "a.safetensors"):
+        for _ in range(4):
+            with acc.accumulate(model):
+                x = torch.randn(4, 3, generator=g)
+                acc.backward(F.mse_loss(model(x), x.sum(1, keepdim=True)))
+                opt.step()
+                opt.zero_grad()
+    t, meta = load(tmp_path / "a.safetensors")
+    assert (meta["loss_api"], meta["loss_handed_by"], meta["framework_accumulation"]) == ("accelerate", "plain", "2")
+    r = rows(t, 0)
+    # Handed the plain loss; Accelerate divided it by its accumulation steps.
+    assert torch.allclose(r[:, FIELD["handed"]], r[:, FIELD["peeled"]])
+    assert torch.allclose(r[:, FIELD["root"]] * 2, r[:, FIELD["handed"]])
+    assert [t[f"step_calls.{s}"].item() for s in range(2)] == [2, 2]

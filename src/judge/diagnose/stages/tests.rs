@@ -1,0 +1,144 @@
+//! The walk on made-up facts: two legs' stage facts built by construction (K=4 micro-batches,
+//! W=2 ranks), one stage broken at a time, and the stage, owner and known fix it names.
+
+use crate::evidence::{Batch, Engine, Framework, RunKind, StageStep, Trace, TraceHeader, Values};
+use crate::judge::diagnose::{diagnose, Context, Diagnosis};
+use crate::judge::{compare, Reason};
+use crate::spec::Tolerance;
+
+const G: [f32; 4] = [1.0, -2.0, 0.5, 3.0];
+const LOSSES: [f64; 4] = [2.0, 3.0, 2.5, 4.0];
+
+/// One leg: `world` ranks, each micro-batch's inputs 1..=4 with its loss scaled by `scale`,
+/// the local gradient sum over ranks `local` and the gradient applied `g`, for `steps` steps.
+fn leg(world: usize, scale: f64, local: f64, g: &[f32], steps: usize) -> Trace {
+    let batches: Vec<Batch> = (0..4)
+        .map(|i| Batch {
+            rank: i * world / 4,
+            fingerprint: Some(i as u64 + 1),
+            forward: Some(LOSSES[i]),
+            peeled: Some(LOSSES[i]),
+            root: Some(LOSSES[i] * scale),
+            ..Batch::default()
+        })
+        .collect();
+    let stage = StageStep { batches, local: [("w".to_string(), local)].into_iter().collect(), step_calls: None };
+    let mut t = Trace {
+        header: TraceHeader {
+            version: Some(2),
+            run: Some(if world > 1 { RunKind::Ddp } else { RunKind::Single }),
+            world_size: Some(world),
+            versions: Some("torch==2.13.0".into()),
+            ..TraceHeader::default()
+        },
+        steps: (0..steps).map(|_| vec![("w".to_string(), Values::f32s(g.to_vec()))]).collect(),
+        finals: vec![("w".to_string(), Values::f32s(vec![0.1, 0.2, 0.3, 0.4]))],
+        ..Trace::default()
+    };
+    t.facts.stages = vec![stage; steps];
+    t.facts.micro = vec![(4 / world) as i64; steps];
+    t
+}
+
+fn sum(g: &[f32]) -> f64 {
+    g.iter().map(|&v| f64::from(v)).sum()
+}
+
+fn times(k: f32) -> Vec<f32> {
+    G.iter().map(|v| v * k).collect()
+}
+
+fn judged(a: &Trace, b: &Trace) -> Diagnosis {
+    let c = compare("accumulation", a, "ddp", b, &Tolerance::default());
+    diagnose(a, b, &c, &Context::of_traces(a, b)).expect("a divergence has a cause")
+}
+
+fn said(d: &Diagnosis) -> (&str, &str, Option<&str>) {
+    let l = d.located.as_ref().expect("located");
+    (l.stage.name(), l.owner.name(), l.known_fix.map(|f| f.tracker.as_str()))
+}
+
+/// Accumulation: each loss / 4, one process. DDP, honest: each loss / 2, averaged over 2.
+fn honest_acc() -> Trace {
+    leg(1, 0.25, sum(&G), &G, 1)
+}
+
+#[test]
+fn a_reduction_that_sums_is_the_engines_at_its_version() {
+    // DDP's local gradients (each loss / 2) summed over the ranks and applied as they are.
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(2.0), 1);
+    ddp.header.engine = Some(Engine::Fsdp2);
+    ddp.header.versions = Some("torch==2.8.0".into());
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(d.reason, Reason::SummedOverRanks, "{d:?}");
+    assert_eq!(said(&d), ("reduction", "torch", Some("https://github.com/pytorch/pytorch/issues/162338")));
+    assert!(d.detail.contains("2.00x too large") && d.detail.contains("torch 2.8.0"), "{}", d.detail);
+    // The same facts at a version the table does not list: located alike, not annotated.
+    ddp.header.versions = Some("torch==2.13.0".into());
+    assert_eq!(said(&judged(&honest_acc(), &ddp)), ("reduction", "torch", None));
+}
+
+#[test]
+fn a_reduction_that_divides_again_is_the_other_direction() {
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(0.25), 1);
+    ddp.header.engine = Some(Engine::DeepSpeed2);
+    ddp.header.versions = Some("torch==2.13.0, deepspeed==0.18.3".into());
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(said(&d), ("reduction", "deepspeed", Some("https://github.com/deepspeedai/DeepSpeed/pull/7724")));
+    assert!(d.detail.contains("4.00x too small"), "{}", d.detail);
+}
+
+#[test]
+fn a_loss_divided_by_k_on_every_rank_is_the_scripts_scaling() {
+    // Each rank divides by K=4, not K/W=2: half the gradient, averaged correctly.
+    let ddp = leg(2, 0.25, sum(&G), &times(0.5), 1);
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(said(&d), ("scaling", "script", None), "{d:?}");
+}
+
+#[test]
+fn a_normaliser_counted_per_rank_is_the_loss_stage_of_the_framework_that_passed_it() {
+    let acc = {
+        let mut t = honest_acc();
+        t.facts.stages[0].batches.iter_mut().for_each(|b| b.normaliser = Some(100.0));
+        t
+    };
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.3), 1);
+    for b in ddp.facts.stages[0].batches.iter_mut() {
+        let n = if b.rank == 0 { 40.0 } else { 60.0 };
+        b.normaliser = Some(n);
+        b.forward = b.forward.map(|l| l * 100.0 / n);
+    }
+    ddp.header.normalised_by = Some(Framework::Transformers);
+    ddp.header.versions = Some("torch==2.13.0, transformers==4.46.0".into());
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("loss", "transformers", Some("https://github.com/huggingface/transformers/issues/34242")));
+    assert!(d.detail.contains("num_items_in_batch=100") && d.detail.contains("num_items_in_batch=40"), "{}", d.detail);
+}
+
+#[test]
+fn other_inputs_are_the_samples_stage() {
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.3), 1);
+    ddp.facts.stages[0].batches[3].fingerprint = Some(99);
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(said(&d), ("samples", "script", None), "{d:?}");
+    assert!(d.detail.contains("rank 1 micro-batch 2"), "{}", d.detail);
+}
+
+#[test]
+fn a_wrapper_told_to_accumulate_that_steps_early_is_the_frameworks() {
+    // DDP: the wrapper was told 2 micro-batches per step but its optimizer stepped after each.
+    let acc = leg(1, 0.25, sum(&G), &G, 2);
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &G, 4);
+    ddp.facts.micro = vec![1; 4];
+    ddp.facts.stages.iter_mut().for_each(|s| s.step_calls = Some(1));
+    ddp.header.framework = Some(Framework::Accelerate);
+    ddp.header.framework_accumulation = Some(2);
+    ddp.header.versions = Some("torch==2.13.0, accelerate==0.30.1".into());
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("update", "accelerate", Some("https://github.com/huggingface/accelerate/pull/2790")));
+    // Not told to accumulate: the script's own loop steps every micro-batch.
+    ddp.header.framework_accumulation = Some(1);
+    let d = judged(&acc, &ddp);
+    assert_eq!((d.reason, said(&d).1), (Reason::StepCount, "script"), "{d:?}");
+}

@@ -154,3 +154,49 @@ def test_an_unknown_wrapper_is_recorded_without_its_gradients_and_says_so(deepsp
         assert "DeepSpeedZeroOptimizer (ZeRO stage 1) is not one the recorder knows" in meta["warnings"]
         assert "grads" not in kinds and {"final", "peak", "lr", "micro"} <= kinds
         assert [int(t[f"micro.{s}"]) for s in (0, 1)] == [K // world] * 2
+
+
+def test_wrappers_are_told_apart_by_where_they_keep_their_master_weights():
+    """No DeepSpeed needed: the kind is read from the wrapper's attributes, and a wrapper
+    with none of the known ones is "other" (recorded without its gradients)."""
+    from types import SimpleNamespace as Ns
+
+    from ddp_verify_trace.engines.deepspeed import kind_of
+
+    assert kind_of(Ns(fp32_partitioned_groups_flat=[], fp16_groups=[])) == "zero3"
+    assert kind_of(Ns(single_partition_of_fp32_groups=[], bit16_groups=[])) == "zero"
+    assert kind_of(Ns(fp32_groups_flat_partition=[], bf16_groups=[])) == "bf16"
+    assert kind_of(Ns(fp32_groups_flat=[], fp16_groups=[])) == "flat"
+    assert kind_of(Ns(fp32_groups=[], fp16_groups=[])) == "copies"
+    assert kind_of(Ns(optimizer=None)) == "other"
+
+
+def test_whole_copies_are_read_where_they_are_and_a_parameter_left_out_keeps_its_own_weight():
+    """FP16_UnfusedOptimizer's layout (a whole fp32 copy per parameter, every rank) and
+    FP16_Optimizer's (one whole flat fp32 tensor per group): each parameter's gradient and
+    master weight read from its copy, no collective; a parameter the optimizer does not
+    step (left out of its groups) has no gradient and its own weight."""
+    from types import SimpleNamespace as Ns
+
+    from ddp_verify_trace.engines.deepspeed import Zero
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).bfloat16()
+    w32 = model.weight.detach().float().clone().requires_grad_()
+    w32.grad = torch.randn(2, 3)
+    flat = torch.cat([w32.detach().reshape(-1), torch.ones(2)]).requires_grad_()
+    flat.grad = torch.arange(8.0)
+    for wrapper, want in (
+        (Ns(fp16_groups=[[model.weight]], fp32_groups=[[w32]]), w32.grad),
+        (Ns(fp16_groups=[[model.weight, model.bias]], fp32_groups_flat=[flat]), torch.arange(6.0).view(2, 3)),
+    ):
+        wrapper.optimizer = torch.optim.SGD([w32] if hasattr(wrapper, "fp32_groups") else [flat], lr=0.1)
+        zero = Zero(Ns(optimizer=wrapper, module=model), 0)
+        assert zero.name == "deepspeed-zero0" and zero.groups() == 1 and zero.warnings == []
+        assert zero.stepping(wrapper.optimizer)[0] is model.weight
+        assert zero.lrs(wrapper.optimizer) == {0: 0.1}
+        assert torch.equal(zero.full_grad(model.weight), want)
+        assert torch.equal(zero.full_param(model.weight), w32.detach())
+    zero = Zero(Ns(optimizer=Ns(fp16_groups=[[model.weight]], fp32_groups=[[w32]], optimizer=None), module=model), 0)
+    assert zero.full_grad(model.bias) is None
+    assert torch.equal(zero.full_param(model.bias), model.bias.detach().float())

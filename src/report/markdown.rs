@@ -34,6 +34,9 @@ impl Exporter for Markdown {
         let _ = writeln!(s, "> {}\n", verdict_line(o));
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "**Likely cause:** {}\n", d.detail);
+            if let Some(at) = d.where_() {
+                let _ = writeln!(s, "**Where:** {at}\n");
+            }
         }
         if let Some(d) = o.big_batch.as_ref().and_then(|b| b.diagnosis.as_ref()).filter(|_| o.diagnosis.is_none()) {
             let _ = writeln!(s, "**Likely cause (vs the big batch):** {}\n", d.detail);

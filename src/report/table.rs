@@ -133,6 +133,9 @@ impl Exporter for Table {
         let _ = writeln!(s, "\n{}", verdict_line(o));
         if let Some(d) = &o.diagnosis {
             let _ = writeln!(s, "likely cause: {}", d.detail);
+            if let Some(at) = d.where_() {
+                let _ = writeln!(s, "where: {at}");
+            }
         }
         if let Some(d) = o.big_batch.as_ref().and_then(|b| b.diagnosis.as_ref()).filter(|_| o.diagnosis.is_none()) {
             let _ = writeln!(s, "likely cause (vs the big batch): {}", d.detail);

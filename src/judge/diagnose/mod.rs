@@ -148,6 +148,13 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// The located stage and owner in words ("the reduction stage, owned by torch 2.8.0
+    /// (FSDP2's reduce-scatter)"), where located.
+    pub fn where_(&self) -> Option<String> {
+        let l = self.located.as_ref()?;
+        Some(format!("the {} stage, owned by {}", l.stage.name(), l.owner.describe()))
+    }
+
     fn new(reason: Reason, detail: impl Into<String>) -> Option<Diagnosis> {
         Some(Diagnosis { reason, detail: detail.into(), located: None })
     }

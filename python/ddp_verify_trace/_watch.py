@@ -66,8 +66,34 @@ class Watch:
         # the recorder at the step), and the step calls a framework's optimizer wrapper passed through.
         self.batches = _stages.Batches()
         self.local = _stages.LocalSums()
+        # Tensor hooks summing each backward's own gradient, one per parameter (by id), put on
+        # every outermost module's parameters from its first forward: the first step's too,
+        # before a recorder knows the model.
+        self._local_hooked: set[int] = set()
+        self._local_modules: set[int] = set()
+        self._local_handles: list[Any] = []
+        self.local_hooks = True  # False once the run's engine hands the watch its own
         self.wrapper_calls = 0
         self.framework_accumulation: int | None = None
+
+    def hook_local(self, module: torch.nn.Module) -> None:
+        """Sums each backward's own gradient of `module`'s parameters (once per module and
+        parameter): a tensor hook sees it before any reduction, under DDP and no_sync alike."""
+        if id(module) in self._local_modules or not self.local_hooks:
+            return
+        self._local_modules.add(id(module))
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in self._local_hooked:
+                self._local_hooked.add(id(p))
+                key = id(p)
+                self._local_handles.append(p.register_hook(lambda g, key=key: self.local.add(key, g)))
+
+    def no_local_hooks(self) -> None:
+        """The run's engine hands the watch each local gradient itself (`local_grad`)."""
+        self.local_hooks = False
+        for h in self._local_handles:
+            h.remove()
+        self._local_handles = []
 
     def local_grad(self, param: Any, grad: torch.Tensor) -> None:
         """An engine's own point before it reduces: `grad` is this rank's for `param`."""
@@ -130,6 +156,9 @@ class Watch:
 
     def close(self) -> None:
         """Sees nothing more; the last watch to close takes the patches out."""
+        for h in self._local_handles:
+            h.remove()
+        self._local_handles = []
         if self in _OPEN:
             _OPEN.remove(self)
             if not _OPEN:
@@ -334,6 +363,7 @@ def _patch_stages() -> None:
                 who = _stages.caller(sys._getframe(1)) if norm is not None else None
                 for watch in watches:
                     watch.batches.forward(fp, norm, who)
+                    watch.hook_local(self)
             except Exception:  # noqa: BLE001 - a fact not taken; the forward goes on
                 pass
         _DEPTH[0] += 1

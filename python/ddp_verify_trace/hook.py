@@ -147,8 +147,6 @@ class Session:
     @_never_raises
     def _early_backward(self, key: int, grad: torch.Tensor, how: Any) -> None:
         add_backward(self._early, self._early_counts, key, grad, how)
-        if self._watch is not None:
-            self._watch.local.add(key, grad)
 
     @_never_raises
     def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

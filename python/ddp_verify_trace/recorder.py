@@ -127,8 +127,10 @@ class Recorder:
         self._watch = _watch.open_watch() if watch is None else watch
         hooked = self.engine.backward_hooks
         self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params] if hooked else []
-        if self.engine.local_hooks and not hooked:
-            self._hooks += [p.register_hook(self._local_sum(p)) for _, p in self._params]
+        if self.engine.local_hooks:
+            self._watch.hook_local(self._module)
+        else:
+            self._watch.no_local_hooks()
         if self.engine.write_at_destroy:
             self._watch.on_destroy = self._on_destroy
 
@@ -159,13 +161,8 @@ class Recorder:
                 self._stream.settle()
             take = (lambda g: self._sampling.take(name, g)) if name in self._sampling else None
             self._backwards.add(name, grad, take)
-            self._watch.local.add(id(param), grad)
 
         return hook
-
-    def _local_sum(self, param: torch.nn.Parameter) -> Any:
-        # Where no magnitudes are kept, the stage facts' local gradient still is.
-        return lambda grad: self._watch.local.add(id(param), grad)
 
     def saw_other_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Another optimizer stepped: its parameters are not in this trace, and the report says so."""

@@ -25,7 +25,7 @@ pub use big_batch::big_batch;
 pub use clipping::caution;
 pub use context::{Context, Loss, Origin, ShortWindow};
 pub use evidence::Evidence;
-pub use stages::{Located, Owner, Stage};
+pub use stages::{Located, Stage};
 
 use super::{Agreement, Comparison};
 use crate::evidence::Trace;
@@ -229,9 +229,11 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Di
     // stage its facts locate, else the reason's.
     let mut d = RULES.iter().find_map(|r| (r.test)(&ev))?;
     if d.located.is_none() && !cx.ours() {
+        let owner = stages::rule_owner(&ev, d.reason);
         let walked = stages::walk(&ev).and_then(|w| w.located).map(|l| l.stage);
-        let stage = walked.or(d.reason.stage());
-        d.located = stage.map(|stage| Located { stage, owner: Owner::Script, known_fix: None });
+        // Ranks that part under an engine's own reduction part at that reduction.
+        let stage = if owner.is_library() { Some(Stage::Reduction) } else { walked.or(d.reason.stage()) };
+        d.located = stage.map(|stage| Located { stage, owner, known_fix: None });
     }
     Some(d)
 }

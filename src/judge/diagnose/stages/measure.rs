@@ -52,6 +52,11 @@ impl<'a> Leg<'a> {
         v
     }
 
+    /// Whether any step holds local gradient sums.
+    pub fn has_local(&self) -> bool {
+        self.trace.facts.stages.iter().any(|s| !s.local.is_empty())
+    }
+
     /// The typical factor that scaled a loss before backward.
     pub fn scaling(&self) -> Option<f64> {
         median(self.batches.iter().filter_map(Batch::scaling).collect())

@@ -4,10 +4,10 @@
 //! then speak).
 
 use super::known::lookup;
-use super::measure::{matched, median, near, Leg};
+use super::measure::{fit, matched, median, near, Leg};
 use super::owner::Owner;
 use super::{Located, Stage};
-use crate::evidence::{Framework, Trace};
+use crate::evidence::{Engine, Framework, Trace};
 use crate::judge::diagnose::factor::is_whole;
 use crate::judge::diagnose::scaling::loss_division;
 use crate::judge::diagnose::{Diagnosis, Evidence, Reason};
@@ -24,12 +24,14 @@ pub enum Mechanism {
     LocalDiffers,
     Summed,
     DividedAgain,
+    NotAveraged,
+    ScaledInBackward,
     SteppedEarly,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mechanism {
-    const ALL: [Mechanism; 10] = [
+    const ALL: [Mechanism; 12] = [
         Mechanism::DifferentInputs,
         Mechanism::NormaliserPerRank,
         Mechanism::LossDiffers,
@@ -39,6 +41,8 @@ impl Mechanism {
         Mechanism::LocalDiffers,
         Mechanism::Summed,
         Mechanism::DividedAgain,
+        Mechanism::NotAveraged,
+        Mechanism::ScaledInBackward,
         Mechanism::SteppedEarly,
     ];
 
@@ -53,6 +57,8 @@ impl Mechanism {
             Mechanism::LocalDiffers => "local gradient differs",
             Mechanism::Summed => "summed",
             Mechanism::DividedAgain => "divided again",
+            Mechanism::NotAveraged => "not averaged",
+            Mechanism::ScaledInBackward => "scaled in backward",
             Mechanism::SteppedEarly => "stepped early",
         }
     }
@@ -102,6 +108,25 @@ fn local_gradient(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
     let (la, lb) = (&a.trace.facts.stages.get(s)?.local, &b.trace.facts.stages.get(s)?.local);
     let peak = la.values().fold(0.0f64, |m, v| m.max((v / sa).abs()));
     let off = la.iter().find(|(n, &x)| lb.get(*n).is_some_and(|&y| (x / sa - y / sb).abs() > 1e-3 * peak))?;
+    // One factor over every parameter, the backward run inside a framework's API: that
+    // backward scaled the gradients (a hook of its own), not the script's loss.
+    let pairs: Vec<(f64, f64)> = la.iter().filter_map(|(n, &x)| Some((lb.get(n)? / sb, x / sa))).collect();
+    let api = b.trace.header.loss_api.or(a.trace.header.loss_api).filter(|f| *f != Framework::Plain);
+    if let (Some(r), Some(api)) = (fit(&pairs), api) {
+        let t = if b.trace.header.loss_api.is_some() { b.trace } else { a.trace };
+        let owner = Owner::of_framework(t, api, "its backward's own scaling of the gradients");
+        let detail = format!(
+            "at step {s} the gradients came out of backward {r:.4}x apart in {} against {} though the losses and \
+             their scaling before backward were alike (recorded: each parameter's local gradient sum, undone of the \
+             loss's scaling): {} scaled the gradients inside the backward it ran, differently in each run; the \
+             library's, not your script: upgrade {}",
+            b.label,
+            a.label,
+            owner.describe(),
+            owner.name()
+        );
+        return located(Reason::LossScaling, Stage::Scaling, owner, Mechanism::ScaledInBackward, detail);
+    }
     let detail = format!(
         "the same losses, scaled alike, gave other gradients before any reduction at step {s} (recorded: {}'s \
          local gradient sum, unscaled, {:.6e} in {} against {:.6e} over {}'s ranks): the backward differs between \
@@ -253,11 +278,18 @@ fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
 fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
     let (sa, sb) = (a.scaling()?, b.scaling()?);
     let (da, db) = (a.divide(), b.divide());
-    // A reduction that does not average (measured) is the engine's, whatever the scaling.
+    // A reduction that does not average (measured) is the engine's, whatever the scaling;
+    // one process has none, unless an engine accumulates for it (DeepSpeed's).
     for (leg, d) in [(b, db), (a, da)] {
-        let Some(d) = d else { continue };
+        let owned = engine_accumulates(leg.trace);
+        let Some(d) = d else {
+            if owned && leg.has_local() {
+                return not_averaged(leg, s);
+            }
+            continue;
+        };
         let w = leg.world as f64;
-        if leg.world > 1 && !near(d, w, FACTOR_REL) {
+        if (leg.world > 1 || owned) && !near(d, w, FACTOR_REL) {
             return reduction(leg, d, s);
         }
     }
@@ -272,10 +304,39 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
     scaling(a, b, (sa, sb), ratio, s)
 }
 
+/// An engine that accumulates and reduces the gradients itself, out of the script's reach
+/// (DeepSpeed's ZeRO: its engine.backward and step).
+fn engine_accumulates(t: &Trace) -> bool {
+    matches!(t.header.engine, Some(e) if e != Engine::Ddp && e != Engine::Fsdp2)
+        || t.header.loss_api == Some(Framework::DeepSpeed)
+}
+
+/// The engine's own accumulation left a gradient that is no divide of the local ones.
+fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
+    let t = leg.trace;
+    let owner = match t.header.engine {
+        Some(e) => Owner::of_engine(t, Some(e)),
+        None => Owner::library(t, "deepspeed", "ZeRO's gradient accumulation"),
+    };
+    let detail = format!(
+        "from step {s} the gradient {}'s optimizer applied is no multiple of the local gradients its backward \
+         passes made (recorded: each parameter's local gradient sum before the engine took it, against the applied \
+         gradient's): {} lost or changed micro-batches while accumulating them; the library's, not your script: \
+         upgrade {}",
+        leg.label,
+        owner.describe(),
+        owner.name()
+    );
+    located(Reason::DifferentGradients, Stage::Reduction, owner, Mechanism::NotAveraged, detail)
+}
+
 fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {
     let t = leg.trace;
     let w = leg.world as f64;
-    let owner = Owner::of_engine(t, t.header.engine);
+    let owner = match (t.header.engine, engine_accumulates(t)) {
+        (None, true) => Owner::library(t, "deepspeed", "ZeRO's gradient accumulation"),
+        (e, _) => Owner::of_engine(t, e),
+    };
     let (m, what) = match d < w {
         true => (
             Mechanism::Summed,
@@ -400,4 +461,20 @@ fn scaling(a: &Leg, b: &Leg, (sa, sb): (f64, f64), ratio: f64, s: usize) -> Opti
         a.label, b.label
     );
     located(reason, Stage::Scaling, owner, m, detail)
+}
+
+/// The owner of a rule's cause: the script, but for ranks that part under an engine whose
+/// reduction no script controls (DeepSpeed's ZeRO reduces inside its own backward and step).
+pub fn rule_owner(ev: &Evidence, reason: Reason) -> Owner {
+    if matches!(reason, Reason::RanksDiffer | Reason::UnsyncedGradient) {
+        for t in [ev.b, ev.a] {
+            if engine_accumulates(t) && t.header.world_size.unwrap_or(1) > 1 {
+                return match t.header.engine {
+                    Some(e) => Owner::of_engine(t, Some(e)),
+                    None => Owner::library(t, "deepspeed", "ZeRO's gradient reduction"),
+                };
+            }
+        }
+    }
+    Owner::Script
 }

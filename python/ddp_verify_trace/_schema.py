@@ -40,6 +40,7 @@ HEADER = {
     "versions": ("text", None, False),
     "loss_api": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "loss_handed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "backward_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
     "warnings": ("text", None, False),
@@ -86,6 +87,7 @@ class Key:
     VERSIONS = "versions"
     LOSS_API = "loss_api"
     LOSS_HANDED_BY = "loss_handed_by"
+    BACKWARD_BY = "backward_by"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
     WARNINGS = "warnings"
@@ -134,7 +136,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework and loss_api and loss_handed_by and normalised_by keys hold."""
+    """The words the framework and loss_api and loss_handed_by and backward_by and normalised_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"

@@ -170,6 +170,7 @@ class Batches:
         self._loss: Any = None
         self._handed: Any = None
         self.handed_by: str | None = None  # who handed the loss to a framework API, or called backward
+        self.backward_by: str | None = None  # whose code called torch's backward
         self.api: str | None = None  # the framework whose backward API took the loss
         self.normalised_by: str | None = None
         self.in_api = 0
@@ -193,6 +194,7 @@ class Batches:
             self.api, self.handed_by = api, who
 
     def backward(self, root: torch.Tensor, who: str) -> None:
+        self.backward_by = who
         if self._handed is None:
             self.handed_by = who
         self.rows.append(

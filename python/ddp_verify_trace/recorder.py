@@ -329,7 +329,9 @@ class Recorder:
         if calls or w.framework_accumulation is not None:
             self._tensors[_schema.name("step_calls", s)] = torch.tensor([calls], dtype=torch.int64)
         b = w.batches
-        for key, word in ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.NORMALISED_BY, b.normalised_by)):
+        facts = ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.BACKWARD_BY, b.backward_by),
+                 (K.NORMALISED_BY, b.normalised_by))  # fmt: skip
+        for key, word in facts:
             if word is not None:
                 self._meta[key] = word
         if w.framework_accumulation is not None:

@@ -154,6 +154,8 @@ header! {
             "the framework whose backward API took each micro-batch's loss";
         loss_handed_by: Framework = LOSS_HANDED_BY "loss_handed_by" optional
             "whose code handed the loss to that API or called backward (plain: the script)";
+        backward_by: Framework = BACKWARD_BY "backward_by" optional
+            "whose code called torch's backward (plain: the script)";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional

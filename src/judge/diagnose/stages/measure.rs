@@ -62,6 +62,12 @@ impl<'a> Leg<'a> {
         median(self.batches.iter().filter_map(Batch::scaling).collect())
     }
 
+    /// The typical factor between the root and the loss with every constant factor peeled
+    /// off (a forward that scales its own loss, by a normaliser or by W, included).
+    pub fn root_scale(&self) -> Option<f64> {
+        median(self.batches.iter().filter_map(|b| Some(b.root? / b.peeled?)).collect()).or_else(|| self.scaling())
+    }
+
     /// The typical factor applied before a framework's backward API (handed / loss) and by
     /// it (root / handed), where a framework took the loss.
     pub fn split(&self) -> Option<(f64, f64)> {

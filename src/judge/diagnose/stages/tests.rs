@@ -84,7 +84,7 @@ fn a_reduction_that_divides_again_is_the_other_direction() {
     ddp.header.engine = Some(Engine::DeepSpeed2);
     ddp.header.versions = Some("torch==2.13.0, deepspeed==0.18.3".into());
     let d = judged(&honest_acc(), &ddp);
-    assert_eq!(said(&d), ("reduction", "deepspeed", Some("https://github.com/deepspeedai/DeepSpeed/pull/7724")));
+    assert_eq!(said(&d), ("reduction", "deepspeed", None));
     assert!(d.detail.contains("4.00x too small"), "{}", d.detail);
 }
 
@@ -141,4 +141,17 @@ fn a_wrapper_told_to_accumulate_that_steps_early_is_the_frameworks() {
     ddp.header.framework_accumulation = Some(1);
     let d = judged(&acc, &ddp);
     assert_eq!((d.reason, said(&d).1), (Reason::StepCount, "script"), "{d:?}");
+}
+
+#[test]
+fn gradients_scaled_inside_a_frameworks_backward_are_its_scaling() {
+    // The roots scaled alike, averaged alike; the gradients came out of backward 2x apart.
+    let mut ddp = leg(2, 0.5, 4.0 * sum(&G), &times(2.0), 1);
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(said(&d), ("local gradient", "script", None), "{d:?}");
+    ddp.header.backward_by = Some(Framework::DeepSpeed);
+    ddp.header.loss_api = Some(Framework::Accelerate);
+    ddp.header.versions = Some("torch==2.13.0, deepspeed==0.18.3".into());
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(said(&d), ("scaling", "deepspeed", Some("https://github.com/deepspeedai/DeepSpeed/pull/7724")));
 }

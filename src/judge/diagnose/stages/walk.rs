@@ -104,16 +104,18 @@ pub fn walk(ev: &Evidence) -> Option<Diagnosis> {
 /// Local gradient: the same losses, scaled alike, gave other gradients before any reduction
 /// (each parameter's local sum over ranks, undone of its scaling).
 fn local_gradient(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
-    let (sa, sb) = (a.scaling()?, b.scaling()?);
+    let (sa, sb) = (a.root_scale()?, b.root_scale()?);
     let (la, lb) = (&a.trace.facts.stages.get(s)?.local, &b.trace.facts.stages.get(s)?.local);
     let peak = la.values().fold(0.0f64, |m, v| m.max((v / sa).abs()));
     let off = la.iter().find(|(n, &x)| lb.get(*n).is_some_and(|&y| (x / sa - y / sb).abs() > 1e-3 * peak))?;
     // One factor over every parameter, the backward run inside a framework's API: that
     // backward scaled the gradients (a hook of its own), not the script's loss.
     let pairs: Vec<(f64, f64)> = la.iter().filter_map(|(n, &x)| Some((lb.get(n)? / sb, x / sa))).collect();
-    let api = b.trace.header.loss_api.or(a.trace.header.loss_api).filter(|f| *f != Framework::Plain);
+    // The framework whose code ran torch's backward, else the API the loss was handed to.
+    let ran = |t: &Trace| t.header.backward_by.filter(|f| *f != Framework::Plain).or(t.header.loss_api);
+    let api = ran(b.trace).or(ran(a.trace)).filter(|f| *f != Framework::Plain);
     if let (Some(r), Some(api)) = (fit(&pairs), api) {
-        let t = if b.trace.header.loss_api.is_some() { b.trace } else { a.trace };
+        let t = if ran(b.trace).is_some() { b.trace } else { a.trace };
         let owner = Owner::of_framework(t, api, "its backward's own scaling of the gradients");
         let detail = format!(
             "at step {s} the gradients came out of backward {r:.4}x apart in {} against {} though the losses and \

@@ -41,6 +41,7 @@ HEADER = {
     "loss_api": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "loss_handed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "backward_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "zeroed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
     "warnings": ("text", None, False),
@@ -88,6 +89,7 @@ class Key:
     LOSS_API = "loss_api"
     LOSS_HANDED_BY = "loss_handed_by"
     BACKWARD_BY = "backward_by"
+    ZEROED_BY = "zeroed_by"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
     WARNINGS = "warnings"
@@ -136,7 +138,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework and loss_api and loss_handed_by and backward_by and normalised_by keys hold."""
+    """The words the framework and loss_api and loss_handed_by and backward_by and zeroed_by and normalised_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"
@@ -182,6 +184,7 @@ TENSORS = {
     "batches": ("batches.{step}", "f64", "vector"),
     "local": ("local.{step}.{param}", "f64", "one"),
     "step_calls": ("step_calls.{step}", "i64", "one"),
+    "zeroed": ("zeroed.{step}", "i64", "one"),
     "loss_scale": ("loss_scale.{step}", "finite", "one"),
     "found_inf": ("found_inf.{step}", "finite", "one"),
     "unscales": ("unscales.{step}", "finite", "one"),
@@ -213,6 +216,7 @@ class Tensor:
     BATCHES = "batches"
     LOCAL = "local"
     STEP_CALLS = "step_calls"
+    ZEROED = "zeroed"
     LOSS_SCALE = "loss_scale"
     FOUND_INF = "found_inf"
     UNSCALES = "unscales"

@@ -75,6 +75,12 @@ class Watch:
         self.local_hooks = True  # False once the run's engine hands the watch its own
         self.wrapper_calls = 0
         self.framework_accumulation: int | None = None
+        self.zeroed_in_window = 0  # zero_grad calls after a backward of the step, before it
+        self.zeroed_by: str | None = None
+
+    def zeroed(self, who: str) -> None:
+        self.zeroed_in_window += 1
+        self.zeroed_by = who
 
     def hook_local(self, module: torch.nn.Module) -> None:
         """Sums each backward's own gradient of `module`'s parameters (once per module and
@@ -393,3 +399,21 @@ def _patch_stages() -> None:
         return backward(tensors, *args, **kwargs)
 
     _patch(torch.autograd, "backward", autograd_backward)
+
+    # Gradients zeroed inside an accumulation window (after a backward, before the step):
+    # the micro-batches before it are lost, and whose code did it is the owner.
+    for owner in (torch.optim.Optimizer, torch.nn.Module):
+        _patch(owner, "zero_grad", _zeroing(owner.zero_grad))
+
+
+def _zeroing(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for watch in list(_OPEN):
+            if watch.batches.rows:
+                try:
+                    watch.zeroed(_stages.caller(sys._getframe(1)))
+                except Exception:  # noqa: BLE001 - a fact not taken; training goes on
+                    pass
+        return zero_grad(self, *args, **kwargs)
+
+    return wrapper

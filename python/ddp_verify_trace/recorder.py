@@ -325,12 +325,15 @@ class Recorder:
         sums = w.local.take(self._params, world, device if world > 1 else torch.device("cpu"))
         for n, v in (sums or {}).items():
             self._tensors[_schema.name("local", s, n)] = torch.tensor([v], dtype=torch.float64)
+        if w.zeroed_in_window:
+            self._tensors[_schema.name("zeroed", s)] = torch.tensor([w.zeroed_in_window], dtype=torch.int64)
+            w.zeroed_in_window = 0
         calls = w.take_wrapper_calls()
         if calls or w.framework_accumulation is not None:
             self._tensors[_schema.name("step_calls", s)] = torch.tensor([calls], dtype=torch.int64)
         b = w.batches
         facts = ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.BACKWARD_BY, b.backward_by),
-                 (K.NORMALISED_BY, b.normalised_by))  # fmt: skip
+                 (K.NORMALISED_BY, b.normalised_by), (K.ZEROED_BY, w.zeroed_by))  # fmt: skip
         for key, word in facts:
             if word is not None:
                 self._meta[key] = word

@@ -120,7 +120,7 @@ def test_layout_and_metadata(run):
     assert not os.path.exists(str(path) + ".part")
     assert meta.pop("versions").startswith("torch==")
     assert meta == {
-        "loss_handed_by": "plain",
+        "loss_handed_by": "plain", "backward_by": "plain",
         "format": _schema.FORMAT, "run": "single", "world_size": "1", "dtype": "float32",
         "torch_version": torch.__version__, "steps": "4", "magnitudes": "true",
         "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),

@@ -156,6 +156,8 @@ header! {
             "whose code handed the loss to that API or called backward (plain: the script)";
         backward_by: Framework = BACKWARD_BY "backward_by" optional
             "whose code called torch's backward (plain: the script)";
+        zeroed_by: Framework = ZEROED_BY "zeroed_by" optional
+            "whose code zeroed the gradients inside an accumulation window (plain: the script)";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional

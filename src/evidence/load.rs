@@ -218,6 +218,7 @@ impl Reading {
             }
             K::Local => _ = self.stages.entry(s).or_default().local.insert(p, first()),
             K::StepCalls => self.stages.entry(s).or_default().step_calls = Some(first() as i64),
+            K::Zeroed => self.stages.entry(s).or_default().zeroed = first() as i64,
             K::RangePart => {
                 let parts = self.range_parts.get_or_insert_with(RangePrediction::default);
                 parts.steps.push(s);

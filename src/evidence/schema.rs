@@ -111,6 +111,7 @@ pub enum Kind {
     Batches,
     Local,
     StepCalls,
+    Zeroed,
 }
 
 /// One kind of tensor: how it is named and what it holds.
@@ -163,6 +164,7 @@ pub const TENSORS: &[TensorKind] = &[
     kind(Kind::Batches, "batches", L::Step, E::F64, Shape::Vector, "every rank's micro-batches, rows of BATCH_FIELDS"),
     kind(Kind::Local, "local", L::StepParam, E::F64, Shape::One, "local gradients' sum over backwards and ranks"),
     kind(Kind::StepCalls, "step_calls", L::Step, E::I64, Shape::One, "step calls through a framework's wrapper"),
+    kind(Kind::Zeroed, "zeroed", L::Step, E::I64, Shape::One, "zero_grad calls after a backward of the step"),
     kind(Kind::LossScale, "loss_scale", L::Step, E::Finite, Shape::One, "the loss scaler's scale"),
     kind(Kind::FoundInf, "found_inf", L::Step, E::Finite, Shape::One, "1 where the scaler skipped"),
     kind(Kind::Unscales, "unscales", L::Step, E::Finite, Shape::One, "unscale_ calls (ours)"),

@@ -2,7 +2,7 @@
 //! micro-batches on their way from samples to backward (`batches.<s>`, rows of
 //! [`BATCH_FIELDS`]), each parameter's local gradient summed over backwards and ranks before
 //! any reduction (`local.<s>.<p>`), and the step calls a framework's optimizer wrapper took
-//! (`step_calls.<s>`). The judge walks them in `judge::diagnose::stages`.
+//! (`step_calls.<s>`), and gradients zeroed inside the window (`zeroed.<s>`). The judge walks them in `judge::diagnose::stages`.
 
 use std::collections::BTreeMap;
 
@@ -52,6 +52,8 @@ pub struct StageStep {
     pub local: BTreeMap<String, f64>,
     /// Step calls through a framework's optimizer wrapper since the previous step.
     pub step_calls: Option<i64>,
+    /// zero_grad calls after one of the step's backwards, before the step.
+    pub zeroed: i64,
 }
 
 /// `batches.<s>`'s flat values as rows; None where the length is no whole number of rows.

@@ -63,10 +63,11 @@ pub enum Reason {
     SummedOverRanks,
     EngineBoundary,
     NeedlessSync,
+    ZeroedInWindow,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -94,6 +95,7 @@ impl Reason {
         Reason::SummedOverRanks,
         Reason::EngineBoundary,
         Reason::NeedlessSync,
+        Reason::ZeroedInWindow,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -126,6 +128,7 @@ impl Reason {
             Reason::SummedOverRanks => "summed over ranks",
             Reason::EngineBoundary => "engine accumulation boundary",
             Reason::NeedlessSync => "needless synchronisation",
+            Reason::ZeroedInWindow => "gradients zeroed in the window",
         }
     }
 }
@@ -171,7 +174,9 @@ impl Reason {
             R::LossScaling | R::UniformFactor | R::ShortWindowScaling | R::LossScaler | R::HiddenFactor => {
                 Stage::Scaling
             }
-            R::DifferentGradients | R::StaleGradients | R::RanksDiffer | R::Buffers => Stage::LocalGradient,
+            R::DifferentGradients | R::StaleGradients | R::RanksDiffer | R::Buffers | R::ZeroedInWindow => {
+                Stage::LocalGradient
+            }
             R::OneProcess | R::UnsyncedGradient | R::SummedOverRanks | R::EngineBoundary => Stage::Reduction,
             R::StepCount | R::LrSchedule | R::OptimizerStep | R::GradientClipping => Stage::Update,
         })

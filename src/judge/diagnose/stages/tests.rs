@@ -22,7 +22,8 @@ fn leg(world: usize, scale: f64, local: f64, g: &[f32], steps: usize) -> Trace {
             ..Batch::default()
         })
         .collect();
-    let stage = StageStep { batches, local: [("w".to_string(), local)].into_iter().collect(), step_calls: None };
+    let stage =
+        StageStep { batches, local: [("w".to_string(), local)].into_iter().collect(), step_calls: None, zeroed: 0 };
     let mut t = Trace {
         header: TraceHeader {
             version: Some(2),
@@ -154,4 +155,17 @@ fn gradients_scaled_inside_a_frameworks_backward_are_its_scaling() {
     ddp.header.versions = Some("torch==2.13.0, deepspeed==0.18.3".into());
     let d = judged(&honest_acc(), &ddp);
     assert_eq!(said(&d), ("scaling", "deepspeed", Some("https://github.com/deepspeedai/DeepSpeed/pull/7724")));
+}
+
+#[test]
+fn gradients_zeroed_inside_the_window_belong_to_whoever_zeroed_them() {
+    // The last micro-batch's gradient alone reached DDP's step: zeroed once mid-window.
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(0.6), 1);
+    ddp.facts.stages[0].zeroed = 1;
+    ddp.header.zeroed_by = Some(Framework::Lightning);
+    ddp.header.versions = Some("torch==2.13.0, lightning==2.0.9".into());
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(said(&d), ("local gradient", "lightning", None), "{d:?}");
+    ddp.header.zeroed_by = Some(Framework::Plain);
+    assert_eq!(said(&judged(&honest_acc(), &ddp)), ("local gradient", "script", None));
 }

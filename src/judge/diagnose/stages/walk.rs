@@ -24,14 +24,15 @@ pub enum Mechanism {
     LocalDiffers,
     Summed,
     DividedAgain,
-    NotAveraged,
+    LostMicroBatches,
+    ZeroedInWindow,
     ScaledInBackward,
     SteppedEarly,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mechanism {
-    const ALL: [Mechanism; 12] = [
+    const ALL: [Mechanism; 13] = [
         Mechanism::DifferentInputs,
         Mechanism::NormaliserPerRank,
         Mechanism::LossDiffers,
@@ -41,7 +42,8 @@ impl Mechanism {
         Mechanism::LocalDiffers,
         Mechanism::Summed,
         Mechanism::DividedAgain,
-        Mechanism::NotAveraged,
+        Mechanism::LostMicroBatches,
+        Mechanism::ZeroedInWindow,
         Mechanism::ScaledInBackward,
         Mechanism::SteppedEarly,
     ];
@@ -57,7 +59,8 @@ impl Mechanism {
             Mechanism::LocalDiffers => "local gradient differs",
             Mechanism::Summed => "summed",
             Mechanism::DividedAgain => "divided again",
-            Mechanism::NotAveraged => "not averaged",
+            Mechanism::LostMicroBatches => "lost micro-batches",
+            Mechanism::ZeroedInWindow => "zeroed in window",
             Mechanism::ScaledInBackward => "scaled in backward",
             Mechanism::SteppedEarly => "stepped early",
         }
@@ -97,6 +100,7 @@ pub fn walk(ev: &Evidence) -> Option<Diagnosis> {
     let (a, b) = (Leg::at(ev.a, ev.left(), s)?, Leg::at(ev.b, ev.right(), s)?);
     samples(&a, &b, s)
         .or_else(|| loss(&a, &b, s))
+        .or_else(|| zeroed(&a, &b, s))
         .or_else(|| scaling_and_reduction(&a, &b, s))
         .or_else(|| local_gradient(&a, &b, s))
 }
@@ -227,6 +231,30 @@ fn dealer(t: &Trace) -> (Owner, String) {
     }
 }
 
+/// Gradients zeroed inside a window: the micro-batches before it never reach the step.
+fn zeroed(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
+    let (leg, n) = [a, b].into_iter().find_map(|l| {
+        let n = l.trace.facts.stages.get(s).map_or(0, |st| st.zeroed);
+        (n > 0).then_some((l, n))
+    })?;
+    let by = leg.trace.header.zeroed_by.unwrap_or(Framework::Plain);
+    let owner = Owner::of_framework(leg.trace, by, "zero_grad inside the accumulation window");
+    let advice = match owner.is_library() {
+        true => format!(
+            "{} zeroed them, not your script (which leaves the window to it): upgrade {}",
+            owner.describe(),
+            owner.name()
+        ),
+        false => "your loop zeroes them: call zero_grad() only after optimizer.step(), once per K micro-batches".into(),
+    };
+    let detail = format!(
+        "at step {s} {}'s gradients were zeroed {n} time(s) after a backward and before the optimizer step (recorded): \
+         the micro-batches before each zeroing never reach the step; {advice}",
+        leg.label
+    );
+    located(Reason::ZeroedInWindow, Stage::LocalGradient, owner, Mechanism::ZeroedInWindow, detail)
+}
+
 /// Loss: the same inputs gave different losses.
 fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
     let pairs = matched(a.batches, b.batches);
@@ -329,7 +357,7 @@ fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
         owner.describe(),
         owner.name()
     );
-    located(Reason::DifferentGradients, Stage::Reduction, owner, Mechanism::NotAveraged, detail)
+    located(Reason::DifferentGradients, Stage::LocalGradient, owner, Mechanism::LostMicroBatches, detail)
 }
 
 fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {

@@ -88,8 +88,13 @@ pub fn library_of(f: Framework) -> Option<&'static str> {
 /// `name`'s version in the header's `versions` ("torch==2.8.0, deepspeed==0.18.3"), or
 /// torch's from `torch_version`.
 pub fn version(t: &Trace, name: &str) -> Option<String> {
+    // Lightning's older releases are the `pytorch_lightning` package.
+    let names: &[&str] = if name == "lightning" { &["lightning", "pytorch_lightning"] } else { &[name] };
     let listed = t.header.versions.as_deref().and_then(|v| {
-        v.split(',').filter_map(|p| p.trim().split_once("==")).find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+        v.split(',')
+            .filter_map(|p| p.trim().split_once("=="))
+            .find(|(n, _)| names.contains(n))
+            .map(|(_, v)| v.to_string())
     });
     listed.or_else(|| (name == "torch").then(|| t.header.torch_version.clone()).flatten())
 }
@@ -108,5 +113,7 @@ mod tests {
         let o = Owner::of_engine(&t, Some(Engine::DeepSpeed2));
         assert_eq!(o.describe(), "deepspeed 0.18.3 (ZeRO's gradient reduction (deepspeed-zero2))");
         assert_eq!(Owner::of_framework(&t, Framework::Plain, "x"), Owner::Script);
+        t.header.versions = Some("torch==2.1.0, pytorch_lightning==2.0.9".into());
+        assert_eq!(version(&t, "lightning").as_deref(), Some("2.0.9"));
     }
 }

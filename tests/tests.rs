@@ -23,6 +23,7 @@
 //! | reports | every report format |
 //! | resnet | the ResNets against torchvision, and through the binary |
 //! | sampler | the DistributedSampler port and properties of the split |
+//! | shipped | bugs that shipped in real libraries: verdict, stage and owner on both versions |
 //! | suite | named cases for a CI gate |
 //! | tiny_lm | the language model, token-level loss and the big batch |
 //! | torch_optim | the optimizer step op for op against torch.optim and clip_grad_norm_ |
@@ -85,6 +86,8 @@ mod resnet;
 mod sampler;
 #[path = "it/sharded.rs"]
 mod sharded;
+#[path = "it/shipped.rs"]
+mod shipped;
 #[path = "it/suite.rs"]
 mod suite;
 #[path = "it/tiny_lm.rs"]

@@ -238,6 +238,15 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Di
         let walked = stages::walk(&ev).and_then(|w| w.located).map(|l| l.stage);
         // Ranks that part under an engine's own reduction part at that reduction.
         let stage = if owner.is_library() { Some(Stage::Reduction) } else { walked.or(d.reason.stage()) };
+        if owner.is_library() {
+            d.detail = format!(
+                "{}. Here the ranks are synchronised by {} alone, inside its own backward and step, which the \
+                 script cannot skip: the library's reduction, not your script: upgrade {}",
+                d.detail.trim_end_matches('.'),
+                owner.describe(),
+                owner.name()
+            );
+        }
         d.located = stage.map(|stage| Located { stage, owner, known_fix: None });
     }
     Some(d)

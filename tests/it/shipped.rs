@@ -1,0 +1,53 @@
+//! Bugs that shipped in real libraries (tests/shipped/cases.toml: each with the version that
+//! had it and the version that fixed it, under an ordinary script that is right), each through
+//! `ddp-verify --acc-steps 4 --gpus 2 -- PYTHON train.py`: the buggy version NOT EQUIVALENT
+//! with the case's stage and the library at its pinned version as the owner, the fixed one
+//! EQUIVALENT. The environments are scripts/setup-shipped.sh's; tests/shipped/run.py runs
+//! the cases (and holds every exit code); this test holds what each report says.
+
+use std::process::Command;
+
+use crate::util::repo;
+
+#[test]
+fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
+    let keep = tempfile::tempdir().unwrap();
+    let out = Command::new(repo(".venv/bin/python"))
+        .arg(repo("tests/shipped/run.py"))
+        .env("DDP_VERIFY", env!("CARGO_BIN_EXE_ddp-verify"))
+        .env("SHIPPED_KEEP", keep.path())
+        .output()
+        .expect("tests/shipped/run.py runs");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "a shipped bug's verdict (run scripts/setup-shipped.sh first):\n{log}");
+    let manifest: toml::Value = std::fs::read_to_string(repo("tests/shipped/cases.toml")).unwrap().parse().unwrap();
+    let cases = manifest["case"].as_array().expect("[[case]]");
+    let libraries: std::collections::BTreeSet<&str> = cases.iter().filter_map(|c| c["library"].as_str()).collect();
+    assert!(cases.len() >= 10 && libraries.len() >= 5, "the corpus: {} bugs from {libraries:?}", cases.len());
+    let mut wrong = vec![];
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let read = |side: &str| -> serde_json::Value {
+            let text = std::fs::read_to_string(keep.path().join(format!("{name}.{side}.json"))).unwrap();
+            serde_json::from_str(&text).unwrap()
+        };
+        let (buggy, fixed) = (read("buggy"), read("fixed"));
+        assert!(fixed["diagnosis"].is_null(), "{name}: the fixed version has a cause: {fixed}");
+        let d = &buggy["diagnosis"];
+        let library = case["library"].as_str().unwrap();
+        // The version the library ran at: the buggy side's pin of it, where pinned.
+        let pinned = case["buggy"].get("pins").and_then(|p| p.as_array()).and_then(|pins| {
+            pins.iter().filter_map(|p| p.as_str()?.split_once("==")).find(|(n, _)| n.contains(library)).map(|(_, v)| v)
+        });
+        let said = (d["stage"].as_str(), d["owner"]["name"].as_str());
+        let version = d["owner"]["version"].as_str();
+        let version_ok = pinned.is_none_or(|v| version.is_some_and(|have| have.starts_with(v)));
+        if said != (case["stage"].as_str(), Some(library)) || !version_ok {
+            wrong.push(format!("{name}: said {said:?} at {version:?}, want {:?} at {pinned:?}: {d}", case["stage"]));
+        }
+        // Advice about a library never asks for the script to change what it does right.
+        let detail = d["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("not your") || detail.contains("upgrade"), "{name}: {detail}");
+    }
+    assert!(wrong.is_empty(), "{}\n{log}", wrong.join("\n"));
+}

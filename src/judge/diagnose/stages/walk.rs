@@ -424,7 +424,30 @@ fn scaling(a: &Leg, b: &Leg, (sa, sb): (f64, f64), ratio: f64, s: usize) -> Opti
     // Divided too much (a division on top of a framework's, or by K on every rank), or not
     // enough (a loss never divided): opposite advice.
     let too_much = dev < 1.0;
+    let normalised = leg.batches.iter().any(|x| x.normaliser.is_some());
     let (owner, m, advice) = match (leg.split(), t.header.loss_api) {
+        // A loss normalised over the window (num_items_in_batch) handed to an API that divides
+        // by its accumulation steps again: whoever handed it over owns both halves.
+        (Some((_, by_api)), Some(api)) if normalised && too_much && !near(by_api, 1.0, FACTOR_REL) => {
+            let owner =
+                Owner::of_framework(t, handed_by, "its hand-over of a normalised loss to a backward that divides");
+            let how = loss_division(api).unwrap_or("the framework's backward");
+            let advice = match owner.is_library() {
+                true => format!(
+                    "{} normalised each loss over the window (num_items_in_batch) and handed it to {how}, which \
+                     divided it by {:.4} again; the library's, not your script: upgrade {}",
+                    owner.describe(),
+                    by_api,
+                    owner.name()
+                ),
+                false => format!(
+                    "your script hands a loss already normalised over the window (num_items_in_batch) to {how}, \
+                     which divides it by {by_api:.4} again: tell the backward not to divide (scale_wrt_gas=False) or \
+                     hand it the per-micro-batch mean"
+                ),
+            };
+            (owner, Mechanism::DividedTwice, advice)
+        }
         (Some((pre, by_api)), Some(api))
             if !near(pre, 1.0, FACTOR_REL) && !near(by_api, 1.0, FACTOR_REL) && too_much =>
         {

@@ -51,7 +51,9 @@ fully_shard(model, mesh=mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 session = None
 if path != "-":
-    session = ddp_verify_trace.record(path, overwrite=True, sample=None if sample == "full" else int(sample))
+    # "full" and "auto" as record() takes them (None would take DDP_VERIFY_SAMPLE, else "auto":
+    # sampled above 4M parameters), else N positions.
+    session = ddp_verify_trace.record(path, overwrite=True, sample=sample if sample in ("full", "auto") else int(sample))
 g = torch.Generator().manual_seed(dist.get_rank())
 times = []
 for _ in range(steps):

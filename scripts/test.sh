@@ -2,7 +2,8 @@
 # Every test: installs what they need (scripts/setup.sh), runs the recorder's pytest suite and
 # each crate's unit tests (also built without libtorch), the wheel's checks (built without
 # libtorch; installed beside torch 2.13, and beside torch 2.5.1 with Colossal-AI 0.5.0 in
-# .venv-torch25, where nanoGPT and seed 004's loop run), then the integration tests last, so a
+# .venv-torch25, where nanoGPT and seed 004's loop run), the shipped-bug corpus's environments,
+# then the integration tests last (the corpus among them), so a
 # log ends on their summary (no empty doc-test run), and the users' examples once more with
 # their traces sampled.
 set -euo pipefail
@@ -17,6 +18,9 @@ wheel=$(scripts/build-wheel.sh | tail -n 1)
 scripts/check-wheel.sh "$wheel" .venv/bin/python
 scripts/setup-torch25.sh "$wheel"
 scripts/check-torch25.sh
+# The shipped-bug corpus's environments (tests/shipped/cases.toml: framework pins over .venv
+# and .venv-torch25, and torch 2.8.0's own venv), for the integration test shipped::.
+scripts/setup-shipped.sh
 cargo test --test integration
 # Several hosts on one machine (network namespaces) need root: run where root, else said.
 if [ "$(id -u)" = 0 ]; then

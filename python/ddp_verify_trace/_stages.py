@@ -67,10 +67,25 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor |
             flat = flat.view(torch.uint8)
         elif flat.is_floating_point():
             flat = flat.view(_INTS[flat.element_size()])
-        weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).mul_(_MIX).add_(1)
+        weights = _weights(flat.numel(), flat.device)
         # The shape mixed in (tuples of ints hash alike in every process).
         return (flat.to(torch.int64) * weights).sum() + (hash(tuple(t.shape)) & 0x7FFFFFFFFFFF)
     return None
+
+
+_WEIGHTS: dict[tuple[int, Any], torch.Tensor] = {}
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    """Position weights for `n` elements, kept for the few input sizes a run has (a bounded
+    cache: varying sequence lengths make a few dozen)."""
+    key = (n, device)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        if len(_WEIGHTS) > 64:
+            _WEIGHTS.clear()
+        w = _WEIGHTS[key] = torch.arange(n, device=device, dtype=torch.int64).mul_(_MIX).add_(1)
+    return w
 
 
 def normaliser(kwargs: dict[str, Any]) -> Any:
@@ -131,13 +146,21 @@ def caller(frame: FrameType | None) -> str:
 
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if not (module == "torch" or module.startswith(("torch.", "ddp_verify_trace"))):
-            for fw in frameworks.FRAMEWORKS:
-                if fw.owns(module):
-                    return fw.name
-            return frameworks.PLAIN
+        word = _OWNERS.get(module)
+        if word is None:
+            if module == "torch" or module.startswith(("torch.", "ddp_verify_trace")):
+                word = ""
+            else:
+                word = next((fw.name for fw in frameworks.FRAMEWORKS if fw.owns(module)), frameworks.PLAIN)
+            _OWNERS[module] = word
+        if word:
+            return word
         frame = frame.f_back
     return frameworks.PLAIN
+
+
+# Module name -> its framework word ("": torch's or the recorder's, looked past).
+_OWNERS: dict[str, str] = {}
 
 
 def versions() -> str:
@@ -247,12 +270,13 @@ class LocalSums:
     reduction, in float64 on the gradient's device."""
 
     def __init__(self) -> None:
-        self.sums: dict[int, torch.Tensor] = {}  # by the parameter's id
+        # By the parameter's id: each backward's sum, in at least float32 (a float64 sum of a
+        # float32 tensor costs several times more), added up in float64 at the step.
+        self.sums: dict[int, list[torch.Tensor]] = {}
 
     def add(self, key: int, grad: torch.Tensor) -> None:
-        s = grad.detach().sum(dtype=torch.float64)
-        total = self.sums.get(key)
-        self.sums[key] = s if total is None else total.add_(s)
+        g = grad.detach()
+        self.sums.setdefault(key, []).append(g.sum(dtype=torch.promote_types(g.dtype, torch.float32)))
 
     def take(self, params: list[tuple[str, Any]], world: int, device: torch.device) -> dict[str, float] | None:
         """The sums over ranks, by name (every rank calls this; one all_reduce), or None where
@@ -260,7 +284,9 @@ class LocalSums:
         sums, self.sums = self.sums, {}
         zero = torch.zeros((), dtype=torch.float64, device=device)
         seen = torch.tensor([float(bool(sums))], dtype=torch.float64, device=device)
-        flat = torch.stack([sums[id(p)].to(device) if id(p) in sums else zero for _, p in params])
+        flat = torch.stack(
+            [torch.stack(sums[id(p)]).to(device, torch.float64).sum() if id(p) in sums else zero for _, p in params]
+        )
         names = [n for n, _ in params]
         flat = torch.cat([seen, flat])
         if world > 1:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -349,6 +350,8 @@ def _patch_destroy() -> None:
 
 # Depth of module calls under way on this thread's outermost one (0: none).
 _DEPTH = [0]
+# Per outermost module: whether it has parameters that train (asked once).
+_TRAINED: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
 def _patch_stages() -> None:
@@ -361,7 +364,9 @@ def _patch_stages() -> None:
         if _DEPTH[0] or not _OPEN or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return call(self, *args, **kwargs)
         watches = list(_OPEN)
-        trained = any(p.requires_grad for p in self.parameters())
+        trained = _TRAINED.get(self)
+        if trained is None:
+            trained = _TRAINED[self] = any(p.requires_grad for p in self.parameters())
         if trained:
             try:
                 fp = _stages.fingerprint(args, kwargs)

@@ -165,7 +165,8 @@ fn gradients_zeroed_inside_the_window_belong_to_whoever_zeroed_them() {
     ddp.header.zeroed_by = Some(Framework::Lightning);
     ddp.header.versions = Some("torch==2.13.0, lightning==2.0.9".into());
     let d = judged(&honest_acc(), &ddp);
-    assert_eq!(said(&d), ("local gradient", "lightning", None), "{d:?}");
+    let fix = Some("https://github.com/Lightning-AI/pytorch-lightning/pull/18619");
+    assert_eq!(said(&d), ("local gradient", "lightning", fix), "{d:?}");
     ddp.header.zeroed_by = Some(Framework::Plain);
     assert_eq!(said(&judged(&honest_acc(), &ddp)), ("local gradient", "script", None));
 }

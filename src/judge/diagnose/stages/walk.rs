@@ -311,16 +311,16 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
     // A reduction that does not average (measured) is the engine's, whatever the scaling;
     // one process has none, unless an engine accumulates for it (DeepSpeed's).
     for (leg, d) in [(b, db), (a, da)] {
-        let owned = engine_accumulates(leg.trace);
-        let Some(d) = d else {
-            if owned && leg.has_local() {
-                return not_averaged(leg, s);
-            }
-            continue;
-        };
         let w = leg.world as f64;
-        if (leg.world > 1 || owned) && !near(d, w, FACTOR_REL) {
-            return reduction(leg, d, s);
+        if d.is_some_and(|d| (leg.world > 1 || engine_accumulates(leg.trace)) && !near(d, w, FACTOR_REL)) {
+            return reduction(leg, d?, s);
+        }
+    }
+    // No divide fits: an engine's own accumulation lost micro-batches (one process first:
+    // there nothing is reduced, so the ranks' reduction is judged against a sound one).
+    for (leg, d) in [(a, da), (b, db)] {
+        if d.is_none() && engine_accumulates(leg.trace) && leg.has_local() {
+            return not_averaged(leg, s);
         }
     }
     let (da, db) = (da.unwrap_or(1.0), db.unwrap_or(b.world as f64));
@@ -357,7 +357,10 @@ fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
         owner.describe(),
         owner.name()
     );
-    located(Reason::DifferentGradients, Stage::LocalGradient, owner, Mechanism::LostMicroBatches, detail)
+    // Over several ranks the applied gradient is the reduction's; in one process, the
+    // accumulation's alone.
+    let stage = if leg.world > 1 { Stage::Reduction } else { Stage::LocalGradient };
+    located(Reason::DifferentGradients, stage, owner, Mechanism::LostMicroBatches, detail)
 }
 
 fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {

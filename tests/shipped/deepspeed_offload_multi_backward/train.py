@@ -1,0 +1,110 @@
+"""DeepSpeed ZeRO-1/2 with the optimizer offloaded to the CPU keeps only the last backward of an
+optimizer step when the loop accumulates by hand (gradient_accumulation_steps=1, several
+engine.backward calls per engine.step, the boundary marked with
+`set_gradient_accumulation_boundary`) (DeepSpeed 0.18.3 to 0.18.9; fixed in 0.19.0).
+
+Tracker: https://github.com/deepspeedai/DeepSpeed/pull/7981 (the pattern is DeepSpeed's
+documented unmanaged accumulation, formalised by
+https://github.com/deepspeedai/DeepSpeed/pull/7665).
+Buggy: deepspeed 0.18.6. Fixed: deepspeed 0.19.8 (the project's; first fixed release 0.19.0).
+
+Mechanism: `copy_grads_in_partition` stored the reduced gradient of a non-boundary backward in
+its CPU accumulator only `if gradient_accumulation_steps > 1`; with 1 the earlier backwards'
+gradients were never kept, and the boundary backward overwrote the fp32 gradient buffer with
+its own. One process running K backwards per step keeps 1/K of the step's gradient (its last
+micro-batch), W ranks running K/W keep W/K (each rank's last, averaged).
+
+An ordinary DeepSpeed loop accumulating by hand (`deepspeed.initialize` with AdamW, ZeRO stage
+2, `"offload_optimizer": {"device": "cpu"}`, `zero_force_ds_cpu_optimizer: false` to keep the
+torch AdamW, gradient_accumulation_steps 1, each micro-batch's loss divided by the micro-batches
+per rank, `set_gradient_accumulation_boundary(last)`, engine.backward each, engine.step after
+the last), a tiny MLP, 16 samples, 2 optimizer steps; the one-process leg deals the samples as
+W ranks' DistributedSampler would (`AccumulationBatchSampler`):
+
+  ddp-verify --acc-steps 4 --gpus 2 -- PYTHON tests/shipped/deepspeed_offload_multi_backward/train.py --grad-accum {acc_steps}
+"""
+import argparse
+import logging
+import os
+import socket
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from ddp_verify_trace import AccumulationBatchSampler
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.fc2(F.gelu(self.fc1(x))), y)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--grad-accum", type=int, default=4, help="K: micro-batches per optimizer step over all ranks")
+    p.add_argument("--world", type=int, default=int(os.environ.get("DDP_VERIFY_WORLD", "2")),
+                   help="one process: the DDP world whose samples it replays")
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
+    args = p.parse_args()
+    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if not ddp:  # what deepspeed.init_distributed needs for a world of one without a launcher
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    import deepspeed
+    import deepspeed.ops
+
+    # DeepSpeed JIT-builds its shared-memory comm op (inference only) at init on CPUs otherwise.
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    world = int(os.environ["WORLD_SIZE"])
+    local = args.grad_accum // world
+    torch.manual_seed(0)
+    model = MLP()
+    g = torch.Generator().manual_seed(1)
+    dataset = TensorDataset(torch.randn(args.samples, 8, generator=g), torch.randn(args.samples, 4, generator=g))
+    if ddp:
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_size=2, sampler=sampler)
+    else:
+        sampler = AccumulationBatchSampler(len(dataset), world=args.world, batch_size=2, shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_sampler=sampler)
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 2 * world,
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": 0.0,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    sampler.set_epoch(0)
+    batches = iter(loader)
+    for _ in range(len(loader) // local):
+        for micro in range(local):
+            x, y = next(batches)
+            engine.set_gradient_accumulation_boundary(micro == local - 1)
+            engine.backward(engine(x, y) / local)
+        engine.step()
+    engine.destroy()
+    if ddp:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,8 @@ fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
     let cases = manifest["case"].as_array().expect("[[case]]");
     let libraries: std::collections::BTreeSet<&str> = cases.iter().filter_map(|c| c["library"].as_str()).collect();
     assert!(cases.len() >= 10 && libraries.len() >= 5, "the corpus: {} bugs from {libraries:?}", cases.len());
+    let open = cases.iter().filter(|c| c.get("cause_open").is_some()).count();
+    assert!(open * 4 <= cases.len(), "most causes must be named: {open} open of {}", cases.len());
     let mut wrong = vec![];
     for case in cases {
         let name = case["name"].as_str().unwrap();
@@ -34,6 +36,10 @@ fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
         let (buggy, fixed) = (read("buggy"), read("fixed"));
         assert!(fixed["diagnosis"].is_null(), "{name}: the fixed version has a cause: {fixed}");
         let d = &buggy["diagnosis"];
+        assert!(!d.is_null(), "{name}: the buggy version has no cause: {buggy}");
+        if case.get("cause_open").is_some() {
+            continue; // an open gap, said in the manifest: the verdicts alone are held
+        }
         let library = case["library"].as_str().unwrap();
         // The version the library ran at: the buggy side's pin of it, where pinned.
         let pinned = case["buggy"].get("pins").and_then(|p| p.as_array()).and_then(|pins| {

@@ -341,13 +341,21 @@ fn engine_accumulates(t: &Trace) -> bool {
         || t.header.loss_api == Some(Framework::DeepSpeed)
 }
 
+/// Whose code reduces a run's gradients: its engine's library, DeepSpeed where the loss went
+/// through its engine.backward in one process (no engine named), else torch's DDP.
+fn reducer(t: &Trace) -> Owner {
+    match (t.header.engine, t.header.loss_api) {
+        (None, Some(Framework::DeepSpeed)) => {
+            Owner::library(t, "deepspeed", "ZeRO's gradient accumulation and reduction")
+        }
+        (e, _) => Owner::of_engine(t, e),
+    }
+}
+
 /// The engine's own accumulation left a gradient that is no divide of the local ones.
 fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
     let t = leg.trace;
-    let owner = match t.header.engine {
-        Some(e) => Owner::of_engine(t, Some(e)),
-        None => Owner::library(t, "deepspeed", "ZeRO's gradient accumulation"),
-    };
+    let owner = reducer(t);
     let detail = format!(
         "from step {s} the gradient {}'s optimizer applied is no multiple of the local gradients its backward \
          passes made (recorded: each parameter's local gradient sum before the engine took it, against the applied \
@@ -366,10 +374,7 @@ fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
 fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {
     let t = leg.trace;
     let w = leg.world as f64;
-    let owner = match (t.header.engine, engine_accumulates(t)) {
-        (None, true) => Owner::library(t, "deepspeed", "ZeRO's gradient accumulation"),
-        (e, _) => Owner::of_engine(t, e),
-    };
+    let owner = reducer(t);
     let (m, what) = match d < w {
         true => (
             Mechanism::Summed,
@@ -525,10 +530,7 @@ pub fn rule_owner(ev: &Evidence, reason: Reason) -> Owner {
     if matches!(reason, Reason::RanksDiffer | Reason::UnsyncedGradient) {
         for t in [ev.b, ev.a] {
             if engine_accumulates(t) && t.header.world_size.unwrap_or(1) > 1 {
-                return match t.header.engine {
-                    Some(e) => Owner::of_engine(t, Some(e)),
-                    None => Owner::library(t, "deepspeed", "ZeRO's gradient reduction"),
-                };
+                return reducer(t);
             }
         }
     }

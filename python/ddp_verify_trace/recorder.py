@@ -120,15 +120,20 @@ class Recorder:
         # step's gradient can be lent to the writer instead of copied: nothing changes it).
         self._nulled: dict[str, bool] = {}
         self._seen: set[str] = set()
+        self._exchange = _stages.Exchange()
         self._others: dict[int, str] = {}  # id -> class name of each other optimizer that stepped
         # Last, once nothing above can refuse: what torch's patched calls see from now on
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
         self._own_watch = watch is None
         self._watch = _watch.open_watch() if watch is None else watch
         hooked = self.engine.backward_hooks
+        # Where both are wanted, this recorder's hooks also add the local sums for the watch.
+        self._local = self._watch.local if hooked and self.engine.local_hooks else None
         self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params] if hooked else []
         if self.engine.local_hooks:
             self._watch.hook_local(self._module)
+            if hooked:
+                self._watch.unhook_local({id(p) for _, p in self._params})
         else:
             self._watch.no_local_hooks()
         if self.engine.write_at_destroy:
@@ -152,7 +157,11 @@ class Recorder:
     def _summer(self, name: str, param: torch.nn.Parameter) -> Any:
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
         # (under DDP: this rank's, before the all-reduce; under no_sync too).
+        key, local = id(param), self._local
+
         def hook(grad: torch.Tensor) -> None:
+            if local is not None:
+                local.add(key, grad)
             if name not in self._seen and self._steps:
                 self._seen.add(name)
                 self._nulled[name] = param.grad is None
@@ -315,16 +324,17 @@ class Recorder:
     def _stage_facts(self, s: int, world: int) -> None:
         """The step's stage facts (`_stages`): every rank's micro-batches, the local gradients'
         sums over ranks before any reduction, and the step calls a framework's wrapper took.
-        Every rank calls this (one all_gather_object and one all_reduce)."""
+        Every rank calls this (one all_gather: `_stages.Exchange`)."""
         w = self._watch
         rank = rank_world()[0]
-        rows = _stages.gather_rows(w.batches.take(rank), world)
+        device = self.engine.device(self._params[0][1]) if world > 1 else torch.device("cpu")
+        local = w.local.take(self._params, device)
+        rows, sums = self._exchange(w.batches.take(rank), local, world, device)
         if rows.numel():
             self._tensors[_schema.name("batches", s)] = rows
-        device = self.engine.device(self._params[0][1])
-        sums = w.local.take(self._params, world, device if world > 1 else torch.device("cpu"))
-        for n, v in (sums or {}).items():
-            self._tensors[_schema.name("local", s, n)] = torch.tensor([v], dtype=torch.float64)
+        if sums[0]:  # a backward was seen on some rank
+            for (n, _), v in zip(self._params, sums[1:].tolist()):
+                self._tensors[_schema.name("local", s, n)] = torch.tensor([v], dtype=torch.float64)
         if w.zeroed_in_window:
             self._tensors[_schema.name("zeroed", s)] = torch.tensor([w.zeroed_in_window], dtype=torch.int64)
             w.zeroed_in_window = 0

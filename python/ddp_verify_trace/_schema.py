@@ -42,6 +42,7 @@ HEADER = {
     "loss_handed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "backward_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "zeroed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "boundary_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
     "warnings": ("text", None, False),
@@ -90,6 +91,7 @@ class Key:
     LOSS_HANDED_BY = "loss_handed_by"
     BACKWARD_BY = "backward_by"
     ZEROED_BY = "zeroed_by"
+    BOUNDARY_BY = "boundary_by"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
     WARNINGS = "warnings"
@@ -138,7 +140,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework and loss_api and loss_handed_by and backward_by and zeroed_by and normalised_by keys hold."""
+    """The words the framework and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"

@@ -78,6 +78,7 @@ class Watch:
         self.framework_accumulation: int | None = None
         self.zeroed_in_window = 0  # zero_grad calls after a backward of the step, before it
         self.zeroed_by: str | None = None
+        self.boundary_by: str | None = None  # who marked an engine's accumulation boundary by hand
 
     def zeroed(self, who: str) -> None:
         self.zeroed_in_window += 1

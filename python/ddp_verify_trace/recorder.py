@@ -343,7 +343,8 @@ class Recorder:
             self._tensors[_schema.name("step_calls", s)] = torch.tensor([calls], dtype=torch.int64)
         b = w.batches
         facts = ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.BACKWARD_BY, b.backward_by),
-                 (K.NORMALISED_BY, b.normalised_by), (K.ZEROED_BY, w.zeroed_by))  # fmt: skip
+                 (K.NORMALISED_BY, b.normalised_by), (K.ZEROED_BY, w.zeroed_by),
+                 (K.BOUNDARY_BY, w.boundary_by))  # fmt: skip
         for key, word in facts:
             if word is not None:
                 self._meta[key] = word

@@ -158,6 +158,8 @@ header! {
             "whose code called torch's backward (plain: the script)";
         zeroed_by: Framework = ZEROED_BY "zeroed_by" optional
             "whose code zeroed the gradients inside an accumulation window (plain: the script)";
+        boundary_by: Framework = BOUNDARY_BY "boundary_by" optional
+            "whose code marked the engine's accumulation boundaries by hand (set_gradient_accumulation_boundary)";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional

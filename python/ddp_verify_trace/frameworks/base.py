@@ -45,6 +45,9 @@ class Framework:
     # Its optimizer wrappers' step: the script calls it every micro-batch, and the framework
     # gates the real step.
     step_wrappers: tuple[Wrapper, ...] = ()
+    # Where a script marks its engine's accumulation boundary by hand: several backwards per
+    # engine step are then the engine's documented use, not a script that misread its setting.
+    boundary_setters: tuple[Api, ...] = ()
 
     def patch(self, patches: Patches) -> None:
         """Installs what the framework adds around the step: the loss handed to its backward
@@ -55,6 +58,8 @@ class Framework:
             patches.after_import(module, _api_patch(patches, name, cls, method))
         for module, cls, method, told in self.step_wrappers:
             patches.after_import(module, _wrapper_patch(patches, cls, method, told))
+        for module, cls, method in self.boundary_setters:
+            patches.after_import(module, _boundary_patch(patches, cls, method))
 
 
 def _api_patch(patches: Patches, framework: str, cls: str, method: str) -> Callable[[Any], None]:
@@ -104,5 +109,28 @@ def _wrapper_patch(patches: Patches, cls: str, method: str, told: Callable[[Any]
             return original(self, *args, **kwargs)
 
         patches.replace(owner, method, step)
+
+    return install
+
+
+def _boundary_patch(patches: Patches, cls: str, method: str) -> Callable[[Any], None]:
+    def install(module: Any) -> None:
+        owner = getattr(module, cls)
+        original = getattr(owner, method)
+
+        def boundary(self: Any, *args: Any, **kwargs: Any) -> Any:
+            watches = patches.watches()
+            if watches:
+                try:
+                    from .._stages import caller
+
+                    who = caller(sys._getframe(1))
+                    for w in watches:
+                        w.boundary_by = who
+                except Exception:  # noqa: BLE001 - a fact not taken; training goes on
+                    pass
+            return original(self, *args, **kwargs)
+
+        patches.replace(owner, method, boundary)
 
     return install

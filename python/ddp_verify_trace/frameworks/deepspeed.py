@@ -12,6 +12,7 @@ class DeepSpeed(Framework):
     name = _schema.Framework.DEEPSPEED
     modules = ("deepspeed",)
     backward_apis = (("deepspeed.runtime.engine", "DeepSpeedEngine", "backward"),)
+    boundary_setters = (("deepspeed.runtime.engine", "DeepSpeedEngine", "set_gradient_accumulation_boundary"),)
     step_wrappers = (
         ("deepspeed.runtime.engine", "DeepSpeedEngine", "step", lambda e: e.gradient_accumulation_steps()),
     )

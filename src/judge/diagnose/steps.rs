@@ -10,9 +10,15 @@ use crate::judge::Reason;
 /// An engine that accumulates itself (DeepSpeed's gradient_accumulation_steps) told to
 /// expect fewer backward passes per step than the loop made: every backward it took for a
 /// boundary reduced and restarted the gradients, so only the last micro-batches' survived
-/// (open-instruct PR 1498: manual accumulation over engine.backward with GAS=1).
+/// (open-instruct PR 1498: manual accumulation over engine.backward with GAS=1). Not where
+/// the boundaries were marked by hand (`set_gradient_accumulation_boundary`): several
+/// backwards per step are then the engine's documented use, and what it lost is its own,
+/// which the stage walk judges.
 pub fn engine_boundary(ev: &Evidence) -> Option<Diagnosis> {
     [(ev.left(), ev.a), (ev.right(), ev.b)].into_iter().find_map(|(label, t)| {
+        if t.header.boundary_by.is_some() {
+            return None;
+        }
         let gas = t.header.engine_accumulation?;
         let mut micro = t.facts.micro.clone();
         micro.sort_unstable();

@@ -170,3 +170,44 @@ fn gradients_zeroed_inside_the_window_belong_to_whoever_zeroed_them() {
     ddp.header.zeroed_by = Some(Framework::Plain);
     assert_eq!(said(&judged(&honest_acc(), &ddp)), ("local gradient", "script", None));
 }
+
+#[test]
+fn gradients_scaled_inside_backward_are_found_before_the_roots_scaling() {
+    // Both legs hand backward their losses unscaled; the engine's hooks divide inside it,
+    // by K^2=16 in one process and (K/W)^2=4 per rank: the roots alone would blame them.
+    let deepspeed = |t: &mut Trace| {
+        t.header.loss_api = Some(Framework::DeepSpeed);
+        t.header.backward_by = Some(Framework::DeepSpeed);
+        t.header.versions = Some("torch==2.13.0, deepspeed==0.18.6".into());
+    };
+    let mut acc = leg(1, 1.0, sum(&G) / 16.0, &times(1.0 / 16.0), 1);
+    let mut ddp = leg(2, 1.0, sum(&G) / 4.0, &times(1.0 / 8.0), 1);
+    deepspeed(&mut acc);
+    deepspeed(&mut ddp);
+    ddp.header.engine = Some(Engine::DeepSpeed2);
+    let d = judged(&acc, &ddp);
+    let fix = Some("https://github.com/deepspeedai/DeepSpeed/pull/8245");
+    assert_eq!(said(&d), ("scaling", "deepspeed", fix), "{d:?}");
+}
+
+#[test]
+fn micro_batches_lost_between_boundaries_marked_by_hand_are_the_engines() {
+    // One process, gradient_accumulation_steps=1, four backwards per engine step: parameter
+    // v kept one of its micro-batches (1 of 8 applied), w all of them.
+    let mut acc = leg(1, 0.25, sum(&G), &G, 1);
+    acc.facts.stages[0].local.insert("v".into(), 8.0);
+    acc.steps[0].push(("v".into(), Values::f32s(vec![1.0])));
+    acc.header.loss_api = Some(Framework::DeepSpeed);
+    acc.header.engine_accumulation = Some(1);
+    acc.header.versions = Some("torch==2.13.0, deepspeed==0.18.6".into());
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &G, 1);
+    ddp.facts.stages[0].local.insert("v".into(), 16.0);
+    ddp.steps[0].push(("v".into(), Values::f32s(vec![8.0])));
+    // Not marked by hand: the script told the engine one backward per step.
+    assert_eq!(judged(&acc, &ddp).reason, Reason::EngineBoundary);
+    acc.header.boundary_by = Some(Framework::Plain);
+    let d = judged(&acc, &ddp);
+    let fix = Some("https://github.com/deepspeedai/DeepSpeed/pull/7981");
+    assert_eq!(said(&d), ("local gradient", "deepspeed", fix), "{d:?}");
+    assert!(d.detail.contains("your script marked by hand"), "{}", d.detail);
+}

@@ -28,11 +28,12 @@ pub enum Mechanism {
     ZeroedInWindow,
     ScaledInBackward,
     SteppedEarly,
+    LostBetweenMarks,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mechanism {
-    const ALL: [Mechanism; 13] = [
+    const ALL: [Mechanism; 14] = [
         Mechanism::DifferentInputs,
         Mechanism::NormaliserPerRank,
         Mechanism::LossDiffers,
@@ -46,6 +47,7 @@ impl Mechanism {
         Mechanism::ZeroedInWindow,
         Mechanism::ScaledInBackward,
         Mechanism::SteppedEarly,
+        Mechanism::LostBetweenMarks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +65,7 @@ impl Mechanism {
             Mechanism::ZeroedInWindow => "zeroed in window",
             Mechanism::ScaledInBackward => "scaled in backward",
             Mechanism::SteppedEarly => "stepped early",
+            Mechanism::LostBetweenMarks => "lost micro-batches between marked boundaries",
         }
     }
 
@@ -105,43 +108,58 @@ pub fn walk(ev: &Evidence) -> Option<Diagnosis> {
         .or_else(|| local_gradient(&a, &b, s))
 }
 
+/// Each parameter's local sum over the ranks at step `s`, undone of the loss's scaling
+/// before backward, in both legs; None where either leg lacks them.
+fn unscaled_locals(a: &Leg, b: &Leg, s: usize) -> Option<Vec<(String, f64, f64)>> {
+    let (sa, sb) = (a.root_scale()?, b.root_scale()?);
+    let (la, lb) = (&a.trace.facts.stages.get(s)?.local, &b.trace.facts.stages.get(s)?.local);
+    let out: Vec<_> = la.iter().filter_map(|(n, &x)| Some((n.clone(), x / sa, lb.get(n)? / sb))).collect();
+    (!out.is_empty()).then_some(out)
+}
+
+/// The first parameter whose unscaled local sums part between the legs.
+fn parted(locals: &[(String, f64, f64)]) -> Option<&(String, f64, f64)> {
+    let peak = locals.iter().fold(0.0f64, |m, (_, x, _)| m.max(x.abs()));
+    locals.iter().find(|(_, x, y)| (x - y).abs() > 1e-3 * peak)
+}
+
+/// Scaling inside backward: the same losses, scaled alike before backward, came out of a
+/// backward that a framework ran one factor apart over every parameter: that backward
+/// scaled the gradients (a hook of its own), not the script's loss. Judged before the roots'
+/// scaling, which cannot see it.
+fn scaled_in_backward(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
+    let locals = unscaled_locals(a, b, s)?;
+    parted(&locals)?;
+    let pairs: Vec<(f64, f64)> = locals.iter().map(|(_, x, y)| (*y, *x)).collect();
+    // The framework whose code ran torch's backward, else the API the loss was handed to.
+    let ran = |t: &Trace| t.header.backward_by.filter(|f| *f != Framework::Plain).or(t.header.loss_api);
+    let api = ran(b.trace).or(ran(a.trace)).filter(|f| *f != Framework::Plain)?;
+    let r = fit(&pairs)?;
+    let t = if ran(b.trace).is_some() { b.trace } else { a.trace };
+    let owner = Owner::of_framework(t, api, "its backward's own scaling of the gradients");
+    let detail = format!(
+        "at step {s} the gradients came out of backward {r:.4}x apart in {} against {} though the losses and \
+         their scaling before backward were alike (recorded: each parameter's local gradient sum, undone of the \
+         loss's scaling): {} scaled the gradients inside the backward it ran, differently in each run; the \
+         library's, not your script: upgrade {}",
+        b.label,
+        a.label,
+        owner.describe(),
+        owner.name()
+    );
+    located(Reason::LossScaling, Stage::Scaling, owner, Mechanism::ScaledInBackward, detail)
+}
+
 /// Local gradient: the same losses, scaled alike, gave other gradients before any reduction
 /// (each parameter's local sum over ranks, undone of its scaling).
 fn local_gradient(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
-    let (sa, sb) = (a.root_scale()?, b.root_scale()?);
-    let (la, lb) = (&a.trace.facts.stages.get(s)?.local, &b.trace.facts.stages.get(s)?.local);
-    let peak = la.values().fold(0.0f64, |m, v| m.max((v / sa).abs()));
-    let off = la.iter().find(|(n, &x)| lb.get(*n).is_some_and(|&y| (x / sa - y / sb).abs() > 1e-3 * peak))?;
-    // One factor over every parameter, the backward run inside a framework's API: that
-    // backward scaled the gradients (a hook of its own), not the script's loss.
-    let pairs: Vec<(f64, f64)> = la.iter().filter_map(|(n, &x)| Some((lb.get(n)? / sb, x / sa))).collect();
-    // The framework whose code ran torch's backward, else the API the loss was handed to.
-    let ran = |t: &Trace| t.header.backward_by.filter(|f| *f != Framework::Plain).or(t.header.loss_api);
-    let api = ran(b.trace).or(ran(a.trace)).filter(|f| *f != Framework::Plain);
-    if let (Some(r), Some(api)) = (fit(&pairs), api) {
-        let t = if ran(b.trace).is_some() { b.trace } else { a.trace };
-        let owner = Owner::of_framework(t, api, "its backward's own scaling of the gradients");
-        let detail = format!(
-            "at step {s} the gradients came out of backward {r:.4}x apart in {} against {} though the losses and \
-             their scaling before backward were alike (recorded: each parameter's local gradient sum, undone of the \
-             loss's scaling): {} scaled the gradients inside the backward it ran, differently in each run; the \
-             library's, not your script: upgrade {}",
-            b.label,
-            a.label,
-            owner.describe(),
-            owner.name()
-        );
-        return located(Reason::LossScaling, Stage::Scaling, owner, Mechanism::ScaledInBackward, detail);
-    }
+    let locals = unscaled_locals(a, b, s)?;
+    let (name, x, y) = parted(&locals)?;
     let detail = format!(
-        "the same losses, scaled alike, gave other gradients before any reduction at step {s} (recorded: {}'s \
-         local gradient sum, unscaled, {:.6e} in {} against {:.6e} over {}'s ranks): the backward differs between \
+        "the same losses, scaled alike, gave other gradients before any reduction at step {s} (recorded: {name}'s \
+         local gradient sum, unscaled, {x:.6e} in {} against {y:.6e} over {}'s ranks): the backward differs between \
          the runs (a parameter frozen or hooked in one run, a gradient changed before the step, a rank's own model)",
-        off.0,
-        off.1 / sa,
-        a.label,
-        lb[off.0] / sb,
-        b.label
+        a.label, b.label
     );
     located(Reason::DifferentGradients, Stage::LocalGradient, Owner::Script, Mechanism::LocalDiffers, detail)
 }
@@ -323,6 +341,9 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
             return not_averaged(leg, s);
         }
     }
+    if let Some(d) = scaled_in_backward(a, b, s) {
+        return Some(d);
+    }
     let (da, db) = (da.unwrap_or(1.0), db.unwrap_or(b.world as f64));
     // Each matched micro-batch's root reaches the applied gradient divided by the reduction.
     let ratio = median(
@@ -356,11 +377,24 @@ fn reducer(t: &Trace) -> Owner {
 fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
     let t = leg.trace;
     let owner = reducer(t);
+    // Boundaries marked by hand (set_gradient_accumulation_boundary): several backwards per
+    // engine step are the engine's documented use, whatever its accumulation setting.
+    let (m, marked) = match t.header.boundary_by {
+        Some(by) => (
+            Mechanism::LostBetweenMarks,
+            format!(
+                " between the accumulation boundaries {} marked by hand (set_gradient_accumulation_boundary, \
+                 the engine's documented way to run several backwards per step)",
+                if by == Framework::Plain { "your script" } else { by.name() }
+            ),
+        ),
+        None => (Mechanism::LostMicroBatches, String::new()),
+    };
     let detail = format!(
         "from step {s} the gradient {}'s optimizer applied is no multiple of the local gradients its backward \
          passes made (recorded: each parameter's local gradient sum before the engine took it, against the applied \
-         gradient's): {} lost or changed micro-batches while accumulating them; the library's, not your script: \
-         upgrade {}",
+         gradient's): {} lost or changed micro-batches while accumulating them{marked}; the library's, not your \
+         script: upgrade {}",
         leg.label,
         owner.describe(),
         owner.name()
@@ -368,7 +402,7 @@ fn not_averaged(leg: &Leg, s: usize) -> Option<Diagnosis> {
     // Over several ranks the applied gradient is the reduction's; in one process, the
     // accumulation's alone.
     let stage = if leg.world > 1 { Stage::Reduction } else { Stage::LocalGradient };
-    located(Reason::DifferentGradients, stage, owner, Mechanism::LostMicroBatches, detail)
+    located(Reason::DifferentGradients, stage, owner, m, detail)
 }
 
 fn reduction(leg: &Leg, d: f64, s: usize) -> Option<Diagnosis> {

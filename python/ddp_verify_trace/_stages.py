@@ -236,7 +236,7 @@ def _number(v: Any) -> float:
     if v is None:
         return _NAN
     if isinstance(v, torch.Tensor):
-        return float(v.detach().double().cpu())
+        return float(v.detach().item())
     return float(v)
 
 
@@ -300,24 +300,55 @@ def _all_gather(t: torch.Tensor, world: int) -> torch.Tensor:
     return torch.stack(out).cpu()
 
 
+# Half-precision gradients are summed in float32, so that many terms keep their sum.
+_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
 class LocalSums:
     """Per parameter, the sum of every backward's own gradient since the step, before any
     reduction, in float64 on the gradient's device."""
 
     def __init__(self) -> None:
-        # By the parameter's id: each backward's sum, in at least float32 (a float64 sum of a
-        # float32 tensor costs several times more), added up in float64 at the step.
-        self.sums: dict[int, list[torch.Tensor]] = {}
+        # By the parameter's id: the backwards' sums added up as they come, in at least
+        # float32 (a float64 sum of a float32 tensor costs several times more).
+        self.sums: dict[int, torch.Tensor] = {}
 
     def add(self, key: int, grad: torch.Tensor) -> None:
-        g = grad.detach()
-        self.sums.setdefault(key, []).append(g.sum(dtype=torch.promote_types(g.dtype, torch.float32)))
+        # Called for every parameter of every backward: as few operations as can be.
+        g = grad.detach() if grad.requires_grad else grad
+        wide = _WIDER.get(g.dtype)
+        total = g.sum() if wide is None else g.sum(dtype=wide)
+        got = self.sums.get(key)
+        if got is None:
+            self.sums[key] = total
+        else:
+            got.add_(total)
 
     def take(self, params: list[tuple[str, Any]], device: torch.device) -> torch.Tensor:
         """This rank's sums since the step in float64 on `device`: first 1.0 where a backward
-        was seen (else 0.0), then one per parameter of `params`, in order."""
+        was seen (else 0.0), then one per parameter of `params`, in order (three operations
+        for all of them)."""
         sums, self.sums = self.sums, {}
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        seen = torch.tensor(float(bool(sums)), dtype=torch.float64, device=device)
-        parts = [torch.stack(sums[id(p)]).to(device, torch.float64).sum() if id(p) in sums else zero for _, p in params]
-        return torch.stack([seen, *parts])
+        if not sums:
+            return torch.zeros(1 + len(params), dtype=torch.float64, device=device)
+        some = next(iter(sums.values()))
+        one = torch.ones((), dtype=some.dtype, device=some.device)
+        zero = torch.zeros((), dtype=some.dtype, device=some.device)
+        parts = [one] + [sums.get(id(p), zero) for _, p in params]
+        if len({(t.dtype, t.device) for t in parts}) > 1:
+            parts = [t.to(device, torch.float64) for t in parts]
+        return torch.stack(parts).to(device, torch.float64)
+        index: list[int] = []
+        parts: list[torch.Tensor] = []
+        for i, (_, p) in enumerate(params, 1):
+            got = sums.get(id(p))
+            if got:
+                index += [i] * len(got)
+                parts += got
+        out[0] = 1.0
+        if parts:
+            if len({(t.dtype, t.device) for t in parts}) > 1:
+                parts = [t.to(device, torch.float64) for t in parts]
+            values = torch.stack(parts).to(device, torch.float64)
+            out.index_add_(0, torch.tensor(index, device=device), values)
+        return out

@@ -141,7 +141,10 @@ class Stream:
 
     def keep(self, name: str, tensor: torch.Tensor) -> None:
         """A small tensor, which the caller owns and never changes (it is not copied)."""
-        self._small[name] = tensor.detach().cpu().contiguous()
+        if tensor.is_cpu and not tensor.requires_grad and tensor.is_contiguous():
+            self._small[name] = tensor  # the recorder's own: most of them, as they are
+        else:
+            self._small[name] = tensor.detach().cpu().contiguous()
 
     def _drain(self) -> None:
         self._jobs.put(None)

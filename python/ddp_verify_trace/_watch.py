@@ -103,7 +103,8 @@ class Watch:
             self._local_handles.pop(key).remove()
 
     def no_local_hooks(self) -> None:
-        """The run's engine hands the watch each local gradient itself (`local_grad`)."""
+        """The run's engine hands the watch each local gradient itself (`local_grad`), or
+        none is wanted (one process: the judge reads them from the applied gradients)."""
         self.local_hooks = False
         for h in self._local_handles.values():
             h.remove()

@@ -127,15 +127,18 @@ class Recorder:
         self._own_watch = watch is None
         self._watch = _watch.open_watch() if watch is None else watch
         hooked = self.engine.backward_hooks
+        local = self.engine.local_hooks and not (self._world == 1 and self.engine.local_is_applied)
         # Where both are wanted, this recorder's hooks also add the local sums for the watch.
-        self._local = self._watch.local if hooked and self.engine.local_hooks else None
+        self._local = self._watch.local if hooked and local else None
         self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params] if hooked else []
-        if self.engine.local_hooks:
+        if local:
             self._watch.hook_local(self._module)
             if hooked:
                 self._watch.unhook_local({id(p) for _, p in self._params})
         else:
             self._watch.no_local_hooks()
+            if self.engine.local_hooks:  # one process: what the watch's hooks summed goes too
+                self._watch.local.sums = {}
         if self.engine.write_at_destroy:
             self._watch.on_destroy = self._on_destroy
 
@@ -333,8 +336,9 @@ class Recorder:
         if rows.numel():
             self._tensors[_schema.name("batches", s)] = rows
         if sums[0]:  # a backward was seen on some rank
-            for (n, _), v in zip(self._params, sums[1:].tolist()):
-                self._tensors[_schema.name("local", s, n)] = torch.tensor([v], dtype=torch.float64)
+            # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
+            for (n, _), v in zip(self._params, sums[1:].split(1)):
+                self._tensors[_schema.name("local", s, n)] = v
         if w.zeroed_in_window:
             self._tensors[_schema.name("zeroed", s)] = torch.tensor([w.zeroed_in_window], dtype=torch.int64)
             w.zeroed_in_window = 0
@@ -440,8 +444,9 @@ class Recorder:
         return self._stream
 
     def _keep(self) -> None:
+        stream = self._open()
         for name, t in self._tensors.items():
-            self._open().keep(name, t)
+            stream.keep(name, t)
         self._tensors = {}
 
     def _settings(self, optimizer: torch.optim.Optimizer) -> None:

@@ -59,6 +59,11 @@ class Engine:
     # Tensor hooks see each backward's own gradient before the engine reduces it (the stage
     # facts' local gradient); False where the engine hands it to the watch itself.
     local_hooks = True
+    # In one process the engine reduces nothing, and the .grad a step applies is the
+    # backwards' own sum (a clip and a loss scale aside, which the trace records): the judge
+    # reads the local gradient from it, and no hook sums each backward (their cost, a few
+    # percent of a small model's step, is spared).
+    local_is_applied = False
     # Every rank tracks peaks (its own shard's) and takes part in gathering them at close.
     peaks_on_every_rank = False
     # Peaks are read while the step's weights still stand (not later on the writer thread).

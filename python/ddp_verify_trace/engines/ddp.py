@@ -28,6 +28,8 @@ class Ddp(Engine):
     """Whole gradients in `.grad` on every rank; the header's engine word comes from DDP's
     forwards (a run with none is one process, or a loop that bypassed the wrapper)."""
 
+    local_is_applied = True
+
     @classmethod
     def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
         return cls()  # the last in the registry: whatever no other engine claims

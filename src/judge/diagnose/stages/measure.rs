@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::evidence::{Batch, Trace};
+use crate::evidence::{Batch, Engine, Framework, Trace};
 
 /// Two values equal to within `rel` of the larger.
 pub fn near(x: f64, y: f64, rel: f64) -> bool {
@@ -92,15 +92,42 @@ impl<'a> Leg<'a> {
         if local.is_empty() {
             return None;
         }
-        let applied = applied_sums(t, s);
-        let clip =
-            t.facts.clip_norms.get(s).copied().flatten().filter(|_| t.facts.clips.get(s).is_some_and(|&c| c > 0));
-        let coef = clip.map_or(1.0, |(total, max)| (max / (total + 1e-6)).min(1.0));
-        let scale = t.facts.scaler.scales.get(s).copied().unwrap_or(1.0);
-        let pairs: Vec<(f64, f64)> =
-            local.iter().filter_map(|(n, &l)| Some((l, applied.get(n)? * scale / coef))).collect();
+        let applied = unclipped_sums(t, s);
+        let pairs: Vec<(f64, f64)> = local.iter().filter_map(|(n, &l)| Some((l, *applied.get(n)?))).collect();
         fit(&pairs)
     }
+
+    /// Each parameter's local gradient sum at step `s`: as recorded, or in one process whose
+    /// engine does not accumulate for it, the applied gradient's with a recorded clip and
+    /// loss scale undone (nothing else stands between backward and the step there, so the
+    /// recorder spares the hooks: `Engine.local_is_applied` in the recorder).
+    pub fn local_at(&self, s: usize) -> Option<BTreeMap<String, f64>> {
+        let t = self.trace;
+        let local = &t.facts.stages.get(s)?.local;
+        if !local.is_empty() {
+            return Some(local.clone());
+        }
+        let derived = self.world == 1 && !engine_accumulates(t);
+        derived.then(|| unclipped_sums(t, s)).filter(|m| !m.is_empty())
+    }
+}
+
+/// An engine that accumulates and reduces the gradients itself, out of the script's reach
+/// (DeepSpeed's ZeRO: its engine.backward and step).
+pub fn engine_accumulates(t: &Trace) -> bool {
+    matches!(t.header.engine, Some(e) if e != Engine::Ddp && e != Engine::Fsdp2)
+        || t.header.loss_api == Some(Framework::DeepSpeed)
+}
+
+/// Each parameter's applied gradient summed, with a clip and a loss scale the recorder saw
+/// undone: what the backwards left before them.
+fn unclipped_sums(t: &Trace, s: usize) -> BTreeMap<String, f64> {
+    let clip = t.facts.clip_norms.get(s).copied().flatten().filter(|_| t.facts.clips.get(s).is_some_and(|&c| c > 0));
+    let coef = clip.map_or(1.0, |(total, max)| (max / (total + 1e-6)).min(1.0));
+    let scale = t.facts.scaler.scales.get(s).copied().unwrap_or(1.0);
+    let mut sums = applied_sums(t, s);
+    sums.values_mut().for_each(|v| *v = *v * scale / coef);
+    sums
 }
 
 /// Each parameter's applied gradient summed: whole tensors, or a sampled one's summary.

@@ -211,3 +211,15 @@ fn micro_batches_lost_between_boundaries_marked_by_hand_are_the_engines() {
     assert_eq!(said(&d), ("local gradient", "deepspeed", fix), "{d:?}");
     assert!(d.detail.contains("your script marked by hand"), "{}", d.detail);
 }
+
+#[test]
+fn one_process_without_local_sums_reads_them_from_its_applied_gradient() {
+    // The recorder spares one plain process the hooks: its applied gradient stands in.
+    let mut acc = honest_acc();
+    acc.facts.stages[0].local.clear();
+    let mut ddp = leg(2, 0.5, 4.0 * sum(&G), &times(2.0), 1);
+    ddp.header.backward_by = Some(Framework::DeepSpeed);
+    ddp.header.versions = Some("torch==2.13.0, deepspeed==0.18.3".into());
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("scaling", "deepspeed", Some("https://github.com/deepspeedai/DeepSpeed/pull/7724")));
+}

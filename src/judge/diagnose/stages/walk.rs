@@ -4,10 +4,10 @@
 //! then speak).
 
 use super::known::lookup;
-use super::measure::{fit, matched, median, near, Leg};
+use super::measure::{engine_accumulates, fit, matched, median, near, Leg};
 use super::owner::Owner;
 use super::{Located, Stage};
-use crate::evidence::{Engine, Framework, Trace};
+use crate::evidence::{Framework, Trace};
 use crate::judge::diagnose::factor::is_whole;
 use crate::judge::diagnose::scaling::loss_division;
 use crate::judge::diagnose::{Diagnosis, Evidence, Reason};
@@ -112,7 +112,7 @@ pub fn walk(ev: &Evidence) -> Option<Diagnosis> {
 /// before backward, in both legs; None where either leg lacks them.
 fn unscaled_locals(a: &Leg, b: &Leg, s: usize) -> Option<Vec<(String, f64, f64)>> {
     let (sa, sb) = (a.root_scale()?, b.root_scale()?);
-    let (la, lb) = (&a.trace.facts.stages.get(s)?.local, &b.trace.facts.stages.get(s)?.local);
+    let (la, lb) = (a.local_at(s)?, b.local_at(s)?);
     let out: Vec<_> = la.iter().filter_map(|(n, &x)| Some((n.clone(), x / sa, lb.get(n)? / sb))).collect();
     (!out.is_empty()).then_some(out)
 }
@@ -353,13 +353,6 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
         return None;
     }
     scaling(a, b, (sa, sb), ratio, s)
-}
-
-/// An engine that accumulates and reduces the gradients itself, out of the script's reach
-/// (DeepSpeed's ZeRO: its engine.backward and step).
-fn engine_accumulates(t: &Trace) -> bool {
-    matches!(t.header.engine, Some(e) if e != Engine::Ddp && e != Engine::Fsdp2)
-        || t.header.loss_api == Some(Framework::DeepSpeed)
 }
 
 /// Whose code reduces a run's gradients: its engine's library, DeepSpeed where the loss went

@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from . import _schema, _stages, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
@@ -255,14 +254,31 @@ class Recorder:
             self.close()
             self._closed_at_destroy = True
 
-    def _rank_bits(self, world: int, grads: dict[str, torch.Tensor | None]) -> torch.Tensor:
-        """Every rank's checksum of every gradient, gathered on every rank (one all_gather)."""
-        mine = torch.stack(
-            [bits(g) if (g := grads[n]) is not None else torch.zeros((), dtype=torch.int64, device=p.device) for n, p in self._params]
-        )
-        out = [torch.zeros_like(mine) for _ in range(world)]
-        dist.all_gather(out, mine)
-        return torch.stack([o.cpu() for o in out])  # [W, P]
+    def _gather(
+        self, s: int, world: int, grads: dict[str, torch.Tensor | None] | None, packed: _stages.Packed
+    ) -> torch.Tensor | None:
+        """The step's one collective of its own: every rank's stage facts, with every rank's
+        checksum of every gradient where `grads` are to be checked (their bits as int64,
+        the stage payload's float64 bits beside them). Returns the checksums [W, P]."""
+        every = rank_bits = None
+        if world > 1:
+            payload = packed.payload
+            if grads is None:
+                every = _stages.all_gather(payload, world)
+            else:
+                mine = torch.stack(
+                    [bits(g) if (g := grads[n]) is not None else torch.zeros((), dtype=torch.int64, device=p.device) for n, p in self._params]
+                )
+                both = _stages.all_gather(torch.cat([mine, payload.view(torch.int64).to(mine.device)]), world)
+                rank_bits, every = both[:, : len(mine)], both[:, len(mine) :].contiguous().view(torch.float64)
+        rows, sums = self._exchange.finish(packed, every, world)
+        if rows.numel():
+            self._tensors[_schema.name("batches", s)] = rows
+        if sums[0]:  # a backward was seen on some rank
+            # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
+            for (n, _), v in zip(self._params, sums[1:].split(1)):
+                self._tensors[_schema.name("local", s, n)] = v
+        return rank_bits
 
     def step(
         self,
@@ -305,7 +321,7 @@ class Recorder:
             self._tensors[_schema.name("clip", s)] = torch.tensor(last, dtype=torch.float64)
         if syncs:
             self._tensors[_schema.name("ddp_sync", s)] = torch.tensor(syncs, dtype=torch.int64)
-        self._stage_facts(s, world)
+        packed = self._stage_facts(s, world)
         # Each parameter's gradient as the trace keeps it: as the engine gathered it (every
         # rank takes part), or kept positions and summaries gathered where sampled.
         if grads is not None:
@@ -313,7 +329,7 @@ class Recorder:
         else:
             grads, gathered = self.engine.gradients(self._params, self._sampling, self._summaries)
         checked = world > 1 and self.engine.rank_checksums(bool(self._sampling.positions))
-        rank_bits = self._rank_bits(world, grads) if checked else None
+        rank_bits = self._gather(s, world, grads if checked else None, packed)
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
         # so they do not slow every DDP step with copies of their gradients.
         if rank_world()[0] != 0:
@@ -324,21 +340,14 @@ class Recorder:
         self._steps += 1
         self._seen = set()
 
-    def _stage_facts(self, s: int, world: int) -> None:
-        """The step's stage facts (`_stages`): every rank's micro-batches, the local gradients'
-        sums over ranks before any reduction, and the step calls a framework's wrapper took.
-        Every rank calls this (one all_gather: `_stages.Exchange`)."""
+    def _stage_facts(self, s: int, world: int) -> _stages.Packed:
+        """The step's stage facts (`_stages`): every rank's micro-batches and the local
+        gradients' sums (packed here for `_gather`, which every rank calls), and the step
+        calls a framework's wrapper took."""
         w = self._watch
         rank = rank_world()[0]
         device = self.engine.device(self._params[0][1]) if world > 1 else torch.device("cpu")
-        local = w.local.take(self._params, device)
-        rows, sums = self._exchange(w.batches.take(rank), local, world, device)
-        if rows.numel():
-            self._tensors[_schema.name("batches", s)] = rows
-        if sums[0]:  # a backward was seen on some rank
-            # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
-            for (n, _), v in zip(self._params, sums[1:].split(1)):
-                self._tensors[_schema.name("local", s, n)] = v
+        packed = self._exchange.pack(w.batches.take(rank), w.local.take(self._params, device), device)
         if w.zeroed_in_window:
             self._tensors[_schema.name("zeroed", s)] = torch.tensor([w.zeroed_in_window], dtype=torch.int64)
             w.zeroed_in_window = 0
@@ -354,6 +363,7 @@ class Recorder:
                 self._meta[key] = word
         if w.framework_accumulation is not None:
             self._meta[K.FRAMEWORK_ACCUMULATION] = str(w.framework_accumulation)
+        return packed
 
     def _keep_step(
         self,

@@ -123,25 +123,30 @@ fn parted(locals: &[(String, f64, f64)]) -> Option<&(String, f64, f64)> {
     locals.iter().find(|(_, x, y)| (x - y).abs() > 1e-3 * peak)
 }
 
-/// Scaling inside backward: the same losses, scaled alike before backward, came out of a
-/// backward that a framework ran one factor apart over every parameter: that backward
-/// scaled the gradients (a hook of its own), not the script's loss. Judged before the roots'
-/// scaling, which cannot see it.
+/// Scaling inside backward: the local sums' ratio between the legs is not the ratio of the
+/// values backward ran on (matched micro-batches' roots), so a backward that a framework ran
+/// scaled the gradients itself (a hook of its own), one factor over every parameter. Judged
+/// before the roots' scaling, which cannot see it; by the roots themselves, not by what
+/// peeling their graphs finds (a normaliser peels in one leg's graph and not the other's).
 fn scaled_in_backward(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
-    let locals = unscaled_locals(a, b, s)?;
-    parted(&locals)?;
-    let pairs: Vec<(f64, f64)> = locals.iter().map(|(_, x, y)| (*y, *x)).collect();
+    let (la, lb) = (a.local_at(s)?, b.local_at(s)?);
+    let pairs: Vec<(f64, f64)> = la.iter().filter_map(|(n, &x)| Some((*lb.get(n)?, x))).collect();
+    let local = fit(&pairs)?;
+    let roots = median(matched(a.batches, b.batches).iter().filter_map(|(x, y)| Some(y.root? / x.root?)).collect())?;
+    if near(local, roots, FACTOR_REL) {
+        return None;
+    }
     // The framework whose code ran torch's backward, else the API the loss was handed to.
     let ran = |t: &Trace| t.header.backward_by.filter(|f| *f != Framework::Plain).or(t.header.loss_api);
     let api = ran(b.trace).or(ran(a.trace)).filter(|f| *f != Framework::Plain)?;
-    let r = fit(&pairs)?;
+    let r = local / roots;
     let t = if ran(b.trace).is_some() { b.trace } else { a.trace };
     let owner = Owner::of_framework(t, api, "its backward's own scaling of the gradients");
     let detail = format!(
-        "at step {s} the gradients came out of backward {r:.4}x apart in {} against {} though the losses and \
-         their scaling before backward were alike (recorded: each parameter's local gradient sum, undone of the \
-         loss's scaling): {} scaled the gradients inside the backward it ran, differently in each run; the \
-         library's, not your script: upgrade {}",
+        "at step {s} the gradients came out of backward {r:.4}x apart in {} against {}, beyond what the values \
+         backward ran on explain (recorded: each parameter's local gradient sum, against the matched micro-batches' \
+         roots): {} scaled the gradients inside the backward it ran, differently in each run; the library's, not \
+         your script: upgrade {}",
         b.label,
         a.label,
         owner.describe(),

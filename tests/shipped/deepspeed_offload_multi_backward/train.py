@@ -23,17 +23,15 @@ W ranks' DistributedSampler would (`AccumulationBatchSampler`):
 
   ddp-verify --acc-steps 4 --gpus 2 -- PYTHON tests/shipped/deepspeed_offload_multi_backward/train.py --grad-accum {acc_steps}
 """
-import argparse
-import logging
 import os
-import socket
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddp_verify_trace import AccumulationBatchSampler
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _deepspeed_mlp  # noqa: E402  (tests/shipped/: what the DeepSpeed MLP scripts share)
 
 
 class MLP(nn.Module):
@@ -47,40 +45,7 @@ class MLP(nn.Module):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--grad-accum", type=int, default=4, help="K: micro-batches per optimizer step over all ranks")
-    p.add_argument("--world", type=int, default=int(os.environ.get("DDP_VERIFY_WORLD", "2")),
-                   help="one process: the DDP world whose samples it replays")
-    p.add_argument("--samples", type=int, default=16)
-    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
-    args = p.parse_args()
-    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if not ddp:  # what deepspeed.init_distributed needs for a world of one without a launcher
-        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, value)
-        if "MASTER_PORT" not in os.environ:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    import deepspeed
-    import deepspeed.ops
-
-    # DeepSpeed JIT-builds its shared-memory comm op (inference only) at init on CPUs otherwise.
-    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
-    deepspeed.utils.logger.setLevel(logging.WARNING)
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-    world = int(os.environ["WORLD_SIZE"])
-    local = args.grad_accum // world
-    torch.manual_seed(0)
-    model = MLP()
-    g = torch.Generator().manual_seed(1)
-    dataset = TensorDataset(torch.randn(args.samples, 8, generator=g), torch.randn(args.samples, 4, generator=g))
-    if ddp:
-        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
-        loader = DataLoader(dataset, batch_size=2, sampler=sampler)
-    else:
-        sampler = AccumulationBatchSampler(len(dataset), world=args.world, batch_size=2, shuffle=True, seed=0)
-        loader = DataLoader(dataset, batch_sampler=sampler)
+    args, ddp, world, local, model, sampler, loader, deepspeed = _deepspeed_mlp.start(MLP)
     config = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import _collectives
 from ._sampling import Sampling
 
 
@@ -100,7 +101,7 @@ class Backwards:
             device = params[0][1].device
             flat = _largest_sums([sums[n] or [] for n, _ in params], self.acc_dtype, device)
             if world > 1:
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                _collectives.all_reduce(flat, op=dist.ReduceOp.SUM)
                 flat.div_(world)
             return flat
         sums = {
@@ -109,7 +110,7 @@ class Backwards:
         }
         if world > 1:
             flat = torch.cat([s.reshape(-1) for s in sums.values()])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            _collectives.all_reduce(flat, op=dist.ReduceOp.SUM)
             flat.div_(world)
             parts = flat.split([s.numel() for s in sums.values()])
             sums = {n: part.view(s.shape) for (n, s), part in zip(sums.items(), parts)}

@@ -23,9 +23,8 @@ from types import FrameType
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from . import _schema
+from . import _collectives, _schema
 
 FIELDS = _schema.BATCH_FIELDS
 _MASK = (1 << 52) - 1  # fingerprints are kept exact in float64
@@ -307,7 +306,7 @@ class Packed:
 def all_gather(t: torch.Tensor, world: int) -> torch.Tensor:
     """[world, len(t)] on the host."""
     out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t)
+    _collectives.all_gather(out, t)
     return torch.stack(out).cpu()
 
 

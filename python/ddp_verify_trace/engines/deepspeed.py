@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .. import _schema
+from .. import _collectives, _schema
 from .._sampling import Sampling
 from .._tensors import DTYPES
 from .base import Engine, Named
@@ -251,7 +251,7 @@ class Zero:
             hp, lp = mapping.hp_fragment_address, mapping.lp_fragment_address
             full.narrow(0, lp.start, lp.numel).copy_(flat.grad.narrow(0, hp.start, hp.numel))
         # Each element lives in exactly one rank's partition: the sum is the whole tensor.
-        torch.distributed.all_reduce(full, group=self._dp_group(param, i))
+        _collectives.all_reduce(full, group=self._dp_group(param, i))
         return full.view(param.shape).cpu()
 
     def _dp_group(self, param: torch.nn.Parameter, i: int) -> Any:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .. import _schema
+from .. import _collectives, _schema
 from .._sampling import Sampling, Summaries
 from .._tensors import host
 from .base import Engine, Finals, Gathered, Named, Patches
@@ -232,7 +232,7 @@ def whole_many(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         part = local(t).detach().reshape(-1)
         mine[at : at + part.numel()].copy_(part)
     parts = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(parts, mine, group=mesh.get_group())
+    _collectives.all_gather(parts, mine, group=mesh.get_group())
     out = []
     for t, (chunk, row, at) in zip(ts, layout):
         n0 = int(t.shape[0])
@@ -303,7 +303,7 @@ def gather_kept(parts: list[torch.Tensor], shards: list[Shard]) -> list[torch.Te
         return []
     flat = torch.cat(parts)
     if dist.is_initialized():
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        _collectives.all_reduce(flat, op=dist.ReduceOp.SUM)
     out = list(flat.split([p.numel() for p in parts]))
     return [o / s.replicas if s.replicas > 1 else o for o, s in zip(out, shards)]
 
@@ -320,9 +320,9 @@ def whole_summaries(
         summarise(local(t), rows[i])
     if dist.is_initialized() and len(tensors):
         sums = rows[:, :2].contiguous()
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        _collectives.all_reduce(sums, op=dist.ReduceOp.SUM)
         top = rows[:, 2].contiguous()
-        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        _collectives.all_reduce(top, op=dist.ReduceOp.MAX)
         replicas = torch.tensor([s.replicas for s in shards], dtype=torch.float64, device=device)
         rows = torch.cat([sums / replicas.unsqueeze(1), top.unsqueeze(1)], 1)
     return rows

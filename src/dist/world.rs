@@ -9,7 +9,9 @@ use std::time::Duration;
 use super::{Collective, Mpi, Nccl};
 use crate::error::{Error, Exit, Result};
 use crate::spec::{DeviceKind, TrainConfig};
-pub use ddp_verify_launch::{env_rank, exit_now, hand_back, inside_mpi_world, progress_wanted, seconds_since_launch};
+pub use ddp_verify_launch::{
+    env_rank, exit_now, hand_back, inside_mpi_world, progress_wanted, seconds_since_launch, tell_launcher,
+};
 
 /// An initialised MPI world; finalised when dropped.
 pub struct MpiRank {
@@ -34,7 +36,10 @@ impl MpiRank {
         };
         let rank = self.comm.rank();
         if e.reported_by(Some(rank)) {
-            eprintln!("ddp-verify: {e}");
+            let line = format!("ddp-verify: {e}");
+            if !tell_launcher(&line) {
+                eprintln!("{line}");
+            }
         }
         if rank == 0 {
             hand_back(e.exit());

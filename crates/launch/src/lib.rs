@@ -94,6 +94,9 @@ pub fn relaunch(
     let done = supervised.finished();
     let forwarded = forward.join().unwrap_or(Ok(()));
     remove_partials(&result);
+    for line in std::fs::read_to_string(messages_file(&result)).unwrap_or_default().lines() {
+        eprintln!("{line}");
+    }
     profile::mark("ranks done");
     forwarded.map_err(|e| LaunchError::io("writing the report to standard output", e))?;
     // Rank 0's verdict stands even when mpirun then complained about the others.
@@ -157,6 +160,26 @@ pub fn register_partial(path: &Path) {
     if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(list) {
         let _ = f.write_all(format!("{}\n", path.display()).as_bytes());
     }
+}
+
+/// For a rank about to abort the world: its message goes to the launcher through a file,
+/// which [`relaunch`] prints once mpirun is done. Through mpirun's stderr forwarding, the
+/// abort could kill the rank before its last lines were passed on. False where no
+/// launcher of ours listens (the caller prints the line itself).
+pub fn tell_launcher(line: &str) -> bool {
+    use std::io::Write;
+    let Some(result) = std::env::var_os(RESULT_ENV) else { return false };
+    // One write of the whole line: appends from several ranks do not interleave.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(messages_file(Path::new(&result)))
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()))
+        .is_ok()
+}
+
+fn messages_file(result: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.messages", result.display()))
 }
 
 /// Removes what [`register_partial`] listed and is still there.

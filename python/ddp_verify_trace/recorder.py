@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import _schema, _stages, _watch, engines
+from . import _collectives, _schema, _stages, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
@@ -483,6 +483,7 @@ class Recorder:
             self._open().close(self._header())
             self._stream = None
         self._tensors = {}
+        _collectives.settle()
 
     def _keep_finals(self) -> None:
         """The final weights, peaks and buffers into the tensors to write."""
@@ -545,6 +546,8 @@ class Recorder:
     def finish(self, state: str) -> None:
         """Records nothing more (`state` says why); a trace not "closed" is not written."""
         self.state = state
+        if state != "closed":
+            _collectives.settle()
         if state != "closed" and self._stream is not None:
             self._stream.abandon()
             self._stream = None

@@ -348,17 +348,3 @@ class LocalSums:
         if len({(t.dtype, t.device) for t in parts}) > 1:
             parts = [t.to(device, torch.float64) for t in parts]
         return torch.stack(parts).to(device, torch.float64)
-        index: list[int] = []
-        parts: list[torch.Tensor] = []
-        for i, (_, p) in enumerate(params, 1):
-            got = sums.get(id(p))
-            if got:
-                index += [i] * len(got)
-                parts += got
-        out[0] = 1.0
-        if parts:
-            if len({(t.dtype, t.device) for t in parts}) > 1:
-                parts = [t.to(device, torch.float64) for t in parts]
-            values = torch.stack(parts).to(device, torch.float64)
-            out.index_add_(0, torch.tensor(index, device=device), values)
-        return out

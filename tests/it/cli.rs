@@ -301,3 +301,15 @@ fn every_goldens_config_is_reproduced_by_its_printed_command() {
     }
     assert!(seen >= 20, "only {seen} goldens read");
 }
+
+#[test]
+fn every_help_names_the_command_the_user_typed() {
+    // The core parses what `ddp-verify` hands it; its own file name must not show.
+    for args in [&["--help"][..], &["explore", "--help"], &["split", "--help"], &["devices", "--help"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(text.contains("Usage: ddp-verify "), "{args:?}: {text}");
+        assert!(!text.contains("ddp-verify-core"), "{args:?}: {text}");
+    }
+}

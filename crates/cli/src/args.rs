@@ -16,6 +16,8 @@ use crate::{defaults as d, EXIT_CODES};
 #[derive(Parser)]
 #[command(
     name = "ddp-verify",
+    // Whichever binary parses (the core, started by `ddp-verify`), help names the command typed.
+    bin_name = "ddp-verify",
     version,
     about = "Proves that DDP over W ranks and gradient accumulation over K micro-batches give the same model.",
     args_conflicts_with_subcommands = true,

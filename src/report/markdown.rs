@@ -72,7 +72,8 @@ impl Exporter for Markdown {
                     (Agreement::Diverged, false) => "differ (expected)",
                     (v, _) => v.label(),
                 };
-                let _ = writeln!(s, "\n**BatchNorm buffers** ({counted}): {label}. {}", super::buffer_explanation(o));
+                let title = super::buffers_title(b);
+                let _ = writeln!(s, "\n**{title}** ({counted}): {label}. {}", super::buffer_explanation(o));
             }
         } else {
             let _ = writeln!(s, "<details><summary>Final weights</summary>\n");

@@ -265,8 +265,35 @@ pub(crate) fn values(t: &crate::evidence::Values) -> String {
     format!("[{}{more}]", shown.join(", "))
 }
 
-/// Why BatchNorm buffers differ between the runs, with the counters as evidence.
+/// BatchNorm's running statistics, by the names torch gives them.
+fn is_batchnorm_stat(name: &str) -> bool {
+    ["running_mean", "running_var", "num_batches_tracked"].iter().any(|s| name.ends_with(s))
+}
+
+/// The buffers' section title: "BatchNorm buffers" only where BatchNorm keeps some (a
+/// Llama's buffers are its rotary frequencies and masks).
+pub(crate) fn buffers_title(b: &GroupDiff) -> &'static str {
+    if b.tensors.iter().any(|d| is_batchnorm_stat(&d.name)) {
+        "BatchNorm buffers"
+    } else {
+        "Buffers"
+    }
+}
+
+/// Why buffers differ between the runs: BatchNorm's, with the counters as evidence; others
+/// are the model's own state, equal or not.
 pub(crate) fn buffer_explanation(o: &Outcome) -> String {
+    let batchnorm = o.runs.buffers.as_ref().is_some_and(|b| buffers_title(b) == "BatchNorm buffers");
+    if !batchnorm {
+        let differ = o.runs.buffers.as_ref().is_some_and(|b| b.verdict == Agreement::Diverged);
+        return if differ {
+            "no BatchNorm statistics among them: a buffer that differs is state the model keeps outside its \
+             weights and changes as it trains (a cache, a counter); --strict-buffers counts them"
+                .into()
+        } else {
+            "the same in both runs (no BatchNorm statistics among them)".into()
+        };
+    }
     let count = |p: &crate::evidence::Params| {
         p.iter()
             .find(|(n, _)| n.ends_with("num_batches_tracked"))
@@ -282,4 +309,37 @@ pub(crate) fn buffer_explanation(o: &Outcome) -> String {
          synchronised forward, so they follow rank 0's micro-batches only, while accumulation updates them on \
          every micro-batch{counts}; gradients and weights do not depend on them in train mode"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::TensorDiff;
+
+    fn buffers(names: &[&str]) -> GroupDiff {
+        let diff = |name: &&str| TensorDiff {
+            name: name.to_string(),
+            max_abs: 0.0,
+            max_rel: 0.0,
+            max_ulps: 0,
+            worst_fraction: 0.0,
+            verdict: Agreement::Exact,
+            problem: None,
+        };
+        GroupDiff {
+            tensors: names.iter().map(diff).collect(),
+            max_abs: 0.0,
+            max_rel: 0.0,
+            max_ulps: 0,
+            worst_fraction: 0.0,
+            verdict: Agreement::Exact,
+            not_judged: None,
+        }
+    }
+
+    #[test]
+    fn only_batchnorm_statistics_make_a_batchnorm_section() {
+        assert_eq!(buffers_title(&buffers(&["model.rotary_emb.inv_freq"])), "Buffers");
+        assert_eq!(buffers_title(&buffers(&["bn1.running_mean", "bn1.num_batches_tracked"])), "BatchNorm buffers");
+    }
 }

@@ -81,7 +81,7 @@ impl Exporter for Table {
         let _ = writeln!(s, "  {:<w$}  {}", label, row(&o.runs.finals), w = if wide { 34 } else { 4 });
         if let Some(b) = &o.runs.buffers {
             let counted = if o.runs.buffers_counted { "counted (--strict-buffers)" } else { "reported, not counted" };
-            let _ = writeln!(s, "\nBatchNorm buffers at the end: {counted}");
+            let _ = writeln!(s, "\n{} at the end: {counted}", super::buffers_title(b));
             let _ = writeln!(
                 s,
                 "  {:<34}  {:>10}  {:>10}  {:>8}  {:>8}  verdict",

@@ -55,7 +55,8 @@ impl LegCost {
             label: label.to_string(),
             engine: t.header.engine.map(Engine::name),
             micro_batches: micro.map(|m| m as usize),
-            reduced: reduced.map(|r| r as usize),
+            // One process reduces nothing, whatever its DDP wrapper recorded.
+            reduced: reduced.filter(|_| t.header.world_size.unwrap_or(1) > 1).map(|r| r as usize),
             collectives: median(comm.iter().map(|c| c.0 as f64).collect()),
             megabytes: median(comm.iter().map(|c| c.1 as f64 / 1e6).collect()),
             seconds: median(f.seconds.iter().flatten().copied().collect()),
@@ -66,8 +67,10 @@ impl LegCost {
     /// In words, for the report's header lines.
     pub fn words(&self) -> String {
         let mut parts = Vec::new();
-        if let (Some(r), Some(m)) = (self.reduced, self.micro_batches) {
-            parts.push(format!("{r} of {m} micro-batches per rank reduced"));
+        match (self.reduced, self.micro_batches) {
+            (Some(r), Some(m)) => parts.push(format!("{r} of {m} micro-batches per rank reduced")),
+            (None, Some(m)) => parts.push(format!("{m} micro-batches")),
+            _ => {}
         }
         if let (Some(c), Some(mb)) = (self.collectives, self.megabytes) {
             parts.push(format!("{c} gradient collectives, {} per rank", size_words(mb)));

@@ -169,9 +169,8 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
             (false, false) => "every gradient and final weight",
         };
         return format!(
-            "EQUIVALENT: {what} within {bound} (worst: {} ulp, {} of the allowed difference){}",
-            ulps(worst),
-            fraction(used),
+            "EQUIVALENT: {what} within {bound} ({}){}",
+            worst_words(worst, used),
             parted.map_or(String::new(), range_words)
         );
     }
@@ -248,6 +247,24 @@ pub(crate) fn num(x: f64) -> String {
     } else {
         format!("{x:.3e}")
     }
+}
+
+/// Beyond this many ulps apart, an element equivalent by its bound is one near zero, whose
+/// terms' rounding is many of its own ulps: the count alarms and says nothing.
+const ULPS_SHOWN: u64 = 1024;
+
+/// The worst element of an equivalent verdict: the allowance it used, and its ulps where
+/// they mean something.
+fn worst_words(worst: u64, used: f64) -> String {
+    if worst <= ULPS_SHOWN {
+        return format!("worst: {} ulp, {} of the allowed difference", ulps(worst), fraction(used));
+    }
+    format!(
+        "worst: {} of the allowed difference; up to {} ulp apart near zero, where an ulp is far below the rounding \
+         of the terms summed there",
+        fraction(used),
+        ulps(worst)
+    )
 }
 
 pub(crate) fn ulps(u: u64) -> String {
@@ -335,6 +352,13 @@ mod tests {
             verdict: Agreement::Exact,
             not_judged: None,
         }
+    }
+
+    #[test]
+    fn ulps_are_shown_where_they_mean_something() {
+        assert_eq!(worst_words(82, 0.15), "worst: 82 ulp, 0.15 of the allowed difference");
+        let far = worst_words(23_286_649, 0.12);
+        assert!(far.starts_with("worst: 0.12 of the allowed difference; up to 23286649 ulp apart near zero"), "{far}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ const W: f64 = 760.0;
 const H: f64 = 380.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 150.0;
-const TOP: f64 = 60.0;
+const TOP: f64 = 76.0;
 const BOTTOM: f64 = 50.0;
 /// Differences of exactly zero are drawn on this floor, as hollow markers.
 const FLOOR: f64 = 1e-10;
@@ -54,10 +54,12 @@ pub fn svg(o: &Outcome) -> String {
         }
         None => "recorded traces".to_string(),
     };
+    // Two lines, so that neither runs off the right edge whatever the configuration says.
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="22" font-size="14">ddp-verify: worst difference per optimizer step, as a fraction of what was allowed ({what})</text>"#,
+        r#"<text x="{LEFT}" y="22" font-size="14">ddp-verify: worst difference per optimizer step over what was allowed</text>"#,
     );
+    let _ = writeln!(s, r#"<text x="{LEFT}" y="40" fill="gray">{}</text>"#, fit(&what, W - LEFT - 10.0, 12.0));
     // Decades on the y axis.
     for e in lo as i32..=hi as i32 {
         let yy = y(10f64.powi(e));
@@ -103,9 +105,20 @@ pub fn svg(o: &Outcome) -> String {
         }
         // Legend: one row under the title, entries spaced by their text (~6.6 px a char).
         let lx = LEFT + all[..k].iter().map(|c| 30.0 + 6.6 * (c.left.len() + c.right.len() + 4) as f64).sum::<f64>();
-        let _ = writeln!(s, r#"<circle cx="{lx:.1}" cy="38" r="4" fill="{color}"/>"#);
-        let _ = writeln!(s, r#"<text x="{:.1}" y="42" fill="{color}">{} vs {}</text>"#, lx + 8.0, c.left, c.right);
+        let _ = writeln!(s, r#"<circle cx="{lx:.1}" cy="56" r="4" fill="{color}"/>"#);
+        let _ = writeln!(s, r#"<text x="{:.1}" y="60" fill="{color}">{} vs {}</text>"#, lx + 8.0, c.left, c.right);
     }
     let _ = writeln!(s, "</svg>");
     s
+}
+
+/// `text` cut to what fits in `width` px at `size` px (about 0.6 em a character, wide for a
+/// sans-serif), ending in an ellipsis where cut.
+fn fit(text: &str, width: f64, size: f64) -> String {
+    let most = (width / (0.6 * size)) as usize;
+    if text.chars().count() <= most {
+        return text.to_string();
+    }
+    let kept: String = text.chars().take(most.saturating_sub(1)).collect();
+    format!("{kept}…")
 }

@@ -121,4 +121,12 @@ fn plot_is_svg_with_a_marker_per_step_and_the_allowance_line() {
     let markers = doc.descendants().filter(|n| n.has_tag_name("circle") && n.attribute("r") == Some("3.5")).count();
     assert_eq!(markers, 3 * (o.runs.steps.len() + 1), "a marker per step and final weights, for 3 comparisons");
     assert!(svg.contains("allowed (1e0)"), "the allowance line is labelled");
+    // No text runs off the right edge (about 0.6 em a character, wide for a sans-serif).
+    let width: f64 = doc.root_element().attribute("width").unwrap().parse().unwrap();
+    for t in doc.descendants().filter(|n| n.has_tag_name("text") && n.attribute("text-anchor").is_none()) {
+        let x: f64 = t.attribute("x").unwrap().parse().unwrap();
+        let size: f64 = t.attribute("font-size").unwrap_or("12").parse().unwrap();
+        let end = x + 0.6 * size * t.text().unwrap_or("").chars().count() as f64;
+        assert!(end <= width, "{:?} ends at {end} of {width}", t.text());
+    }
 }

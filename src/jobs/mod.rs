@@ -7,6 +7,7 @@ pub mod compare;
 mod devices;
 #[cfg(feature = "libtorch")]
 pub mod explore;
+mod failure;
 pub mod launcher;
 #[cfg(feature = "libtorch")]
 mod pool;

@@ -139,12 +139,12 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
         (false, true) => {
             eprintln!(
                 "ddp-verify: warning: {what} failed after writing its trace ({status}: {}); judged from the complete trace",
-                last_line(&log)
+                quoted(&log)
             );
             Ok(())
         }
         (false, _) => Err(Error::Launcher {
-            problem: format!("{what} failed ({status}): {}", last_line(&log)),
+            problem: format!("{what} failed ({status}): {}", quoted(&log)),
             fix: format!("see its log, {}", log.display()),
         }),
     }
@@ -165,8 +165,7 @@ fn stopped(log: &Path) -> Option<String> {
     text.lines().find(|l| l.contains(crate::evidence::schema::STOPPED)).map(|l| l.trim().to_string())
 }
 
-/// The log's last non-empty line: usually the exception.
-fn last_line(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output").trim().to_string()
+/// The log's exception, by the rank that raised it, where it has one; else its last line.
+fn quoted(log: &Path) -> String {
+    super::failure::quote(&std::fs::read_to_string(log).unwrap_or_default())
 }

@@ -271,6 +271,33 @@ fn a_failing_script_is_exit_3_naming_the_leg_and_its_error() {
     assert!(!t.path().join("out/accumulation.safetensors").exists());
 }
 
+/// A DDP leg whose rank 1 raises (FSDP2's divide factor on gloo does): the exception and the
+/// rank are quoted, not torchrun's closing banner.
+#[test]
+fn a_rank_that_raises_is_quoted_by_its_exception_and_rank() {
+    let t = tempfile::tempdir().unwrap();
+    let script = t.path().join("train.py");
+    std::fs::write(
+        &script,
+        "import torch, torch.distributed as dist\n\
+         dist.init_process_group('gloo')\n\
+         if dist.get_world_size() > 1 and dist.get_rank() == 1:\n\
+         \x20   raise RuntimeError('Cannot use ReduceOp.PREMUL_SUM with Gloo')\n\
+         m = torch.nn.Linear(2, 1)\n\
+         opt = torch.optim.SGD(m.parameters(), lr=0.1)\n\
+         m(torch.ones(1, 2)).sum().backward()\n\
+         opt.step()\n\
+         dist.barrier()\n",
+    )
+    .unwrap();
+    let torchrun = repo(".venv/bin/torchrun").display().to_string();
+    let out = ddp_verify(&["--acc-steps", "2", "--gpus", "2", "--", &torchrun, &script.to_string_lossy()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("the ddp leg"), "{err}");
+    assert!(err.contains("rank 1 raised RuntimeError: Cannot use ReduceOp.PREMUL_SUM with Gloo"), "{err}");
+}
+
 /// A leg that hangs after recording steps is stopped at --timeout (exit 3), and the trace it
 /// was streaming goes with it: no `.part` is left in the output directory.
 #[test]

@@ -44,7 +44,7 @@ else
   link=(--zig --compatibility manylinux_2_17)
 fi
 start=$(date +%s)
-# The release profile, stripping and the features are python/pyproject.toml's [tool.maturin].
+# The wheel profile (release settings), stripping and the features are python/pyproject.toml's [tool.maturin].
 # Its own target directory: target/release/ddp-verify stays the full build's (tests/hosts runs it).
 (cd python && PATH="$PWD/../$tools/bin:$PATH" CARGO_TARGET_DIR="$PWD/../target/wheel" "../$tools/bin/maturin" build \
   --auditwheel check "${link[@]}" --out "../$out")

@@ -65,3 +65,13 @@ fn the_gitlab_example_runs_the_suite_and_reports_junit() {
     assert_eq!(job["artifacts"]["when"].as_str(), Some("always"), "the report must be kept when the gate fails");
     assert_eq!(job["artifacts"]["reports"]["junit"].as_str(), Some(format!("{dir}/{report}").as_str()));
 }
+
+/// `pip install ./python` builds the wheel's libtorch-free binary with its own Cargo profile,
+/// whose folder is not the full build's target/release (one never replaces the other).
+#[test]
+fn the_wheel_builds_into_a_folder_of_its_own() {
+    let read = |p: &str| -> toml::Value { toml::from_str(&std::fs::read_to_string(repo(p)).unwrap()).unwrap() };
+    let profile = read("python/pyproject.toml")["tool"]["maturin"]["profile"].as_str().unwrap().to_string();
+    assert!(!["release", "dev", "debug"].contains(&profile.as_str()), "{profile}");
+    assert_eq!(read("Cargo.toml")["profile"][&profile]["inherits"].as_str(), Some("release"));
+}

@@ -9,6 +9,8 @@
   DDP_VERIFY_MAGNITUDES        optional: tensor (default), element or false
   DDP_VERIFY_SAMPLE            optional: auto (default), full, or N positions kept per tensor
                                (`--sample`; read by record())
+  DDP_VERIFY_PROGRESS          optional: a file rank 0 keeps its optimizer steps in, for
+                               ddp-verify's progress line (`_progress`)
 
 A setting `record()` refuses raises here, at start-up, never inside the script's training:
 Python reports it ("Error in sitecustomize", then the error's one line) and runs the script

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _schema, _stages, _watch, engines
+from . import _collectives, _progress, _schema, _stages, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
@@ -339,6 +339,7 @@ class Recorder:
         self._keep_step(s, grads, gathered, sums, rank_bits)
         self._steps += 1
         self._seen = set()
+        _progress.tick(self._steps)
 
     def _stage_facts(self, s: int, world: int) -> _stages.Packed:
         """The step's stage facts (`_stages`): every rank's micro-batches and the local
@@ -484,6 +485,8 @@ class Recorder:
             self._stream = None
         self._tensors = {}
         _collectives.settle()
+        if rank_world()[0] == 0:
+            _progress.tick(self._steps, force=True)
 
     def _keep_finals(self) -> None:
         """The final weights, peaks and buffers into the tensors to write."""

@@ -13,6 +13,7 @@ pub mod launcher;
 mod pool;
 #[cfg(feature = "libtorch")]
 mod preflight;
+mod progress;
 pub mod script;
 #[cfg(feature = "libtorch")]
 pub mod suite;

@@ -45,8 +45,10 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
         ));
         compare.big = Some(big);
     }
+    let mut steps = None;
     for (leg, trace) in &legs {
-        run_leg(o, leg, &autoload, trace)?;
+        let made = run_leg(o, leg, &autoload, trace, steps)?;
+        steps = steps.or(made);
     }
     eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
     super::compare::command(&compare)
@@ -80,7 +82,8 @@ fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
     super::launcher::argv(&o.launcher, leg.world).iter().map(fill).collect()
 }
 
-fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Result<()> {
+/// Runs one leg, with its progress line; the optimizer steps it made, where recorded.
+fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Option<usize>) -> Result<Option<usize>> {
     let argv = leg_command(o, leg);
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
@@ -107,7 +110,12 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
     let log = o.out.join(format!("{}.log", leg.name));
     let what = format!("the {} leg ({})", leg.name, argv.join(" "));
     let timeout = Duration::try_from_secs_f64(o.timeout).unwrap_or(Duration::MAX);
-    let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what);
+    let counted = o.out.join(format!("{}.progress", leg.name));
+    cmd.env(super::progress::ENV, &counted);
+    let mut progress = super::progress::LegProgress::new(leg.name, counted, of);
+    let started = std::time::Instant::now();
+    let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what, &mut |t| progress.tick(t));
+    progress.clear();
     // The leg is gone, whatever its end: a trace it was still streaming (stopped at the
     // deadline or by Ctrl-C, which run no cleanup of the recorder's) goes with it.
     for suffix in [".part", ".part2"] {
@@ -118,7 +126,7 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
     let status = status?;
     let written = trace.is_file();
     match (status.success(), written) {
-        (true, true) => Ok(()),
+        (true, true) => Ok(progress.done(started.elapsed())),
         (true, false) if refused_setting(&log).is_some() => Err(Error::bad_flag(
             "--",
             format!("{what} ran unrecorded: {}", refused_setting(&log).unwrap_or_default()),
@@ -141,7 +149,7 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path) -> Resul
                 "ddp-verify: warning: {what} failed after writing its trace ({status}: {}); judged from the complete trace",
                 quoted(&log)
             );
-            Ok(())
+            Ok(progress.done(started.elapsed()))
         }
         (false, _) => Err(Error::Launcher {
             problem: format!("{what} failed ({status}): {}", quoted(&log)),

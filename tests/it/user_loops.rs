@@ -271,6 +271,37 @@ fn a_failing_script_is_exit_3_naming_the_leg_and_its_error() {
     assert!(!t.path().join("out/accumulation.safetensors").exists());
 }
 
+/// Off a terminal (CI), each leg says one line when it ends, with the optimizer steps it
+/// made; nothing is redrawn.
+#[test]
+fn each_leg_says_one_line_with_its_steps_when_it_ends() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().display().to_string();
+    let python = repo(".venv/bin/python").display().to_string();
+    let script = repo("examples/nanogpt/train.py").display().to_string();
+    let out = ddp_verify(&[
+        "--acc-steps",
+        "4",
+        "--gpus",
+        "2",
+        "--save-trace",
+        &dir,
+        "--",
+        &python,
+        &script,
+        "--grad-accum",
+        "{acc_steps}",
+        "--samples",
+        "16",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("ddp-verify: the accumulation leg: 2 optimizer steps in "), "{err}");
+    assert!(err.contains("ddp-verify: the ddp leg: 2 optimizer steps in "), "{err}");
+    assert!(!err.contains('\r') && !err.contains('\x1b'), "{err}");
+    assert!(!t.path().join("ddp.progress").exists(), "the count is not left beside the traces");
+}
+
 /// A DDP leg whose rank 1 raises (FSDP2's divide factor on gloo does): the exception and the
 /// rank are quoted, not torchrun's closing banner.
 #[test]

@@ -111,8 +111,15 @@ pub fn relaunch(
 
 /// Runs one leg of a user's training command (`ddp-verify -- python train.py`) supervised as
 /// the ranks are: a process group of its own that dies with us, a deadline, Ctrl-C stopping
-/// all of it; its output goes to `log`. Returns its exit status, whatever it is.
-pub fn run_leg(mut cmd: Command, log: &Path, timeout: Duration, what: &str) -> Result<std::process::ExitStatus> {
+/// all of it; its output goes to `log`, and `tick` hears the time since it started about
+/// four times a second. Returns its exit status, whatever it is.
+pub fn run_leg(
+    mut cmd: Command,
+    log: &Path,
+    timeout: Duration,
+    what: &str,
+    tick: &mut dyn FnMut(Duration),
+) -> Result<std::process::ExitStatus> {
     let file = std::fs::File::create(log).map_err(|e| LaunchError::io(format!("creating {}", log.display()), e))?;
     let err = file.try_clone().map_err(|e| LaunchError::io(format!("opening {}", log.display()), e))?;
     cmd.stdin(Stdio::null()).stdout(file).stderr(err);
@@ -128,7 +135,7 @@ pub fn run_leg(mut cmd: Command, log: &Path, timeout: Duration, what: &str) -> R
         fix: "check the command after --".into(),
     })?;
     let mut supervised = Supervised::new(child, Some(timeout));
-    supervised.exited(what)
+    supervised.exited_ticking(what, tick)
 }
 
 /// For a rank: die with the process that started it (mpirun, or Open MPI's daemon), so a

@@ -73,7 +73,23 @@ impl Supervised {
     /// Waits until the command is done, stopping its whole group on a timeout or a signal;
     /// its exit status, whatever it is. `what` names it in the timeout's message.
     pub(crate) fn exited(&mut self, what: &str) -> Result<std::process::ExitStatus> {
+        self.exited_ticking(what, &mut |_| {})
+    }
+
+    /// `exited`, calling `tick` with the time since it began about four times a second (a
+    /// progress line).
+    pub(crate) fn exited_ticking(
+        &mut self,
+        what: &str,
+        tick: &mut dyn FnMut(Duration),
+    ) -> Result<std::process::ExitStatus> {
+        let started = Instant::now();
+        let mut next_tick = started;
         let status = loop {
+            if Instant::now() >= next_tick {
+                tick(started.elapsed());
+                next_tick += Duration::from_millis(250);
+            }
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
                 break status;
             }

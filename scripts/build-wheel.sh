@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the `ddp-verify` wheel (python/pyproject.toml: the `ddp-verify` binary without libtorch,
-# stripped, release profile, and the ddp_verify_trace recorder) into target/wheels, checks it
+# stripped, the wheel profile (release settings), and the ddp_verify_trace recorder) into target/wheels, checks it
 # and prints its size, then its path as the last line:
 #   scripts/check-wheel.sh "$(scripts/build-wheel.sh | tail -n 1)" .venv/bin/python
 #

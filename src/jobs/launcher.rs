@@ -8,6 +8,25 @@ use crate::spec::{Launcher, LauncherKind};
 
 /// torchrun's options that give the process count (underscore and dash spellings).
 const TORCHRUN_COUNT: [&str; 2] = ["--nproc_per_node", "--nproc-per-node"];
+/// torchrun's options that place one node among several: the accumulation and big-batch
+/// legs run on one machine without them (each takes a value).
+const TORCHRUN_NODES: [&str; 15] = [
+    "--nnodes",
+    "--node_rank",
+    "--node-rank",
+    "--rdzv_endpoint",
+    "--rdzv-endpoint",
+    "--rdzv_backend",
+    "--rdzv-backend",
+    "--rdzv_id",
+    "--rdzv-id",
+    "--rdzv_conf",
+    "--rdzv-conf",
+    "--master_addr",
+    "--master-addr",
+    "--master_port",
+    "--master-port",
+];
 /// accelerate launch's.
 const ACCELERATE_COUNT: [&str; 2] = ["--num_processes", "--num-processes"];
 /// accelerate launch's flags that pick the kind of launch: ddp-verify picks it per leg.
@@ -60,17 +79,44 @@ pub fn parse(cmd: &[String]) -> Result<Launcher, String> {
             })
         })
     };
-    let many_nodes = match kind {
-        LauncherKind::Torchrun => value(&["--nnodes"]).filter(|n| n != "1" && n != "1:1"),
-        LauncherKind::Accelerate => value(&["--num_machines", "--num-machines"]).filter(|n| n != "1"),
-        LauncherKind::Python => None,
-    };
-    if let Some(n) = many_nodes {
+    if let Some(n) =
+        value(&["--num_machines", "--num-machines"]).filter(|n| n != "1" && kind == LauncherKind::Accelerate)
+    {
         return Err(format!(
-            "`{shown}` launches on {n} nodes; ddp-verify runs both legs on this machine, give one node"
+            "`{shown}` launches on {n} machines; across machines ddp-verify runs torchrun's DDP leg \
+             (-- torchrun --nnodes {n} ...), give one machine here"
         ));
     }
-    Ok(Launcher { kind, head: cmd[..head].to_vec(), options, script: rest[at..].to_vec(), python: python_of(&cmd[0]) })
+    let (nodes, node_rank) = match kind {
+        LauncherKind::Torchrun => {
+            (nodes(value(&["--nnodes"]), &shown)?, node_rank(value(&["--node_rank", "--node-rank"]), &shown)?)
+        }
+        _ => (1, None),
+    };
+    Ok(Launcher {
+        kind,
+        head: cmd[..head].to_vec(),
+        options,
+        script: rest[at..].to_vec(),
+        python: python_of(&cmd[0]),
+        nodes,
+        node_rank,
+    })
+}
+
+/// torchrun's `--nnodes`: N, or N:N (an elastic range of several sizes has no one DDP world
+/// to compare with).
+fn nodes(value: Option<String>, shown: &str) -> Result<usize, String> {
+    let Some(v) = value else { return Ok(1) };
+    let (lo, hi) = v.split_once(':').unwrap_or((&v, &v));
+    match (lo.parse::<usize>(), hi.parse::<usize>()) {
+        (Ok(lo), Ok(hi)) if lo == hi && lo > 0 => Ok(lo),
+        _ => Err(format!("`{shown}`: --nnodes {v} is not one number of nodes; give --nnodes N (or N:N)")),
+    }
+}
+
+fn node_rank(value: Option<String>, shown: &str) -> Result<Option<usize>, String> {
+    value.map(|v| v.parse().map_err(|_| format!("`{shown}`: --node-rank {v} is not a whole number"))).transpose()
 }
 
 /// The Python a launcher runs the script with: the one beside it (a virtualenv's bin/),
@@ -100,12 +146,22 @@ pub fn argv(l: &Launcher, world: usize) -> Vec<String> {
             out.extend(launcher.iter().map(|s| s.to_string()).chain([world.to_string()]));
         }
         LauncherKind::Python => {}
-        LauncherKind::Torchrun => {
+        // The DDP leg across nodes: the user's rendezvous, W/nodes processes on each.
+        LauncherKind::Torchrun if l.nodes > 1 && world > 1 => {
             out.extend(without(&l.options, &TORCHRUN_COUNT, &[]));
+            out.extend([TORCHRUN_COUNT[0].to_string(), (world / l.nodes).to_string()]);
+        }
+        LauncherKind::Torchrun => {
+            // A one-process leg of a command for several nodes runs on this machine alone.
+            let options = match l.nodes > 1 {
+                true => without(&l.options, &TORCHRUN_NODES, &["--standalone"]),
+                false => l.options.clone(),
+            };
+            out.extend(without(&options, &TORCHRUN_COUNT, &[]));
             // One node: without a rendezvous of the user's, torchrun's own on a free port,
             // so that legs of several checks at once do not meet.
             let rendezvous = ["--standalone", "--rdzv", "--master"];
-            if !l.options.iter().any(|o| rendezvous.iter().any(|r| o.starts_with(r))) {
+            if !options.iter().any(|o| rendezvous.iter().any(|r| o.starts_with(r))) {
                 out.push("--standalone".into());
             }
             out.extend([TORCHRUN_COUNT[0].to_string(), world.to_string()]);
@@ -187,7 +243,23 @@ mod tests {
         assert!(refused("bash train.sh").contains("not a Python command"));
         assert!(refused("torchrun --nproc_per_node 2").contains("no script"));
         assert!(refused("python").contains("no script"));
-        assert!(refused("torchrun --nnodes 2 train.py").contains("on 2 nodes"));
-        assert!(refused("accelerate launch --num_machines=3 train.py").contains("on 3 nodes"));
+        assert!(refused("torchrun --nnodes 1:2 train.py").contains("not one number of nodes"));
+        assert!(refused("torchrun --nnodes 2 --node_rank x train.py").contains("not a whole number"));
+        assert!(refused("accelerate launch --num_machines=3 train.py").contains("on 3 machines"));
+    }
+
+    #[test]
+    fn across_nodes_the_ddp_leg_keeps_the_rendezvous_and_the_others_run_here() {
+        let cmd = "torchrun --nnodes 2 --node_rank 1 --master_addr 10.0.0.1 --master_port 29500 train.py --k 1";
+        let l = parse(&words(cmd)).unwrap();
+        assert_eq!((l.nodes, l.node_rank), (2, Some(1)));
+        assert_eq!(
+            argv(&l, 4).join(" "),
+            "torchrun --nnodes 2 --node_rank 1 --master_addr 10.0.0.1 --master_port 29500 --nproc_per_node 2 train.py --k 1"
+        );
+        assert_eq!(argv(&l, 1).join(" "), "torchrun --standalone --nproc_per_node 1 train.py --k 1");
+        let l = parse(&words("torchrun --nnodes=3:3 --rdzv-backend=c10d --rdzv-endpoint=h:1 train.py")).unwrap();
+        assert_eq!((l.nodes, l.node_rank), (3, None));
+        assert_eq!(argv(&l, 1).join(" "), "torchrun --standalone --nproc_per_node 1 train.py");
     }
 }

@@ -45,6 +45,17 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
         ));
         compare.big = Some(big);
     }
+    if o.launcher.nodes > 1 {
+        if o.node_rank > 0 {
+            // This node's share of the DDP leg is all it runs; node 0 judges.
+            let (leg, trace) = &legs[1];
+            run_leg(o, leg, &autoload, trace, None)?;
+            return Ok(Exit::Equivalent);
+        }
+        // The nodes meet in the DDP leg first: the others wait in its rendezvous, not
+        // behind this node's other legs.
+        legs.swap(0, 1);
+    }
     let mut steps = None;
     for (leg, trace) in &legs {
         let made = run_leg(o, leg, &autoload, trace, steps)?;
@@ -106,16 +117,40 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Opti
     if std::env::var_os("OMP_NUM_THREADS").is_none() {
         cmd.env("OMP_NUM_THREADS", "1");
     }
-    let _ = std::fs::remove_file(trace);
-    let log = o.out.join(format!("{}.log", leg.name));
-    let what = format!("the {} leg ({})", leg.name, argv.join(" "));
+    // Another node's ranks write no trace: node 0's rank 0 writes it, maybe into this folder.
+    let node = o.node_rank;
+    let mine = if node == 0 { leg.name.to_string() } else { format!("{}.node{node}", leg.name) };
+    if node == 0 {
+        let _ = std::fs::remove_file(trace);
+    }
+    let log = o.out.join(format!("{mine}.log"));
+    let what = match node {
+        0 => format!("the {} leg ({})", leg.name, argv.join(" ")),
+        _ => format!("node {node}'s share of the {} leg ({})", leg.name, argv.join(" ")),
+    };
     let timeout = Duration::try_from_secs_f64(o.timeout).unwrap_or(Duration::MAX);
-    let counted = o.out.join(format!("{}.progress", leg.name));
+    let counted = o.out.join(format!("{mine}.progress"));
     cmd.env(super::progress::ENV, &counted);
     let mut progress = super::progress::LegProgress::new(leg.name, counted, of);
     let started = std::time::Instant::now();
     let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what, &mut |t| progress.tick(t));
     progress.clear();
+    if node > 0 {
+        return match status?.success() {
+            true => {
+                let t = started.elapsed().as_secs_f64();
+                eprintln!(
+                    "ddp-verify: node {node}: its share of the {} leg ended in {t:.1} s; node 0 judges",
+                    leg.name
+                );
+                Ok(None)
+            }
+            false => Err(Error::Launcher {
+                problem: format!("{what} failed: {}", quoted(&log)),
+                fix: format!("see its log, {}", log.display()),
+            }),
+        };
+    }
     // The leg is gone, whatever its end: a trace it was still streaming (stopped at the
     // deadline or by Ctrl-C, which run no cleanup of the recorder's) goes with it.
     for suffix in [".part", ".part2"] {
@@ -124,7 +159,7 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Opti
         let _ = std::fs::remove_file(part);
     }
     let status = status?;
-    let written = trace.is_file();
+    let written = trace.is_file() || (status.success() && leg.world > 1 && o.launcher.nodes > 1 && arrives(trace));
     match (status.success(), written) {
         (true, true) => Ok(progress.done(started.elapsed())),
         (true, false) if refused_setting(&log).is_some() => Err(Error::bad_flag(
@@ -156,6 +191,21 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Opti
             fix: format!("see its log, {}", log.display()),
         }),
     }
+}
+
+/// Across nodes, global rank 0 may be another node's (a c10d rendezvous ranks the nodes as
+/// they arrive): its trace reaches the shared --save-trace folder when that rank is done,
+/// maybe after this node's share ended. It is renamed into place whole, so being there is
+/// being complete.
+fn arrives(trace: &Path) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    while std::time::Instant::now() < until {
+        if trace.is_file() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
 }
 
 /// The recorder's refusal of its settings at start-up, where the log has one: Python prints

@@ -86,8 +86,9 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
 }
 
 /// `-- python train.py ARGS`: the user's script as both legs. K a multiple of W ≥ 2, a
-/// Python command or a launcher (torchrun, accelerate launch) on one node, and an output
-/// directory whose traces are not overwritten without --force.
+/// Python command or a launcher (torchrun, accelerate launch; torchrun's DDP leg maybe over
+/// several nodes, this one's rank known), and an output directory whose traces are not
+/// overwritten without --force.
 pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
     let (k, w) = (args.shape.acc_steps, args.shape.gpus);
     if w < 2 {
@@ -107,13 +108,15 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             "give -- python train.py ARGS, -- torchrun [OPTIONS] train.py ARGS or -- accelerate launch [OPTIONS] train.py ARGS",
         )
     })?;
+    let node_rank = node_rank(args.node_rank, &launcher, w)?;
     let out = match &args.save_trace {
         Some(dir) => {
             // Writable (or creatable) before any leg runs: bad output is exit 2, not a failed run.
             crate::outputs::check_dir("--save-trace", dir, true)?;
             let files = SAVED_FILES.iter().copied().chain([crate::jobs::script::BIG_BATCH_FILE]);
             let taken: Vec<_> = files.map(|f| dir.join(f)).filter(|p| p.exists()).collect();
-            if let (Some(p), false) = (taken.first(), args.force) {
+            // Another node writes no trace (node 0's rank 0 writes them into the shared DIR).
+            if let (Some(p), false, 0) = (taken.first(), args.force, node_rank) {
                 return Err(Error::bad_file(p, "exists", "pass --force to replace it, or choose another --save-trace"));
             }
             dir.clone()
@@ -147,7 +150,44 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             plot: args.plot.clone(),
             strict_buffers: false,
         },
+        node_rank,
     })
+}
+
+/// This machine's node, where the command's DDP leg spans several: --node-rank, else the
+/// command's own, else Slurm's. Every node must know it, W must share out evenly, and on one
+/// node a node rank but 0 is a mistake.
+fn node_rank(flag: Option<usize>, l: &crate::spec::Launcher, gpus: usize) -> Result<usize> {
+    let slurm = || std::env::var("SLURM_NODEID").ok()?.trim().parse().ok();
+    let fix = "give --node-rank N (0 on the node that judges), or the command's --node-rank";
+    if l.nodes == 1 {
+        return match flag {
+            Some(r) if r > 0 => Err(Error::bad_flag(
+                "--node-rank",
+                format!("node {r} of a command for one node"),
+                "drop it, or give torchrun --nnodes N",
+            )),
+            _ => Ok(0),
+        };
+    }
+    let Some(rank) = flag.or(l.node_rank).or_else(slurm) else {
+        return Err(Error::bad_flag(
+            "--node-rank",
+            format!("the DDP leg spans {} nodes: which is this one?", l.nodes),
+            fix,
+        ));
+    };
+    if rank >= l.nodes {
+        return Err(Error::bad_flag("--node-rank", format!("node {rank} of {} nodes", l.nodes), fix));
+    }
+    if !gpus.is_multiple_of(l.nodes) {
+        return Err(Error::bad_flag(
+            "--gpus",
+            format!("W={gpus} ranks do not share out over {} nodes", l.nodes),
+            "give a multiple of --nnodes",
+        ));
+    }
+    Ok(rank)
 }
 
 /// `split`'s flags: the sampling shape and the epoch, checked, and the plan's size.

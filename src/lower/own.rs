@@ -28,6 +28,13 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
             "drop --sample, or give your training command after -- (-- python train.py ARGS)",
         ));
     }
+    if args.node_rank.is_some() {
+        return Err(Error::bad_flag(
+            "--node-rank",
+            "places a script's DDP leg among several nodes; ddp-verify's own runs start their ranks here",
+            "drop --node-rank, or give your torchrun --nnodes command after --",
+        ));
+    }
     let n = &args.net;
     if n.sync_bn {
         return Err(Error::bad_flag(

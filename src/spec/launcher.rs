@@ -22,4 +22,8 @@ pub struct Launcher {
     pub script: Vec<String>,
     /// The Python that runs the script, which must import the recorder.
     pub python: String,
+    /// Machines the DDP leg spans (torchrun's `--nnodes`; 1 elsewhere).
+    pub nodes: usize,
+    /// This machine's node as the command says (torchrun's `--node-rank`), if it does.
+    pub node_rank: Option<usize>,
 }

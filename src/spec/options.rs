@@ -78,4 +78,6 @@ pub struct ScriptOptions {
     pub sample: Option<String>,
     /// How the two traces are judged and reported, as `compare` does.
     pub compare: CompareOptions,
+    /// This machine's node where the DDP leg spans several (`launcher.nodes`); 0 on one.
+    pub node_rank: usize,
 }

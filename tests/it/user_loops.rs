@@ -208,6 +208,7 @@ fn the_python_sampler_is_ddp_verify_split() {
 fn commands_it_cannot_run_are_refused_in_one_line() {
     let script = repo("examples/nanogpt/train.py").display().to_string();
     let python = repo(".venv/bin/python").display().to_string();
+    let torchrun = repo(".venv/bin/torchrun").display().to_string();
     for (line, says) in [
         ("--acc-steps 4 --gpus 2 -- bash run.sh", "not a Python command"),
         ("--acc-steps 4 --gpus 1 -- PY SCRIPT", "--gpus"),
@@ -217,9 +218,17 @@ fn commands_it_cannot_run_are_refused_in_one_line() {
         ("--acc-steps 4 --gpus 2 --batch-size 18446744073709551615 -- PY SCRIPT", "--batch-size"),
         ("--acc-steps 4 --gpus 2 --sample 0 -- PY SCRIPT", "--sample"),
         ("--acc-steps 4 --gpus 2 --sample 16", "--sample"),
+        ("--acc-steps 4 --gpus 2 -- TR --nnodes 2 SCRIPT", "--node-rank"),
+        ("--acc-steps 4 --gpus 2 --node-rank 1 -- PY SCRIPT", "--node-rank"),
+        ("--acc-steps 4 --gpus 2 -- TR --nnodes 2 --node_rank 2 SCRIPT", "--node-rank"),
+        ("--acc-steps 3 --gpus 3 -- TR --nnodes 2 --node_rank 0 SCRIPT", "--gpus"),
+        ("--acc-steps 4 --gpus 2 -- TR --nnodes 1:2 SCRIPT", "--nnodes"),
+        ("--acc-steps 4 --gpus 2 --node-rank 1", "--node-rank"),
     ] {
-        let args: Vec<String> =
-            flags(line).into_iter().map(|a| a.replace("PY", &python).replace("SCRIPT", &script)).collect();
+        let args: Vec<String> = flags(line)
+            .into_iter()
+            .map(|a| a.replace("PY", &python).replace("TR", &torchrun).replace("SCRIPT", &script))
+            .collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = ddp_verify(&args);
         let err = stderr(&out);
@@ -300,6 +309,43 @@ fn each_leg_says_one_line_with_its_steps_when_it_ends() {
     assert!(err.contains("ddp-verify: the ddp leg: 2 optimizer steps in "), "{err}");
     assert!(!err.contains('\r') && !err.contains('\x1b'), "{err}");
     assert!(!t.path().join("ddp.progress").exists(), "the count is not left beside the traces");
+}
+
+/// Two nodes on one machine, one ddp-verify each with the same command, meeting in a c10d
+/// rendezvous at 127.0.0.1 and sharing one --save-trace folder: node 0 judges (node 1 started
+/// first, so global rank 0 and the DDP trace are likely node 1's), node 1 runs its share and
+/// exits 0.
+#[test]
+fn two_nodes_meet_in_the_ddp_leg_and_node_0_judges() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().display().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let torchrun = repo(".venv/bin/torchrun").display().to_string();
+    let script = repo("examples/nanogpt/train.py").display().to_string();
+    let node = |rank: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+            .args(["--acc-steps", "4", "--gpus", "2", "--node-rank", rank, "--save-trace", &dir, "--", &torchrun])
+            .args(["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", &endpoint, "--rdzv_id", "t"])
+            .args([&script, "--grad-accum", "{acc_steps}", "--samples", "16"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let one = node("1");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let zero = node("0").wait_with_output().unwrap();
+    let one = one.wait_with_output().unwrap();
+    let (err0, err1) = (stderr(&zero), stderr(&one));
+    assert_eq!(zero.status.code(), Some(0), "{err0}\n{err1}");
+    assert!(stdout(&zero).contains("EQUIVALENT"), "{}", stdout(&zero));
+    assert_eq!(one.status.code(), Some(0), "{err1}");
+    assert!(err1.contains("node 1: its share of the ddp leg ended"), "{err1}");
+    assert!(stdout(&one).is_empty(), "node 1 reports nothing");
+    for f in ["ddp.log", "ddp.node1.log", "ddp.safetensors", "accumulation.safetensors"] {
+        assert!(t.path().join(f).is_file(), "{f}");
+    }
 }
 
 /// A DDP leg whose rank 1 raises (FSDP2's divide factor on gloo does): the exception and the

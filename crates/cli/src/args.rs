@@ -122,6 +122,11 @@ pub struct RunArgs {
     /// auto (whole up to 4M parameters, else 1024) [default: auto, or DDP_VERIFY_SAMPLE].
     #[arg(long, value_name = "N|full|auto", value_parser = sample)]
     pub sample: Option<String>,
+    /// `-- torchrun --nnodes N ...` only: this machine's node. Node 0 runs the DDP leg's share
+    /// and the other legs, and judges; any other runs its share of the DDP leg and exits
+    /// [default: the command's --node-rank, else SLURM_NODEID].
+    #[arg(long, value_name = "N")]
+    pub node_rank: Option<usize>,
     /// Your training command, after `--` (`-- python train.py ARGS`): run as the accumulation
     /// leg (one process) and the DDP leg (torchrun, --gpus ranks), recorded with no edit and
     /// compared. In ARGS {acc_steps} is K, {local_acc_steps} this leg's micro-batches per step

@@ -17,7 +17,7 @@ pub fn quote(log: &str) -> String {
                 .filter_map(|l| l.strip_prefix(prefix.as_str()))
                 .map(|l| l.strip_prefix(' ').unwrap_or(l))
                 .collect();
-            last_exception(&mine).map(|e| format!("rank {r} raised {e}"))
+            last_exception(&mine).map(|e| format!("rank {r} raised {e}")).or_else(|| root_cause_end(log, r))
         }
         None => None,
     };
@@ -25,8 +25,8 @@ pub fn quote(log: &str) -> String {
         let plain: Vec<&str> = log.lines().filter(|l| !l.starts_with("[rank")).collect();
         last_exception(&plain).filter(|e| !e.contains("ChildFailedError"))
     });
-    let line = found
-        .unwrap_or_else(|| log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output").trim().to_string());
+    let rule = |l: &str| l.trim().chars().all(|c| c == '=' || c == '-');
+    let line = found.unwrap_or_else(|| log.lines().rev().find(|l| !rule(l)).unwrap_or("no output").trim().to_string());
     cut(&line)
 }
 
@@ -35,6 +35,19 @@ fn root_cause_rank(log: &str) -> Option<usize> {
     let after = log.split("Root Cause (first observed failure)").nth(1)?;
     let line = after.lines().find(|l| l.trim_start().starts_with("rank "))?;
     line.split(':').nth(1)?.split_whitespace().next()?.parse().ok()
+}
+
+/// How the root cause's rank ended where it raised nothing (killed by a signal): torchrun's
+/// own words for it, else its exit code.
+fn root_cause_end(log: &str, rank: usize) -> Option<String> {
+    let after = log.split("Root Cause (first observed failure)").nth(1)?;
+    let field = |name: &str| {
+        after.lines().find_map(|l| Some(l.trim_start().strip_prefix(name)?.trim_start().strip_prefix(':')?.trim()))
+    };
+    match field("traceback").filter(|t| !t.starts_with("To enable traceback")) {
+        Some(t) => Some(format!("rank {rank}: {t}")),
+        None => field("exitcode").map(|c| format!("rank {rank} exited with code {c}")),
+    }
 }
 
 /// The exception line of the last traceback in `lines`: the first unindented line after its
@@ -94,10 +107,21 @@ Root Cause (first observed failure):
     }
 
     #[test]
+    fn a_rank_killed_by_a_signal_is_named_with_torchruns_words() {
+        let silent: Vec<&str> = TORCHRUN.lines().filter(|l| !l.starts_with("[rank1]")).collect();
+        let silent = silent.join("\n");
+        assert_eq!(quote(&silent), "rank 1 exited with code 1 (pid: 14585)");
+        let signal = "  exitcode  : -9 (pid: 14585)\n  traceback : Signal 9 (SIGKILL) received by PID 14585";
+        let killed = silent.replace("  exitcode  : 1 (pid: 14585) ", signal);
+        assert_eq!(quote(&killed), "rank 1: Signal 9 (SIGKILL) received by PID 14585");
+    }
+
+    #[test]
     fn a_plain_process_gives_its_last_exception_and_anything_else_its_last_line() {
         let plain = "step 0\nTraceback (most recent call last):\n  File \"t.py\", line 3\nValueError: no data\n";
         assert_eq!(quote(plain), "ValueError: no data");
         assert_eq!(quote("Killed\n\n"), "Killed");
+        assert_eq!(quote("boom\n=====\n"), "boom");
         assert_eq!(quote(""), "no output");
         assert!(quote(&format!("E: {}", "x".repeat(1000))).ends_with("x..."));
     }

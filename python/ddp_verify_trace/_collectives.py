@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 # How long `settle` waits for a worker to let go (a backend that keeps its tensors longer
 # is not gloo's worker, and no reason to hold up the close).
-_PATIENCE_S = 0.5
+_PATIENCE_S = 0.2
 # (the tensor, weakly; its use count before the collective)
 _held: list[tuple[weakref.ref[torch.Tensor], int]] = []
 

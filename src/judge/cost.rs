@@ -56,7 +56,7 @@ impl LegCost {
             engine: t.header.engine.map(Engine::name),
             micro_batches: micro.map(|m| m as usize),
             // One process reduces nothing, whatever its DDP wrapper recorded.
-            reduced: reduced.filter(|_| t.header.world_size.unwrap_or(1) > 1).map(|r| r as usize),
+            reduced: reduced.filter(|_| !one_process(t)).map(|r| r as usize),
             collectives: median(comm.iter().map(|c| c.0 as f64).collect()),
             megabytes: median(comm.iter().map(|c| c.1 as f64 / 1e6).collect()),
             seconds: median(f.seconds.iter().flatten().copied().collect()),
@@ -81,6 +81,11 @@ impl LegCost {
         let by = self.engine.map(|e| format!(" ({e})")).unwrap_or_default();
         format!("{}{by}: {} per optimizer step", self.label, parts.join(", "))
     }
+}
+
+/// A run of one process: its world size says so, else its kind (not DDP's).
+fn one_process(t: &Trace) -> bool {
+    t.header.world_size.map_or(t.header.run != Some(crate::evidence::RunKind::Ddp), |w| w <= 1)
 }
 
 /// Both runs' costs, where recorded.
@@ -120,4 +125,29 @@ pub fn needless_sync(costs: &[LegCost]) -> Option<Diagnosis> {
             leg.label
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::{RunKind, TraceHeader};
+
+    fn leg(run: RunKind, world_size: Option<usize>) -> Trace {
+        let mut t =
+            Trace { header: TraceHeader { run: Some(run), world_size, ..TraceHeader::default() }, ..Trace::default() };
+        t.facts.ddp_sync = vec![vec![true; 4]; 2];
+        t.facts.seconds = vec![Some(0.5); 2];
+        t
+    }
+
+    /// A DDP wrapper at world 1 records each backward's flag, and nothing was reduced.
+    #[test]
+    fn one_process_reduces_nothing_whatever_its_wrapper_recorded() {
+        let one = LegCost::of("accumulation", &leg(RunKind::Accumulation, Some(1))).unwrap();
+        assert_eq!((one.micro_batches, one.reduced), (Some(4), None));
+        assert!(one.words().starts_with("accumulation: 4 micro-batches, "), "{}", one.words());
+        let ddp = LegCost::of("ddp", &leg(RunKind::Ddp, Some(2))).unwrap();
+        assert_eq!(ddp.reduced, Some(4));
+        assert_eq!(LegCost::of("ddp", &leg(RunKind::Ddp, None)).unwrap().reduced, Some(4));
+    }
 }

@@ -39,8 +39,13 @@ def all_gather(out: list[torch.Tensor], t: torch.Tensor, group: Any = None) -> N
 
 
 def _note(tensors: list[torch.Tensor]) -> list[tuple[weakref.ref[torch.Tensor], int]]:
-    _held[:] = [h for h in _held if _still_held(h)]
-    return [(weakref.ref(t), t._use_count()) for t in tensors]
+    """Never raises: a torch without `Tensor._use_count` is not waited for (the collective
+    itself goes on as it would)."""
+    try:
+        _held[:] = [h for h in _held if _still_held(h)]
+        return [(weakref.ref(t), t._use_count()) for t in tensors]
+    except Exception:  # noqa: BLE001 - nothing noted; the close does not wait
+        return []
 
 
 def _still_held(h: tuple[weakref.ref[torch.Tensor], int]) -> bool:

@@ -242,15 +242,7 @@ fn compare_tensor(
         (Some(_), _) | (_, Some(_)) => Precision::F32,
         _ => Precision::Int,
     };
-    let mut d = TensorDiff {
-        name: name.into(),
-        max_abs: 0.0,
-        max_rel: 0.0,
-        max_ulps: 0,
-        worst_fraction: 0.0,
-        verdict: Agreement::Exact,
-        problem: None,
-    };
+    let mut d = TensorDiff::exact(name);
     // Fast path: bit-identical and finite values cost one pass and keep nothing.
     let (differs, mx, my) = survey(x, y);
     if !differs && whole.is_none_or(|w| w.left == w.right) {

@@ -174,6 +174,21 @@ pub struct TensorDiff {
     pub problem: Option<Problem>,
 }
 
+impl TensorDiff {
+    /// `name` with nothing apart yet: what a comparison starts from.
+    pub fn exact(name: impl Into<String>) -> Self {
+        TensorDiff {
+            name: name.into(),
+            max_abs: 0.0,
+            max_rel: 0.0,
+            max_ulps: 0,
+            worst_fraction: 0.0,
+            verdict: Agreement::Exact,
+            problem: None,
+        }
+    }
+}
+
 /// All tensors of one optimizer step's gradients, or of the final weights.
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupDiff {

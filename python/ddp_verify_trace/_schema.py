@@ -45,6 +45,12 @@ HEADER = {
     "boundary_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
+    "sampler_dataset": ("count", None, False),
+    "sampler_padded": ("count", None, False),
+    "sampler_repeated": ("text", None, False),
+    "sampler_dropped": ("count", None, False),
+    "loader_dropped": ("count", None, False),
+    "short_batches": ("count", None, False),
     "warnings": ("text", None, False),
     "betas": ("numbers", None, False),
     "eps": ("number", None, False),
@@ -94,6 +100,12 @@ class Key:
     BOUNDARY_BY = "boundary_by"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
+    SAMPLER_DATASET = "sampler_dataset"
+    SAMPLER_PADDED = "sampler_padded"
+    SAMPLER_REPEATED = "sampler_repeated"
+    SAMPLER_DROPPED = "sampler_dropped"
+    LOADER_DROPPED = "loader_dropped"
+    SHORT_BATCHES = "short_batches"
     WARNINGS = "warnings"
     BETAS = "betas"
     EPS = "eps"

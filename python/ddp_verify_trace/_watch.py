@@ -30,7 +30,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _stages
+from . import _deal, _stages
 from .engines.base import Patches
 
 
@@ -79,6 +79,13 @@ class Watch:
         self.zeroed_in_window = 0  # zero_grad calls after a backward of the step, before it
         self.zeroed_by: str | None = None
         self.boundary_by: str | None = None  # who marked an engine's accumulation boundary by hand
+        # How samplers and loaders dealt the data (`_deal`), by header key, this rank's.
+        self.deal: dict[str, Any] = {}
+
+    def dealt(self, facts: dict[str, Any]) -> None:
+        """How the data was dealt (the first epoch's, per key): see `_deal`."""
+        for k, v in facts.items():
+            self.deal.setdefault(k, v)
 
     def zeroed(self, who: str) -> None:
         self.zeroed_in_window += 1
@@ -192,6 +199,12 @@ def open_watch() -> Watch:
     return watch
 
 
+def dealt(facts: dict[str, Any]) -> None:
+    """Noted by the open watches, if any; patches nothing (our own sampler calls it)."""
+    for watch in _OPEN:
+        watch.dealt(facts)
+
+
 def epoch_started(epoch: Any) -> None:
     """An epoch set by a sampler torch does not know (AccumulationBatchSampler): noted by
     the open watches, if any; patches nothing."""
@@ -221,7 +234,7 @@ def _unpatch() -> None:
 def _patch_all() -> None:
     from torch.amp import GradScaler
     from torch.optim.optimizer import register_optimizer_step_post_hook
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import BatchSampler, DistributedSampler
 
     clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
 
@@ -242,6 +255,34 @@ def _patch_all() -> None:
         epoch_started(epoch)
 
     _patch(DistributedSampler, "set_epoch", distributed_set_epoch)
+
+    # How each epoch's samples are dealt: DistributedSampler's padding or dropping, a
+    # loader's short or dropped last batch. Noted, never changed; a fact that cannot be
+    # read is left out.
+    sampler_iter = DistributedSampler.__iter__
+
+    def distributed_iter(self: DistributedSampler) -> Any:
+        out = sampler_iter(self)
+        if _OPEN:
+            try:
+                dealt(_deal.sampler(self))
+            except Exception:
+                pass
+        return out
+
+    _patch(DistributedSampler, "__iter__", distributed_iter)
+
+    batch_iter = BatchSampler.__iter__
+
+    def batches(self: BatchSampler) -> Any:
+        if _OPEN:
+            try:
+                dealt(_deal.loader(len(self.sampler), self.batch_size, self.drop_last))  # type: ignore[arg-type]
+            except Exception:
+                pass
+        return batch_iter(self)
+
+    _patch(BatchSampler, "__iter__", batches)
 
     # torch.cuda.amp.GradScaler inherits this step.
     scaler_step = GradScaler.step

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _progress, _schema, _stages, _watch, engines
+from . import _collectives, _deal, _progress, _schema, _stages, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
@@ -538,6 +538,8 @@ class Recorder:
             **self._meta,
         }
         for key, value in self.engine.closing_facts(self._world).items():
+            meta.setdefault(key, value)
+        for key, value in _deal.header(self._watch.deal, self._world).items():
             meta.setdefault(key, value)
         warnings = self._warnings + self.engine.warnings()
         if warnings:

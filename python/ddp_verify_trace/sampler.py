@@ -9,11 +9,12 @@ of `ddp-verify split`; a test holds the two identical.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 from torch.utils.data import DistributedSampler
 
-from . import _watch
+from . import _deal, _watch
 
 
 class _Sized:
@@ -63,6 +64,13 @@ class AccumulationBatchSampler:
     ) -> None:
         if world < 1 or batch_size < 1:
             raise ValueError("AccumulationBatchSampler: world and batch_size must be at least 1")
+        # The big batch's leg of `ddp-verify -- COMMAND` gives the script K·B: one batch per
+        # step must be the union of that step's K micro-batches of B, so they are dealt at
+        # B and merged K at a time.
+        self.merge = 1
+        k = int(os.environ.get("DDP_VERIFY_ACC_STEPS", "1") or 1)
+        if os.environ.get("DDP_VERIFY_LEG") == "big-batch" and k > 1 and batch_size % k == 0:
+            self.merge, batch_size = k, batch_size // k
         self.size, self.world, self.batch_size = size, world, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
@@ -75,12 +83,17 @@ class AccumulationBatchSampler:
         _watch.epoch_started(epoch)
 
     def _order(self) -> list[list[int]]:
-        return accumulation_order(
+        order = accumulation_order(
             self.size, self.world, self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, drop_last=self.drop_last
         )
+        if self.merge == 1:
+            return order
+        return [[i for b in order[j : j + self.merge] for i in b] for j in range(0, len(order), self.merge)]
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._order())
+        order = self._order()
+        _watch.dealt(_deal.batches(order, self.batch_size * self.merge))
+        return iter(order)
 
     def __len__(self) -> int:
         return len(self._order())

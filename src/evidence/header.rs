@@ -164,6 +164,18 @@ header! {
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional
             "the micro-batches per step a framework's optimizer wrapper was told to accumulate";
+        sampler_dataset: usize = SAMPLER_DATASET "sampler_dataset" optional
+            "samples in the data set a DistributedSampler dealt";
+        sampler_padded: usize = SAMPLER_PADDED "sampler_padded" optional
+            "samples DistributedSampler repeated each epoch so that its W shards are equal (drop_last=False)";
+        sampler_repeated: String = SAMPLER_REPEATED "sampler_repeated" optional
+            "the data set indices the first epoch's padding repeated, comma-separated (at most 16)";
+        sampler_dropped: usize = SAMPLER_DROPPED "sampler_dropped" optional
+            "samples DistributedSampler left out each epoch so that its W shards are equal (drop_last=True)";
+        loader_dropped: usize = LOADER_DROPPED "loader_dropped" optional
+            "samples per epoch the loaders' drop_last left out of their last batch, over all ranks";
+        short_batches: usize = SHORT_BATCHES "short_batches" optional
+            "micro-batches per epoch shorter than the loader's batch size, over all ranks";
         warnings: String = WARNINGS "warnings" optional
             "what the recorder could not record (training went on), one per line";
         optimizer.betas: Vec<f64> = BETAS "betas" setting "Adam's coefficients of its running averages";

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use super::{
     adamw_finals, caution, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement, BigBatch,
-    Comparer, Comparison, Context, Outcome, SampledPair, Subject, TracePair,
+    Comparer, Comparison, Context, Diagnosis, Outcome, Reason, SampledPair, Subject, TracePair,
 };
 use crate::evidence::{BigLeg, Golden, Legs, Params, Trace, Unrepeatable};
 use crate::spec::{CompareOptions, Config, Dtype, Tolerance, ToleranceOverrides};
@@ -62,7 +62,9 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
             let comparison = cmp.finish(acc_end.as_ref().unwrap_or(&acc), big_end.as_ref().unwrap_or(&trace), counted);
             let runs_agree = runs.verdict != Agreement::Diverged;
             let diagnosis = diagnose_big_batch(&acc, &trace, &comparison, &context, runs_agree);
-            Some(BigBatch { trace, comparison, diagnosis })
+            let shorts = acc.header.short_batches.unwrap_or(0);
+            let decisive = !(shorts > 0 && runs_agree && comparison.verdict == Agreement::Diverged);
+            Some(BigBatch { trace, comparison, diagnosis, decisive, shorts })
         }
         _ => None,
     };
@@ -70,7 +72,9 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
     let costs = costs([&runs.left, &runs.right], &accumulation, &ddp);
     let caution = match diagnosis {
         Some(_) => None,
-        None => caution(&accumulation, &ddp, &runs, &context).or_else(|| needless_sync(&costs)),
+        None => caution(&accumulation, &ddp, &runs, &context)
+            .or_else(|| big_batch.as_ref().and_then(short_batches))
+            .or_else(|| needless_sync(&costs)),
     };
     Outcome {
         subject,
@@ -85,6 +89,24 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         caution,
         costs,
     }
+}
+
+/// A big batch that parts from accumulation where DDP does not, in a run whose one process
+/// averaged short micro-batches alone (N off a multiple of W·B): each short batch's samples
+/// weigh more than in one big batch, by construction of the per-micro-batch mean. Said
+/// beside the verdict, which it does not decide: DDP and accumulation agree.
+fn short_batches(b: &BigBatch) -> Option<Diagnosis> {
+    (!b.decisive).then(|| Diagnosis {
+        reason: Reason::UnevenData,
+        detail: format!(
+            "the big batch parts from accumulation, which DDP agrees with: the one-process run averaged {} short \
+             micro-batch(es) per epoch alone (N off a multiple of W·B), and a short batch's mean weighs each of its \
+             samples more than one big batch does. Not counted in the verdict; to make the big batch agree too, \
+             make N a multiple of W·B or divide the summed loss by the step's sample count",
+            b.shorts
+        ),
+        located: None,
+    })
 }
 
 /// Each run against the golden's trace of the same run (their ends: the steps were

@@ -92,12 +92,19 @@ pub struct BigBatch {
     pub trace: Trace,
     pub comparison: Comparison,
     pub diagnosis: Option<Diagnosis>,
+    /// Whether its comparison counts in the verdict: not where it parts only because the
+    /// one process averaged short micro-batches alone, and DDP agrees (then a caution).
+    pub decisive: bool,
+    /// The short micro-batches per epoch the one process recorded.
+    pub shorts: usize,
 }
 
 impl Outcome {
     /// How the runs agree, over every comparison made.
     pub fn agreement(&self) -> Agreement {
-        self.comparisons().iter().map(|c| c.verdict).fold(Agreement::Exact, Agreement::max)
+        let undecided = self.big_batch.as_ref().filter(|b| !b.decisive).map(|b| &b.comparison);
+        let counted = self.comparisons().into_iter().filter(|c| !undecided.is_some_and(|u| std::ptr::eq(*c, u)));
+        counted.map(|c| c.verdict).fold(Agreement::Exact, Agreement::max)
     }
 
     /// Equivalent, not, or no verdict: what reports say and the process exits with.

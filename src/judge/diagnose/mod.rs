@@ -64,10 +64,11 @@ pub enum Reason {
     EngineBoundary,
     NeedlessSync,
     ZeroedInWindow,
+    UnevenData,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::Chaos,
         Reason::StepCount,
         Reason::RanksDiffer,
@@ -96,6 +97,7 @@ impl Reason {
         Reason::EngineBoundary,
         Reason::NeedlessSync,
         Reason::ZeroedInWindow,
+        Reason::UnevenData,
     ];
 
     /// Short and stable: reports' `diagnosis.reason`, explore's counts by reason.
@@ -129,6 +131,7 @@ impl Reason {
             Reason::EngineBoundary => "engine accumulation boundary",
             Reason::NeedlessSync => "needless synchronisation",
             Reason::ZeroedInWindow => "gradients zeroed in the window",
+            Reason::UnevenData => "data dealt unevenly",
         }
     }
 }
@@ -169,7 +172,7 @@ impl Reason {
         use Reason as R;
         Some(match self {
             R::Chaos | R::ExplicitTolerance | R::NonFinite | R::NeedlessSync => return None,
-            R::DifferentSamples | R::EpochDependentSampling => Stage::Samples,
+            R::DifferentSamples | R::EpochDependentSampling | R::UnevenData => Stage::Samples,
             R::TokenCountPerRank | R::TokenCount | R::PerMicroBatchMean | R::DropoutMasks => Stage::Loss,
             R::LossScaling | R::UniformFactor | R::ShortWindowScaling | R::LossScaler | R::HiddenFactor => {
                 Stage::Scaling
@@ -193,6 +196,7 @@ pub struct Rule {
 /// of the first differing step.
 pub const RULES: &[Rule] = &[
     Rule { name: "one process", test: sync::one_process },
+    Rule { name: "data dealt unevenly", test: samples::uneven_data },
     Rule { name: "unreduced micro-batches", test: sync::unreduced_tail },
     Rule { name: "framework step gating", test: stages::cadence },
     Rule { name: "step count", test: steps::step_count },

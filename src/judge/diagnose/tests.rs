@@ -243,6 +243,30 @@ mod samples {
         assert!(d.detail.contains("agree through epoch 0 and first differ in epoch 1 (step 2)"), "{d:?}");
     }
 
+    /// Recorded deals outrank the step count and the gradients' shape: padding, a sampler's
+    /// dropping and short batches are each named, with the leg that did more.
+    #[test]
+    fn data_dealt_unevenly_is_named_from_the_recorded_deal() {
+        let other: &[f32] = &[0.3, 1.0, -0.7, 0.2];
+        let mut padded = ddp(trace(&[G, other], F), 2);
+        padded.header.sampler_padded = Some(1);
+        padded.header.sampler_dataset = Some(11);
+        padded.header.sampler_repeated = Some("0".into());
+        let d = recorded(&trace(&[G], F), &padded);
+        assert_eq!(d.reason, Reason::UnevenData);
+        assert_eq!(d.where_().as_deref(), Some("the samples stage, owned by your script"));
+        assert!(d.detail.starts_with("ddp's DistributedSampler padded the data set of N=11 with 1 repeated"), "{d:?}");
+        assert!(d.detail.contains("(data set indices 0)"), "{d:?}");
+        let mut short = ddp(trace(&[other], F), 2);
+        short.header.short_batches = Some(2);
+        let d = recorded(&trace(&[G], F), &short);
+        assert!(d.detail.starts_with("accumulation ends each epoch with 0 micro-batch(es) shorter"), "{d:?}");
+        // Alike in both legs: not the cause.
+        let mut acc = trace(&[G], F);
+        acc.header.short_batches = Some(2);
+        assert_eq!(recorded(&acc, &short).reason, Reason::DifferentSamples);
+    }
+
     #[test]
     fn otherwise_the_samples_differ() {
         let other: &[f32] = &[0.3, 1.0, -0.7, 0.2];

@@ -1,5 +1,5 @@
 //! Parsed flags → the command that runs them, for the commands that need no libtorch
-//! (`compare`, `split`, `-- COMMAND`): `ddp-verify-core` and the wheel's `ddp-verify` both
+//! (`compare`, `split`, `-- COMMAND`, `explore -- COMMAND`): `ddp-verify-core` and the wheel's `ddp-verify` both
 //! run them from here, so a user's trace is judged by one code path whichever is installed.
 
 use ddp_verify_cli::{Cli, Command};
@@ -26,6 +26,12 @@ pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
             lower::split(args).and_then(|(train, epoch)| jobs::split(&train, epoch, args.json))
         }
         Some(Command::Compare(args)) => lower::compare(args).and_then(|o| jobs::compare::command(&o)),
+        Some(Command::Explore(args)) if !args.script.is_empty() => {
+            lower::explore_script(args).and_then(|o| match validate_only() {
+                true => Ok(Exit::Equivalent),
+                false => jobs::explore_script::command(&o),
+            })
+        }
         None if !cli.run.script.is_empty() => lower::script(&cli.run).and_then(|o| match validate_only() {
             true => Ok(Exit::Equivalent),
             false => jobs::script::command(&o),

@@ -13,6 +13,7 @@
 //! | deepspeed | DeepSpeed ZeRO 1, 2, 3 scripts unmodified, and Trainer with a DeepSpeed config |
 //! | devices | --device and `ddp-verify devices` |
 //! | explore | random configurations, shrunk failures, planted bugs |
+//! | explore_script | a user's script explored: found, shrunk, named, replayed; no false alarm |
 //! | faults | ranks that fail, hang or are signalled |
 //! | goldens | every golden case against PyTorch's own traces |
 //! | hosts | several hosts in network namespaces |
@@ -64,6 +65,8 @@ mod deepspeed;
 mod devices;
 #[path = "it/explore.rs"]
 mod explore;
+#[path = "it/explore_script.rs"]
+mod explore_script;
 #[path = "it/faults.rs"]
 mod faults;
 #[path = "it/goldens.rs"]

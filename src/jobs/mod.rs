@@ -7,6 +7,7 @@ pub mod compare;
 mod devices;
 #[cfg(feature = "libtorch")]
 pub mod explore;
+pub mod explore_script;
 mod failure;
 pub mod launcher;
 #[cfg(feature = "libtorch")]
@@ -15,6 +16,7 @@ mod pool;
 mod preflight;
 mod progress;
 pub mod script;
+mod shrink;
 #[cfg(feature = "libtorch")]
 pub mod suite;
 #[cfg(feature = "libtorch")]

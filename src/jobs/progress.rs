@@ -18,12 +18,14 @@ pub struct LegProgress {
     tty: bool,
     /// The line on the terminal now, if any.
     drawn: Option<String>,
+    /// Nothing printed (explore prints a line per case instead).
+    quiet: bool,
 }
 
 impl LegProgress {
-    pub fn new(leg: &'static str, file: PathBuf, of: Option<usize>) -> Self {
+    pub fn new(leg: &'static str, file: PathBuf, of: Option<usize>, quiet: bool) -> Self {
         let _ = std::fs::remove_file(&file);
-        LegProgress { leg, file, of, tty: std::io::stderr().is_terminal(), drawn: None }
+        LegProgress { leg, file, of, tty: !quiet && std::io::stderr().is_terminal(), drawn: None, quiet }
     }
 
     /// Optimizer steps recorded so far, where the recorder said.
@@ -47,6 +49,9 @@ impl LegProgress {
     pub fn done(&mut self, elapsed: Duration) -> Option<usize> {
         self.clear();
         let steps = self.steps();
+        if self.quiet {
+            return steps;
+        }
         let made = steps.map_or(String::new(), |n| format!("{n} optimizer steps in "));
         eprintln!("ddp-verify: the {} leg: {made}{:.1} s", self.leg, elapsed.as_secs_f64());
         steps

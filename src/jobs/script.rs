@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::error::{Error, Exit, Result};
+use crate::judge::Outcome;
 use crate::spec::ScriptOptions;
 
 /// One leg: its name (the trace's `leg` header), processes, micro-batches per process, and
@@ -23,8 +24,22 @@ struct Leg {
 pub const BIG_BATCH_FILE: &str = "big-batch.safetensors";
 
 pub fn command(o: &ScriptOptions) -> Result<Exit> {
-    let python = &o.launcher.python;
-    let autoload = autoload_dir(python)?;
+    match run(o)? {
+        Some(outcome) => {
+            crate::report::write_all(&outcome, &o.compare.reports)?;
+            Ok(outcome.exit())
+        }
+        None => Ok(Exit::Equivalent),
+    }
+}
+
+/// Runs the legs and judges them; None on a node other than 0 (node 0 judges).
+pub fn run(o: &ScriptOptions) -> Result<Option<Outcome>> {
+    run_with(o, &autoload_dir(&o.launcher.python)?)
+}
+
+/// As [`run`], with the recorder's start-up folder already found (explore finds it once).
+pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
     std::fs::create_dir_all(&o.out).map_err(|e| Error::io(format!("creating {}", o.out.display()), e))?;
     let b = o.batch_size;
     let mut legs = vec![
@@ -37,7 +52,7 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
     // A script that takes its batch size from {batch} can also run as one big batch of each
     // step's K·B samples: the third trace, where a per-micro-batch mean shows.
     let mut compare = o.compare.clone();
-    if o.launcher.script.iter().any(|a| a.contains("{batch}")) {
+    if big_batch_reaches(&o.launcher.script) {
         let big = o.out.join(BIG_BATCH_FILE);
         legs.push((
             Leg { name: "big-batch", world: 1, local_acc_steps: 1, batch: b.saturating_mul(o.acc_steps) },
@@ -49,8 +64,8 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
         if o.node_rank > 0 {
             // This node's share of the DDP leg is all it runs; node 0 judges.
             let (leg, trace) = &legs[1];
-            run_leg(o, leg, &autoload, trace, None)?;
-            return Ok(Exit::Equivalent);
+            run_leg(o, leg, autoload, trace, None)?;
+            return Ok(None);
         }
         // The nodes meet in the DDP leg first: the others wait in its rendezvous, not
         // behind this node's other legs.
@@ -58,16 +73,26 @@ pub fn command(o: &ScriptOptions) -> Result<Exit> {
     }
     let mut steps = None;
     for (leg, trace) in &legs {
-        let made = run_leg(o, leg, &autoload, trace, steps)?;
+        let made = run_leg(o, leg, autoload, trace, steps)?;
         steps = steps.or(made);
     }
-    eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
-    super::compare::command(&compare)
+    if !o.quiet {
+        eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
+    }
+    super::compare::judge_traces(&compare).map(Some)
+}
+
+/// Whether the command can be told to run one big batch per step: it takes {batch}, and K
+/// only as {local_acc_steps} (1 in that leg). A script given {acc_steps} is told K there
+/// too, and would accumulate K big batches a step.
+fn big_batch_reaches(args: &[String]) -> bool {
+    let takes = |p: &str| args.iter().any(|a| a.contains(p));
+    takes("{batch}") && !takes("{acc_steps}")
 }
 
 /// The folder whose sitecustomize.py starts the recording, from the script's own Python:
 /// the recorder must be importable there.
-fn autoload_dir(python: &str) -> Result<PathBuf> {
+pub fn autoload_dir(python: &str) -> Result<PathBuf> {
     let code =
         "import os, ddp_verify_trace; print(os.path.join(os.path.dirname(ddp_verify_trace.__file__), 'autoload'))";
     let out = Command::new(python).args(["-c", code]).output();
@@ -83,12 +108,14 @@ fn autoload_dir(python: &str) -> Result<PathBuf> {
 /// processes (plain Python's DDP leg under torchrun).
 fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
     let fill = |a: &String| {
-        a.replace("{acc_steps}", &o.acc_steps.to_string())
+        let ours = a
+            .replace("{acc_steps}", &o.acc_steps.to_string())
             .replace("{local_acc_steps}", &leg.local_acc_steps.to_string())
             .replace("{gpus}", &o.gpus.to_string())
             .replace("{batch}", &leg.batch.to_string())
             .replace("{world}", &leg.world.to_string())
-            .replace("{leg}", leg.name)
+            .replace("{leg}", leg.name);
+        o.fills.iter().fold(ours, |a, (name, value)| a.replace(&format!("{{{name}}}"), value))
     };
     super::launcher::argv(&o.launcher, leg.world).iter().map(fill).collect()
 }
@@ -131,7 +158,7 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Opti
     let timeout = Duration::try_from_secs_f64(o.timeout).unwrap_or(Duration::MAX);
     let counted = o.out.join(format!("{mine}.progress"));
     cmd.env(super::progress::ENV, &counted);
-    let mut progress = super::progress::LegProgress::new(leg.name, counted, of);
+    let mut progress = super::progress::LegProgress::new(leg.name, counted, of, o.quiet);
     let started = std::time::Instant::now();
     let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what, &mut |t| progress.tick(t));
     progress.clear();

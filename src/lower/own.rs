@@ -238,8 +238,16 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
 
 /// `explore`'s flags. Every check happens here, before any rank starts.
 pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
-    if args.cases == 0 {
+    let cases = args.cases.unwrap_or(defaults::EXPLORE_CASES);
+    if cases == 0 {
         return Err(Error::bad_flag("--cases", "must be at least 1", "pass e.g. --cases 100"));
+    }
+    if let Some(flag) = super::script_only_explore_flag(args) {
+        return Err(Error::bad_flag(
+            flag,
+            "is for exploring your own command",
+            "give your training command after -- (explore ... -- python train.py ARGS), or drop it",
+        ));
     }
     if args.max_gpus == 0 {
         return Err(Error::bad_flag("--max-gpus", "must be at least 1", "pass e.g. --max-gpus 3"));
@@ -290,7 +298,7 @@ pub fn explore(args: &ExploreArgs) -> Result<ExploreOptions> {
     }
     Ok(ExploreOptions {
         models,
-        cases: args.cases,
+        cases,
         max_gpus: args.max_gpus,
         seed,
         bugs,

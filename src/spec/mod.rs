@@ -34,7 +34,7 @@ pub use kernels::{KernelFacts, Machine, Platform};
 pub use launcher::{Launcher, LauncherKind};
 pub use model::{LinearConfig, LmConfig, ModelConfig, ResnetConfig};
 pub use optim::OptimConfig;
-pub use options::{CompareOptions, ExploreOptions, ScriptOptions, Suite, SuiteCase};
+pub use options::{Axis, CompareOptions, ExploreOptions, ScriptExplore, ScriptOptions, Suite, SuiteCase, Takes};
 pub use precision::{AmpConfig, Precision, OVERFLOW_FACTOR};
 pub use report::ReportTarget;
 pub use run::RunShape;

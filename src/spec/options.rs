@@ -63,6 +63,7 @@ impl Suite {
 }
 
 /// `ddp-verify --acc-steps K --gpus W -- python train.py ARGS`: a user's script as both legs.
+#[derive(Clone)]
 pub struct ScriptOptions {
     /// The command after `--`, read into its launcher, options and script.
     pub launcher: super::Launcher,
@@ -80,4 +81,42 @@ pub struct ScriptOptions {
     pub compare: CompareOptions,
     /// This machine's node where the DDP leg spans several (`launcher.nodes`); 0 on one.
     pub node_rank: usize,
+    /// More placeholders and their values (`explore`'s {data_size}, {seed}, --axis), by
+    /// name without braces.
+    pub fills: Vec<(String, String)>,
+    /// No progress lines (explore prints one per case).
+    pub quiet: bool,
+}
+
+/// `explore -- COMMAND`: configurations drawn for a user's script, each run as
+/// `ddp-verify -- COMMAND` runs it.
+pub struct ScriptExplore {
+    /// What every case shares (its K, W, B, output folder and fills are each case's).
+    pub script: ScriptOptions,
+    /// The command as given, placeholders and all: what a regression is kept under.
+    pub command: Vec<String>,
+    pub cases: usize,
+    pub seed: u64,
+    pub max_gpus: usize,
+    pub max_time: Option<f64>,
+    /// The placeholders the command takes: only those are drawn.
+    pub takes: Takes,
+    pub axes: Vec<Axis>,
+    pub regressions: PathBuf,
+    pub json: bool,
+}
+
+/// Which of the drawn placeholders a command takes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Takes {
+    pub batch: bool,
+    pub data_size: bool,
+    pub seed: bool,
+}
+
+/// `--axis NAME=V1,V2,...`: a user's own placeholder and its values, the first the simplest.
+#[derive(Clone, Debug)]
+pub struct Axis {
+    pub name: String,
+    pub values: Vec<String>,
 }

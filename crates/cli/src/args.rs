@@ -278,9 +278,10 @@ pub struct ToleranceArgs {
 
 #[derive(Args)]
 pub struct ExploreArgs {
-    /// Random configurations per pass (one pass per injected bug).
-    #[arg(long, default_value_t = d::EXPLORE_CASES)]
-    pub cases: usize,
+    /// Random configurations per pass (one pass per injected bug) [default: 100; 20 for a
+    /// COMMAND after --].
+    #[arg(long)]
+    pub cases: Option<usize>,
     /// Largest W drawn; that many ranks are started once and reused.
     #[arg(long, default_value_t = d::EXPLORE_MAX_GPUS)]
     pub max_gpus: usize,
@@ -304,6 +305,22 @@ pub struct ExploreArgs {
     /// Print the summary as JSON (every tally, per bug) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// `-- COMMAND` only: stop drawing (and shrinking) after this many seconds; the cases
+    /// run so far are reported.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub max_time: Option<f64>,
+    /// `-- COMMAND` only: a placeholder of your own, {NAME} in the command, drawn from the
+    /// values given (shrunk towards the first). Repeat for more.
+    #[arg(long, value_name = "NAME=V1,V2,...")]
+    pub axis: Vec<String>,
+    /// `-- COMMAND` only: seconds each leg of a case may take before it is stopped.
+    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S, value_parser = seconds)]
+    pub timeout: f64,
+    /// Your training command, after `--`: configurations are drawn for it and each runs as
+    /// `ddp-verify -- COMMAND` does. Besides {acc_steps}, {local_acc_steps}, {gpus},
+    /// {world} and {batch}, it may take {data_size} (N, the samples it trains on) and {seed}.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub script: Vec<String>,
 }
 
 #[derive(Args)]

@@ -43,6 +43,8 @@ pub const TIMEOUT_S: f64 = 600.0;
 pub const SPLIT_EPOCH: u64 = 0;
 /// `explore --cases`.
 pub const EXPLORE_CASES: usize = 100;
+/// `explore --cases -- COMMAND`: each case runs a user's script two or three times.
+pub const EXPLORE_SCRIPT_CASES: usize = 20;
 /// `explore --max-gpus`.
 pub const EXPLORE_MAX_GPUS: usize = 3;
 /// `explore --model`.

@@ -21,6 +21,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 
 use super::pool::RankPool;
+use super::shrink::shrink;
 use crate::dist::{world as launch, Collective as _};
 use crate::error::{Error, Exit, Result};
 use crate::judge::{Agreement, Diagnosis};
@@ -255,7 +256,7 @@ fn explore_one<S: Strategy<Value = TrainConfig>>(
     }
     if let Some((mut tree, outcome)) = keep {
         if tally.example.is_none() {
-            let config = shrink(&mut tree, |c| {
+            let config = shrink(&mut tree, 512, |c| {
                 let mut c = c.clone();
                 plant(&mut c, bug);
                 Ok(classify(bug, &c, &runner.evaluate(&c)?) == outcome)
@@ -290,28 +291,4 @@ fn progress(pass: usize, bug: Option<Bug>, done: usize, total: usize, failed: us
         pass + 1
     );
     let _ = std::io::stderr().flush();
-}
-
-/// proptest's shrink loop: simplify while the property still shows, else complicate.
-fn shrink<T: ValueTree<Value = TrainConfig>>(
-    tree: &mut T,
-    mut still_shows: impl FnMut(&TrainConfig) -> Result<bool>,
-) -> Result<TrainConfig> {
-    let mut best = tree.current();
-    if !tree.simplify() {
-        return Ok(best);
-    }
-    for _ in 0..512 {
-        let c = tree.current();
-        let more = if still_shows(&c)? {
-            best = c;
-            tree.simplify()
-        } else {
-            tree.complicate()
-        };
-        if !more {
-            break;
-        }
-    }
-    Ok(best)
 }

@@ -16,7 +16,9 @@ pub fn read_regressions(path: Option<&PathBuf>) -> Result<Vec<TrainConfig>> {
         .map_err(|e| Error::bad_file(path, format!("--regressions cannot be read ({e})"), fix))?;
     let mut configs = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with('#') || line.trim().is_empty() {
+        // A user's command's line (`explore -- COMMAND`) shares the file.
+        let theirs = crate::jobs::explore_script::is_script_line(line);
+        if line.trim_start().starts_with('#') || line.trim().is_empty() || theirs {
             continue;
         }
         let cfg: TrainConfig = serde_json::from_str(line).map_err(|e| {

@@ -1,0 +1,77 @@
+//! `explore -- COMMAND` on a user's script: a loop that parts only where N is off a multiple
+//! of W·B is found and shrunk, its cause named at the samples stage, kept and replayed; the
+//! same loop dealing the one process as DistributedSampler does is never a false alarm.
+
+use crate::util::{ddp_verify, flags, repo, stderr, stdout};
+
+/// `explore --json --max-gpus 2` over examples/uneven with `extra` arguments to the script.
+fn explore(seed: u64, cases: usize, regressions: &std::path::Path, extra: &str) -> (Option<i32>, serde_json::Value) {
+    let python = repo(".venv/bin/python").display().to_string();
+    let script = repo("examples/uneven/train.py").display().to_string();
+    let reg = regressions.display().to_string();
+    let head = format!("explore --json --max-gpus 2 --cases {cases} --seed {seed} --regressions");
+    let mut args = flags(&head);
+    args.extend([reg.as_str(), "--", python.as_str(), script.as_str()]);
+    args.extend(flags("--samples {data_size} --batch {batch} --grad-accum {local_acc_steps}"));
+    args.extend(flags(extra));
+    let out = ddp_verify(&args);
+    let json = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&out), stderr(&out)));
+    (out.status.code(), json)
+}
+
+#[test]
+fn a_loop_that_parts_at_uneven_n_is_found_shrunk_named_and_replayed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reg = tmp.path().join("regressions.txt");
+    let (code, found) = explore(1, 4, &reg, "");
+    assert_eq!(code, Some(1), "{found:#}");
+    let smallest = &found["smallest"];
+    let draw = &smallest["draw"];
+    let (w, b, n) =
+        (draw["gpus"].as_u64().unwrap(), draw["batch"].as_u64().unwrap(), draw["data_size"].as_u64().unwrap());
+    assert_eq!(w, 2, "shrunk to the fewest ranks: {found:#}");
+    assert!(!n.is_multiple_of(w * b), "parts only off a multiple of W·B: {found:#}");
+    let cause = smallest["cause"].as_str().unwrap();
+    assert!(cause.starts_with("the samples stage, owned by your script"), "{cause}");
+    assert!(cause.contains("DistributedSampler") || cause.contains("shorter than the batch size"), "{cause}");
+    let rerun = found["rerun"].as_str().unwrap();
+    assert!(rerun.starts_with(&format!("ddp-verify --acc-steps {} --gpus 2", draw["acc_steps"])), "{rerun}");
+    assert!(rerun.contains(&format!("--samples {n} ")), "{rerun}");
+    // Kept, and replayed first next time: it fails before anything is drawn.
+    let kept = std::fs::read_to_string(&reg).unwrap();
+    assert_eq!(kept.lines().filter(|l| l.contains("\"command\"")).count(), 1, "{kept}");
+    let (code, again) = explore(2, 1, &reg, "");
+    assert_eq!((code, again["replayed"].as_u64(), again["drawn"].as_u64()), (Some(1), Some(1), Some(0)), "{again:#}");
+}
+
+#[test]
+fn the_same_loop_dealt_as_distributed_sampler_does_is_never_a_false_alarm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, found) = explore(1, 3, &tmp.path().join("r.txt"), "--deal accumulation");
+    assert_eq!(code, Some(0), "{found:#}");
+    let cases = found["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    assert!(cases.iter().all(|c| c["ended"] == "equivalent"), "{found:#}");
+    assert!(!tmp.path().join("r.txt").exists());
+}
+
+/// What explore cannot draw for is refused before any case runs (exit 2, one line).
+#[test]
+fn commands_explore_cannot_draw_for_are_refused() {
+    let py = repo(".venv/bin/python").display().to_string();
+    for (args, says) in [
+        ("explore -- PY t.py --batch {batch}", "neither {acc_steps} nor {local_acc_steps}"),
+        ("explore --axis lr=1,2 -- PY t.py --k {acc_steps}", "the command has no {lr}"),
+        ("explore --axis seed=1,2 -- PY t.py --k {acc_steps} {seed}", "one ddp-verify fills itself"),
+        ("explore --max-gpus 1 -- PY t.py --k {acc_steps}", "--max-gpus"),
+        ("explore --inject no-loss-scale -- PY t.py --k {acc_steps}", "--inject"),
+        ("explore --axis lr=1 --model linear --cases 1", "--axis"),
+    ] {
+        let line = args.replace("PY", &py);
+        let out = ddp_verify(&flags(&line));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{line}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{line}: {err}");
+        assert!(err.contains(says), "{line}: {err}");
+    }
+}

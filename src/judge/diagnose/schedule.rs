@@ -4,9 +4,12 @@ use super::{Diagnosis, Evidence};
 use crate::judge::{LrMismatch, Reason};
 
 /// The runs applied different learning rates at some step: their schedules ticked a
-/// different number of times.
+/// different number of times, or one schedule's length was computed otherwise (per rank).
 pub fn lr_schedule(ev: &Evidence) -> Option<Diagnosis> {
     let l = ev.c.lr?;
+    if let Some(d) = paced(ev, l.step) {
+        return Diagnosis::new(Reason::LrSchedule, d);
+    }
     Diagnosis::new(
         Reason::LrSchedule,
         format!(
@@ -21,4 +24,42 @@ pub fn lr_schedule(ev: &Evidence) -> Option<Diagnosis> {
             LrMismatch::shown(l.right)
         ),
     )
+}
+
+/// How many times farther along its schedule `b` is than `a` at step `t`: both start at one
+/// rate, and a linear schedule's (warm-up's or decay's) distance from it grows with the
+/// steps taken over the schedule's length; None where `a` has not moved yet.
+fn pace(a: &[f64], b: &[f64], t: usize) -> Option<f64> {
+    let (l0, la, lb) = (*a.first()?, *a.get(t)?, *b.get(t)?);
+    if b.first() != Some(&l0) || la == l0 {
+        return None;
+    }
+    let r = (l0 - lb) / (l0 - la);
+    (r.is_finite() && r > 0.0).then_some(r)
+}
+
+/// A schedule W times (or K times) faster in one run, in words: its length counted from one
+/// rank's share of the data, or a scheduler ticked per process or per micro-batch.
+fn paced(ev: &Evidence, t: usize) -> Option<String> {
+    let r = pace(&ev.a.facts.lrs, &ev.b.facts.lrs, t)?;
+    let w = ev.a.header.world_size.max(ev.b.header.world_size).unwrap_or(1) as f64;
+    let k = ev.a.header.acc_steps.or(ev.b.header.acc_steps).map(|k| k as f64);
+    let near = |x: f64, y: f64| (x / y - 1.0).abs() < 0.05;
+    let (fast, slow, by) = if r >= 1.0 { (ev.right(), ev.left(), r) } else { (ev.left(), ev.right(), 1.0 / r) };
+    if w > 1.0 && near(by, w) {
+        return Some(format!(
+            "{fast}'s learning-rate schedule runs {w}x as fast as {slow}'s from the same start (step {t}): its length \
+             was counted from one rank's share of the data (a rank's loader holds 1/W of the samples, so \
+             len(loader) // K gives W times fewer steps), or its scheduler ticks once per process; count the \
+             schedule's steps from the whole data set and tick once per optimizer step"
+        ));
+    }
+    if k.is_some_and(|k| k > 1.0 && near(by, k)) {
+        return Some(format!(
+            "{fast}'s learning-rate schedule runs {by:.0}x as fast as {slow}'s from the same start (step {t}): \
+             it ticks once per micro-batch (K times a step), or its length counts micro-batches; tick once per \
+             optimizer step (scheduler.step() after optimizer.step())"
+        ));
+    }
+    None
 }

@@ -194,6 +194,19 @@ mod schedule {
         let c = compare("accumulation", &a, "ddp", &b, &Tolerance::default());
         assert_eq!(diagnose(&a, &b, &c, &deep).unwrap().reason, Reason::Chaos);
     }
+
+    /// A linear decay W times as fast in one run: its length counted per rank.
+    #[test]
+    fn a_schedule_w_times_as_fast_is_its_length_counted_per_rank() {
+        let g1: Vec<f32> = G.iter().map(|v| v * 1.5).collect();
+        let (mut a, mut b) = (trace(&[G, G, G], F), ddp(trace(&[G, &g1, &g1], F), 2));
+        a.facts.lrs = vec![0.1, 0.1 * (1.0 - 1.0 / 8.0), 0.1 * (1.0 - 2.0 / 8.0)];
+        b.facts.lrs = vec![0.1, 0.1 * (1.0 - 1.0 / 4.0), 0.1 * (1.0 - 2.0 / 4.0)];
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::LrSchedule, "{d:?}");
+        assert!(d.detail.starts_with("ddp's learning-rate schedule runs 2x as fast as accumulation's"), "{d:?}");
+        assert!(d.detail.contains("one rank's share of the data"), "{d:?}");
+    }
 }
 
 mod clipping {

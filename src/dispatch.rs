@@ -26,6 +26,14 @@ pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
             lower::split(args).and_then(|(train, epoch)| jobs::split(&train, epoch, args.json))
         }
         Some(Command::Compare(args)) => lower::compare(args).and_then(|o| jobs::compare::command(&o)),
+        // A suite of a user's script's cases needs no libtorch; without it, every suite is
+        // read as one (ddp-verify's own models' cases are refused there, naming the build).
+        Some(Command::Suite(args)) if !cfg!(feature = "libtorch") || lower::is_script_suite(&args.file) => {
+            lower::script_suite(args).and_then(|o| match validate_only() {
+                true => Ok(Exit::Equivalent),
+                false => jobs::script_suite::command(&o),
+            })
+        }
         Some(Command::Explore(args)) if !args.script.is_empty() => {
             lower::explore_script(args).and_then(|o| match validate_only() {
                 true => Ok(Exit::Equivalent),

@@ -16,6 +16,7 @@ mod pool;
 mod preflight;
 mod progress;
 pub mod script;
+pub mod script_suite;
 mod shrink;
 #[cfg(feature = "libtorch")]
 pub mod suite;

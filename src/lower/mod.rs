@@ -18,8 +18,11 @@ use crate::spec::{
 
 #[cfg(feature = "libtorch")]
 mod own;
+mod suite_file;
+
 #[cfg(feature = "libtorch")]
 pub use own::{explore, kernel_mode, suite, verification};
+pub use suite_file::{is_script_suite, script_suite};
 
 /// `--report FORMAT [--report-file PATH]...`, paired by position; the table on stdout by default.
 pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {

@@ -4,9 +4,7 @@
 use std::path::Path;
 
 use ddp_verify_cli::values::Pick;
-use ddp_verify_cli::{
-    defaults, parse_case, AmpArgs, CaseValue, ExploreArgs, KernelArgs, OptimArgs, RunArgs, SuiteArgs,
-};
+use ddp_verify_cli::{defaults, parse_case, AmpArgs, ExploreArgs, KernelArgs, OptimArgs, RunArgs, SuiteArgs};
 
 use super::{check_tolerance, checked_overrides, overrides, reports, shape};
 use crate::dist::{device, world};
@@ -106,19 +104,6 @@ pub fn verification(args: &RunArgs) -> Result<Config> {
     Ok(cfg)
 }
 
-/// A case's own errors, renamed from flags to keys and pointed at the suite file.
-fn in_case(file: &Path, name: &str, e: Error) -> Error {
-    match e {
-        Error::BadFlag { flag, problem, fix } => {
-            Error::bad_file(file, format!("case '{name}', key {}: {problem}", flag.trim_start_matches("--")), fix)
-        }
-        Error::BadFile { path, problem, fix } => {
-            Error::bad_file(file, format!("case '{name}': {}: {problem}", path.display()), fix)
-        }
-        other => other,
-    }
-}
-
 /// `--kernels`, else the mode `golden`'s header records (read before libtorch makes any
 /// tensor, which fixes the kernels for the process), else portable. A golden that cannot
 /// be read here is refused later, by the run that loads it.
@@ -153,51 +138,22 @@ const SUITE_OWNS: [(&str, &str); 5] = [
 /// an invalid case stops the suite before any rank starts, naming the case and the key.
 pub fn suite(args: &SuiteArgs) -> Result<Suite> {
     let file = &args.file;
-    let fix = "see examples/suite.toml";
-    let text = std::fs::read_to_string(file).map_err(|e| match file.is_file() {
-        true => Error::bad_file(file, format!("cannot be read ({e})"), fix),
-        false => Error::bad_file(file, format!("suite file {}", crate::error::what_is(file)), fix),
-    })?;
-    let top: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-        Error::bad_file(file, format!("not valid TOML: {}", e.message().lines().next().unwrap_or_default()), fix)
-    })?;
-    if let Some(key) = top.keys().find(|k| *k != "case") {
-        return Err(Error::bad_file(file, format!("unknown top-level key '{key}'"), "list cases as [[case]] tables"));
-    }
-    let Some(toml::Value::Array(tables)) = top.get("case") else {
-        return Err(Error::bad_file(file, "no [[case]] tables", "add at least one [[case]] with a name"));
-    };
     let mut cases: Vec<SuiteCase> = Vec::new();
-    for (i, table) in tables.iter().enumerate() {
-        let Some(table) = table.as_table() else {
-            return Err(Error::bad_file(file, format!("case {} is not a table", i + 1), "write [[case]] tables"));
-        };
-        let name = match table.get("name") {
-            Some(toml::Value::String(n)) if !n.trim().is_empty() => n.clone(),
-            _ => return Err(Error::bad_file(file, format!("case {} has no name", i + 1), "add name = \"...\"")),
-        };
-        if cases.iter().any(|c| c.name == name) {
-            return Err(Error::bad_file(file, format!("two cases are named '{name}'"), "give each case its own name"));
-        }
+    for (name, table) in super::suite_file::suite_tables(file)? {
         let refuse = |key: &str, problem: String, fix: String| {
             Error::bad_file(file, format!("case '{name}', key {key}: {problem}"), fix)
         };
         let mut keys = Vec::new();
         for (key, value) in table.iter().filter(|(k, _)| *k != "name") {
+            if key == "command" || key == "fills" {
+                let problem =
+                    "belongs to a case of your own script; this suite's other cases train ddp-verify's models";
+                return Err(refuse(key, problem.into(), "put your scripts' cases in a suite file of their own".into()));
+            }
             if let Some((_, why)) = SUITE_OWNS.iter().find(|(k, _)| k == key) {
                 return Err(refuse(key, "not allowed in a suite".into(), why.to_string()));
             }
-            let value = match value {
-                toml::Value::Boolean(b) => CaseValue::Bool(*b),
-                toml::Value::String(v) => CaseValue::Text(v.clone()),
-                toml::Value::Integer(v) => CaseValue::Text(v.to_string()),
-                toml::Value::Float(v) => CaseValue::Text(v.to_string()),
-                other => {
-                    let problem = format!("a {} is not a flag's value", other.type_str());
-                    return Err(refuse(key, problem, "write a number, a string or true/false".into()));
-                }
-            };
-            keys.push((key.clone(), value));
+            keys.push((key.clone(), super::suite_file::case_value(value).map_err(|p| refuse(key, p.0, p.1))?));
         }
         let mut run = parse_case(&keys).map_err(|e| {
             let key = e.key.unwrap_or_else(|| "-".into());
@@ -205,7 +161,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
         })?;
         // The suite's --kernels is every case's, unless the case names its own.
         run.kernels.kernels = run.kernels.kernels.or(args.kernels.kernels);
-        let config = verification(&run).map_err(|e| in_case(file, &name, e))?;
+        let config = verification(&run).map_err(|e| super::suite_file::in_case(file, &name, e))?;
         cases.push(SuiteCase { name, config });
     }
     // One process computes every case: one kernel mode, pinned before any case's preflight
@@ -229,7 +185,7 @@ pub fn suite(args: &SuiteArgs) -> Result<Suite> {
     let device = cases.first().map(|c| c.config.train.run.device).unwrap_or_default();
     crate::dist::kernels::apply(mode, device)?;
     for case in &cases {
-        crate::jobs::preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
+        crate::jobs::preflight(&case.config).map_err(|e| super::suite_file::in_case(file, &case.name, e))?;
     }
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;

@@ -54,6 +54,22 @@ impl CaseResult {
         }
     }
 
+    /// A case of a user's script: `command` runs it alone.
+    pub fn of_script(name: &str, command: String, gpus: usize, o: &Outcome, seconds: f64) -> Self {
+        let all = std::iter::once(&o.runs).chain(o.big_batch.iter().filter(|b| b.decisive).map(|b| &b.comparison));
+        CaseResult {
+            name: name.into(),
+            command,
+            gpus,
+            verdict: o.verdict(),
+            summary: verdict_line(o),
+            diagnosis: o.diagnosis.clone().or_else(|| o.big_batch.as_ref().and_then(|b| b.diagnosis.clone())),
+            worst_fraction: all.map(|c| c.worst_fraction).fold(0.0, f64::max),
+            steps: o.runs.left_steps,
+            seconds,
+        }
+    }
+
     pub fn passed(&self) -> bool {
         self.verdict == Verdict::Equivalent
     }

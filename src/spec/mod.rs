@@ -34,7 +34,10 @@ pub use kernels::{KernelFacts, Machine, Platform};
 pub use launcher::{Launcher, LauncherKind};
 pub use model::{LinearConfig, LmConfig, ModelConfig, ResnetConfig};
 pub use optim::OptimConfig;
-pub use options::{Axis, CompareOptions, ExploreOptions, ScriptExplore, ScriptOptions, Suite, SuiteCase, Takes};
+pub use options::{
+    Axis, CompareOptions, ExploreOptions, ScriptCase, ScriptExplore, ScriptOptions, ScriptSuite, Suite, SuiteCase,
+    Takes,
+};
 pub use precision::{AmpConfig, Precision, OVERFLOW_FACTOR};
 pub use report::ReportTarget;
 pub use run::RunShape;

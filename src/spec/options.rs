@@ -120,3 +120,17 @@ pub struct Axis {
     pub name: String,
     pub values: Vec<String>,
 }
+
+/// `suite FILE.toml` whose cases run a user's script: each as `ddp-verify -- COMMAND`.
+pub struct ScriptSuite {
+    pub file: PathBuf,
+    pub cases: Vec<ScriptCase>,
+    pub reports: Vec<ReportTarget>,
+}
+
+pub struct ScriptCase {
+    pub name: String,
+    /// The command as the file gives it (placeholders and all).
+    pub command: Vec<String>,
+    pub options: ScriptOptions,
+}

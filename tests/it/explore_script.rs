@@ -75,3 +75,38 @@ fn commands_explore_cannot_draw_for_are_refused() {
         assert!(err.contains(says), "{line}: {err}");
     }
 }
+
+/// A suite of the script's own cases (explore's shrunk failure kept as one): each case run
+/// as `-- COMMAND`, one verdict each, with the command that reruns it.
+#[test]
+fn a_suite_of_script_cases_gives_each_its_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let py = repo(".venv/bin/python").display().to_string();
+    let script = repo("examples/uneven/train.py").display().to_string();
+    let command = format!(
+        "command = [{py:?}, {script:?}, \"--samples\", \"{{data_size}}\", \"--batch\", \"{{batch}}\", \"--grad-accum\", \"{{local_acc_steps}}\"]"
+    );
+    let toml = format!(
+        "[[case]]\nname = \"even\"\n{command}\nacc-steps = 2\ngpus = 2\nbatch-size = 2\nfills = {{ data_size = 8 }}\n\n\
+         [[case]]\nname = \"uneven\"\n{command}\nacc-steps = 2\ngpus = 2\nbatch-size = 2\nfills = {{ data_size = \"6\" }}\n"
+    );
+    let file = tmp.path().join("gate.toml");
+    std::fs::write(&file, toml).unwrap();
+    let report = tmp.path().join("r.json");
+    let (f, r) = (file.display().to_string(), report.display().to_string());
+    let out = ddp_verify(&["suite", &f, "--report", "json", "--report-file", &r]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let cases = json["cases"].as_array().unwrap();
+    let verdicts: Vec<&str> = cases.iter().map(|c| c["verdict"].as_str().unwrap()).collect();
+    assert_eq!(verdicts, ["equivalent", "not-equivalent"], "{json:#}");
+    assert_eq!(cases[1]["diagnosis"]["reason"], "data dealt unevenly", "{json:#}");
+    let rerun = cases[1]["command"].as_str().unwrap();
+    assert!(rerun.starts_with("ddp-verify --acc-steps 2 --gpus 2 --batch-size 2 -- "), "{rerun}");
+    assert!(rerun.contains("--samples 6 "), "{rerun}");
+    // A key a script's case cannot take is refused before anything runs.
+    std::fs::write(&file, format!("[[case]]\nname = \"x\"\n{command}\nmodel = \"resnet18\"\n")).unwrap();
+    let out = ddp_verify(&["suite", &f]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("case 'x', key model: is not a key of a script's case"), "{}", stderr(&out));
+}

@@ -307,7 +307,29 @@ fn rerun_command(x: &ScriptExplore, d: &Draw) -> String {
     argv.push("--".into());
     let fills = d.fills();
     argv.extend(x.command.iter().map(|a| fills.iter().fold(a.clone(), |a, (k, v)| a.replace(&format!("{{{k}}}"), v))));
-    argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ")
+    shell_words(&argv)
+}
+
+/// Words as one POSIX shell line.
+pub fn shell_words(words: &[String]) -> String {
+    words.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ")
+}
+
+/// The configuration as a `[[case]]` table of a script's suite (docs/explore-script.md).
+pub fn suite_case(command: &[String], d: &Draw) -> String {
+    let q = |v: &str| serde_json::to_string(v).expect("a string serialises");
+    let words: Vec<String> = command.iter().map(|w| q(w)).collect();
+    let mut s =
+        format!("[[case]]\nname = {}\ncommand = [{}]\n", q(&format!("explore: {}", d.short())), words.join(", "));
+    s.push_str(&format!("acc-steps = {}\ngpus = {}\n", d.acc_steps, d.gpus));
+    if let Some(b) = d.batch {
+        s.push_str(&format!("batch-size = {b}\n"));
+    }
+    let fills: Vec<String> = d.fills().iter().map(|(k, v)| format!("{k} = {}", q(v))).collect();
+    if !fills.is_empty() {
+        s.push_str(&format!("fills = {{ {} }}\n", fills.join(", ")));
+    }
+    s
 }
 
 /// A word as a POSIX shell reads it back.
@@ -348,6 +370,10 @@ fn text(f: &Found) -> String {
             if let Some(p) = &f.kept_in {
                 s.push_str(&format!("  kept in {} (replayed first next time)\n", p.display()));
             }
+            s.push_str("  as a case of `ddp-verify suite FILE.toml`:\n");
+            for line in suite_case(&f.command, &c.draw).lines() {
+                s.push_str(&format!("    {line}\n"));
+            }
         }
         _ => {
             let judged = f.cases.iter().filter(|c| c.ended == Ended::Equivalent).count();
@@ -385,6 +411,22 @@ pub fn case_dir(c: &Case) -> Option<&Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shrunk configuration printed as a suite case is valid TOML that a script's suite
+    /// reads back: its command, K, W, B and fills.
+    #[test]
+    fn a_found_configuration_is_a_suite_case() {
+        let command: Vec<String> =
+            ["python", "t.py", "--n", "{data_size}", "--note", "it's \"x\""].map(String::from).into();
+        let d =
+            Draw { gpus: 2, acc_steps: 4, batch: Some(3), data_size: Some(7), seed: None, axes: Default::default() };
+        let t: toml::Table = toml::from_str(&suite_case(&command, &d)).unwrap();
+        let case = &t["case"].as_array().unwrap()[0];
+        let words: Vec<&str> = case["command"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
+        assert_eq!(words, command);
+        assert_eq!((case["acc-steps"].as_integer(), case["gpus"].as_integer()), (Some(4), Some(2)));
+        assert_eq!(case["fills"]["data_size"].as_str(), Some("7"));
+    }
 
     #[test]
     fn words_with_spaces_or_quotes_are_quoted() {

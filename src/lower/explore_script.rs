@@ -1,0 +1,135 @@
+//! `explore -- COMMAND`'s flags: the command read as the zero-edit check reads it, the
+//! placeholders it takes, and its axes, checked before any case runs.
+
+use ddp_verify_cli::ExploreArgs;
+
+use super::checked_overrides;
+use crate::error::{Error, Result};
+use crate::evidence::SAVED_FILES;
+use crate::spec::{Axis, CompareOptions, ScriptExplore, ScriptOptions, Takes};
+
+/// The placeholders ddp-verify fills itself; `--axis` may not take these names.
+const FILLED: [&str; 8] = ["acc_steps", "local_acc_steps", "gpus", "world", "batch", "leg", "data_size", "seed"];
+
+/// `explore -- COMMAND`'s flags: the command as the zero-edit check reads it, for one
+/// machine, taking K (else nothing explored would reach it), and each axis a placeholder of
+/// its own that the command takes.
+pub fn explore_script(args: &ExploreArgs) -> Result<ScriptExplore> {
+    let cases = args.cases.unwrap_or(ddp_verify_cli::defaults::EXPLORE_SCRIPT_CASES);
+    if cases == 0 {
+        return Err(Error::bad_flag("--cases", "must be at least 1", "pass e.g. --cases 20"));
+    }
+    if args.max_gpus < 2 {
+        return Err(Error::bad_flag(
+            "--max-gpus",
+            format!("{}: a DDP leg of one process proves nothing", args.max_gpus),
+            "pass --max-gpus 2 or more",
+        ));
+    }
+    if args.inject.is_some() {
+        return Err(Error::bad_flag(
+            "--inject",
+            "plants bugs in ddp-verify's own models, not in your command",
+            "drop --inject (or explore ddp-verify's own models without a command)",
+        ));
+    }
+    let launcher = crate::jobs::launcher::parse(&args.script).map_err(|problem| {
+        Error::bad_flag("--", problem, "give -- python train.py ARGS or -- torchrun [OPTIONS] train.py ARGS")
+    })?;
+    if launcher.nodes > 1 {
+        return Err(Error::bad_flag(
+            "--",
+            format!("the command's DDP leg spans {} nodes; explore draws W on this machine", launcher.nodes),
+            "explore with a one-node command, then check the nodes with ddp-verify -- COMMAND",
+        ));
+    }
+    let takes_any = |p: &str| args.script.iter().any(|a| a.contains(p));
+    if !takes_any("{acc_steps}") && !takes_any("{local_acc_steps}") {
+        return Err(Error::bad_flag(
+            "--",
+            "the command takes neither {acc_steps} nor {local_acc_steps}: the K explore draws would not reach it",
+            "pass K to your script with {acc_steps} (or {local_acc_steps}), e.g. --grad-accum {acc_steps}",
+        ));
+    }
+    let axes = args.axis.iter().map(|a| axis(a, &takes_any)).collect::<Result<Vec<_>>>()?;
+    if let Some(dup) = axes.iter().enumerate().find(|(i, a)| axes[..*i].iter().any(|b| b.name == a.name)) {
+        return Err(Error::bad_flag("--axis", format!("{} is given twice", dup.1.name), "give each axis once"));
+    }
+    crate::jobs::explore_script::check_regressions(&args.regressions)?;
+    let tolerance = checked_overrides(&args.tolerance)?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
+    });
+    let script = ScriptOptions {
+        launcher,
+        acc_steps: 2,
+        gpus: 2,
+        batch_size: ddp_verify_cli::defaults::BATCH_SIZE,
+        out: std::env::temp_dir(),
+        timeout: args.timeout,
+        sample: None,
+        compare: CompareOptions {
+            paths: [SAVED_FILES[0].into(), SAVED_FILES[1].into()],
+            big: None,
+            tolerance,
+            reports: Vec::new(),
+            plot: None,
+            strict_buffers: false,
+        },
+        node_rank: 0,
+        fills: Vec::new(),
+        quiet: true,
+    };
+    Ok(ScriptExplore {
+        script,
+        command: args.script.clone(),
+        cases,
+        seed,
+        max_gpus: args.max_gpus,
+        max_time: args.max_time,
+        takes: Takes { batch: takes_any("{batch}"), data_size: takes_any("{data_size}"), seed: takes_any("{seed}") },
+        axes,
+        regressions: args.regressions.clone(),
+        json: args.json,
+    })
+}
+
+/// `--axis NAME=V1,V2,...`, its NAME a placeholder the command takes and none of ours.
+fn axis(text: &str, takes: &dyn Fn(&str) -> bool) -> Result<Axis> {
+    let fix = "give --axis NAME=V1,V2,... with {NAME} in your command";
+    let Some((name, values)) = text.split_once('=') else {
+        return Err(Error::bad_flag("--axis", format!("'{text}' has no '='"), fix));
+    };
+    let name = name.trim();
+    let word = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if !word {
+        return Err(Error::bad_flag("--axis", format!("'{name}' is not a placeholder name"), fix));
+    }
+    if FILLED.contains(&name) {
+        return Err(Error::bad_flag(
+            "--axis",
+            format!("{{{name}}} is one ddp-verify fills itself"),
+            "name your axis otherwise",
+        ));
+    }
+    if !takes(&format!("{{{name}}}")) {
+        return Err(Error::bad_flag("--axis", format!("the command has no {{{name}}}"), fix));
+    }
+    let values: Vec<String> = values.split(',').map(|v| v.trim().to_string()).collect();
+    if values.iter().any(String::is_empty) {
+        return Err(Error::bad_flag("--axis", format!("{name} has an empty value in '{text}'"), fix));
+    }
+    Ok(Axis { name: name.to_string(), values })
+}
+
+/// The first flag given to `explore` that only a command after `--` takes.
+pub fn script_only_explore_flag(args: &ExploreArgs) -> Option<&'static str> {
+    match () {
+        _ if !args.axis.is_empty() => Some("--axis"),
+        _ if args.max_time.is_some() => Some("--max-time"),
+        _ if args.timeout != ddp_verify_cli::defaults::TIMEOUT_S => Some("--timeout"),
+        _ => None,
+    }
+}

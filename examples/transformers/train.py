@@ -100,6 +100,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step in this process")
     p.add_argument("--batch", type=int, default=2, help="micro-batch size")
+    p.add_argument("--samples", type=int, default=32, help="N: sequences in the data set")
     p.add_argument("--out", default="out/transformers-example")
     p.add_argument("--bug", default=None, choices=["divide-by-accumulation", "mean-per-micro-batch"])
     p.add_argument("--dropout", type=float, default=0.0, help="GPT-2's own default is 0.1")
@@ -118,7 +119,7 @@ def main():
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, deepspeed=ds,
     )
     cls = {"divide-by-accumulation": DividesByAccumulation, "mean-per-micro-batch": MeanPerMicroBatch}.get(args.bug, Trainer)
-    cls(model=model, args=targs, train_dataset=Lengths(), data_collator=collate).train()
+    cls(model=model, args=targs, train_dataset=Lengths(args.samples), data_collator=collate).train()
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -41,6 +41,23 @@ def loader(samples: int, batch: int, drop_last: bool) -> dict[str, Any]:
     return {K.LOADER_DROPPED: short if drop_last else 0, K.SHORT_BATCHES: int(bool(short) and not drop_last)}
 
 
+def shard(s: Any) -> dict[str, Any]:
+    """Accelerate's BatchSamplerShard (how Trainer and Accelerate deal batches to ranks): with
+    even_batches (its default) the last round of W batches is completed with samples from
+    the start, so every rank's batches are full."""
+    inner = s.batch_sampler
+    n, b, w = len(inner.sampler), inner.batch_size, s.num_processes
+    if w <= 1:
+        return {}
+    per_round = b if s.split_batches else b * w
+    rem = n % per_round
+    facts: dict[str, Any] = {K.SAMPLER_DATASET: n}
+    if s.even_batches and not inner.drop_last:
+        # Full batches on every rank: what the inner sampler would call short is filled.
+        facts.update({K.SAMPLER_PADDED: (per_round - rem) % per_round, K.SHORT_BATCHES: 0, K.LOADER_DROPPED: 0})
+    return facts
+
+
 def batches(order: list[list[int]], batch: int) -> dict[str, Any]:
     """Our AccumulationBatchSampler's micro-batches: every rank's short last batch is one."""
     return {K.LOADER_DROPPED: 0, K.SHORT_BATCHES: sum(1 for b in order if len(b) < batch)}

@@ -284,6 +284,21 @@ def _patch_all() -> None:
 
     _patch(BatchSampler, "__iter__", batches)
 
+    def shard_facts(module: Any) -> None:
+        shard_iter = module.BatchSamplerShard.__iter__
+
+        def shard_batches(self: Any) -> Any:
+            if _OPEN:
+                try:
+                    dealt(_deal.shard(self))
+                except Exception:
+                    pass
+            return shard_iter(self)
+
+        _patch(module.BatchSamplerShard, "__iter__", shard_batches)
+
+    _after_import("accelerate.data_loader", shard_facts)
+
     # torch.cuda.amp.GradScaler inherits this step.
     scaler_step = GradScaler.step
 

@@ -55,3 +55,15 @@ def test_our_sampler_deals_as_w_ranks_do():
         assert watch.deal[K.SAMPLER_PADDED] == 1 and watch.deal[K.SHORT_BATCHES] == 2
     finally:
         watch.close()
+
+
+def test_accelerates_even_batches_are_padding():
+    shard_mod = __import__("accelerate.data_loader", fromlist=["BatchSamplerShard"])
+    watch = _watch.open_watch()
+    try:
+        inner = BatchSampler(range(6), 2, False)
+        dealt = [list(shard_mod.BatchSamplerShard(inner, num_processes=2, process_index=r)) for r in range(2)]
+        assert dealt == [[[0, 1], [4, 5]], [[2, 3], [0, 1]]]  # accelerate's own deal, unchanged
+        assert _deal.header(watch.deal, 2) == {K.SAMPLER_DATASET: "6", K.SAMPLER_PADDED: "2"}
+    finally:
+        watch.close()

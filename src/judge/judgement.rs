@@ -51,7 +51,7 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
     let ends = |t: &Trace| streamed.then(|| t.without_steps());
     let (acc_end, ddp_end) = (ends(&accumulation), ends(&ddp));
     let (acc_end, ddp_end) = (acc_end.as_ref().unwrap_or(&accumulation), ddp_end.as_ref().unwrap_or(&ddp));
-    let runs = runs.finish(acc_end, ddp_end, buffers);
+    let mut runs = runs.finish(acc_end, ddp_end, buffers);
     let (golden, golden_torch) = match golden {
         Some(g) => goldens(g, acc_end, ddp_end, big.as_ref().map(|b| &b.trace)),
         None => (Vec::new(), None),
@@ -69,9 +69,11 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         _ => None,
     };
     let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
+    let (diagnosis, amplified) = amplified_rounding(diagnosis, &mut runs, &context);
     let costs = costs([&runs.left, &runs.right], &accumulation, &ddp);
     let caution = match diagnosis {
         Some(_) => None,
+        None if amplified.is_some() => amplified,
         None => caution(&accumulation, &ddp, &runs, &context)
             .or_else(|| big_batch.as_ref().and_then(short_batches))
             .or_else(|| needless_sync(&costs)),
@@ -89,6 +91,45 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         caution,
         costs,
     }
+}
+
+/// Most a user's later step may part by, as a multiple of the dtype's epsilon, and still
+/// be rounding the steps before amplified: chaos measured about 1e3 a step in float32 on our
+/// deep nets, and a bug that changes the math moves a gradient by far more (1e-2 and up).
+const AMPLIFIED_EPS: f64 = 1e3;
+
+/// A user's free-running runs that agree at step 0 and part later only as amplified
+/// rounding does (the chaos rule named it: no recorded fact differs, the difference grows
+/// step by step and stays within 1000 epsilons) while their final weights agree within the
+/// allowance carried through the optimizer: equivalent, with a caution saying so. Their
+/// later steps' gradients are taken at weights already apart by rounding, which a fixed
+/// tolerance of one step's rounding cannot allow for (our own runs are lockstep instead).
+fn amplified_rounding(
+    d: Option<Diagnosis>,
+    runs: &mut Comparison,
+    cx: &Context,
+) -> (Option<Diagnosis>, Option<Diagnosis>) {
+    let chaos = d.as_ref().is_some_and(|d| d.reason == Reason::Chaos);
+    let worst = runs.steps.iter().map(|s| s.max_rel).fold(0.0, f64::max);
+    let small = worst <= (AMPLIFIED_EPS * cx.eps).min(1e-2);
+    if !chaos || cx.ours() || !small || runs.finals.verdict == Agreement::Diverged {
+        return (d, None);
+    }
+    runs.verdict = Agreement::WithinTolerance;
+    let growth: Vec<String> = runs.steps.iter().map(|g| format!("{:.0e}", g.max_rel)).collect();
+    let caution = Diagnosis {
+        reason: Reason::Chaos,
+        detail: format!(
+            "the gradients agree at step 0 and part later by rounding amplified step by step (max rel {}, within \
+             {AMPLIFIED_EPS:.0} times the dtype's epsilon), no recorded fact differs, and the final weights agree \
+             within the allowance carried through the optimizer: counted as rounding. Each later step's gradient \
+             is taken at weights already apart by rounding; to hold every step to one step's rounding, record \
+             fewer steps or train in float64",
+            growth.join(" -> ")
+        ),
+        located: None,
+    };
+    (None, Some(caution))
 }
 
 /// A big batch that parts from accumulation where DDP does not, in a run whose one process
@@ -313,8 +354,40 @@ impl Outcome {
 mod tests {
     use super::*;
     use crate::evidence::{Engine, RunKind, TraceHeader, Values};
+    use crate::judge::diagnose::Origin;
     use crate::judge::Reason;
     use crate::spec::TrainConfig;
+
+    /// A user's runs that part after step 0 by rounding grown step by step, final weights
+    /// together: equivalent with a caution. The same growth past 1000 epsilons, or in our
+    /// own runs, stays not equivalent.
+    #[test]
+    fn amplified_rounding_in_a_users_runs_is_a_caution() {
+        let t = |steps: &[&[f32]]| Trace {
+            header: TraceHeader { run: Some(RunKind::Single), world_size: Some(1), ..TraceHeader::default() },
+            steps: steps.iter().map(|g| vec![("w".to_string(), Values::f32s(g.to_vec()))]).collect(),
+            finals: vec![("w".into(), Values::f32s(vec![0.1, 0.2]))],
+            ..Trace::default()
+        };
+        let apart = |rel: f32| [1.0 + rel, 2.0];
+        let a = t(&[&[1.0, 2.0], &[1.0, 2.0], &[1.0, 2.0]]);
+        let judged = |rels: [f32; 3], origin: Origin| {
+            let mut b = t(&[&apart(rels[0]), &apart(rels[1]), &apart(rels[2])]);
+            (b.header.run, b.header.world_size) = (Some(RunKind::Ddp), Some(2));
+            let mut c = crate::judge::compare("accumulation", &a, "ddp", &b, &Tolerance::default());
+            let cx = Context { origin, chaos_possible: true, ..Context::of_traces(&a, &b) };
+            let d = diagnose(&a, &b, &c, &cx);
+            let (d, caution) = amplified_rounding(d, &mut c, &cx);
+            (c.verdict, d.map(|d| d.reason), caution.map(|c| c.reason))
+        };
+        let rounding = [0.0, 4e-6, 2e-5];
+        assert_eq!(
+            judged(rounding, Origin::Recorded { framework: None }),
+            (Agreement::WithinTolerance, None, Some(Reason::Chaos))
+        );
+        assert_eq!(judged([0.0, 4e-6, 5e-4], Origin::Recorded { framework: None }).0, Agreement::Diverged);
+        assert_eq!(judged(rounding, Origin::Ours).0, Agreement::Diverged);
+    }
 
     /// Two steps of one parameter, both runs clipped at every step from norms one factor
     /// apart, DDP reducing both micro-batches of each step through DDP's engine.

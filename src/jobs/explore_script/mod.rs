@@ -173,13 +173,14 @@ impl Explorer<'_> {
 }
 
 fn explore(x: &ScriptExplore) -> Result<Found> {
+    // Explore's own time counts from here: finding the recorder is its, not a case's.
+    let started = Instant::now();
     let autoload = super::script::autoload_dir(&x.script.launcher.python)?;
     let root = tempfile::Builder::new()
         .prefix("ddp-verify-explore-")
         .tempdir()
         .map_err(|e| Error::io("creating a directory for explore's cases", e))?
         .keep();
-    let started = Instant::now();
     let deadline = x.max_time.and_then(|s| std::time::Duration::try_from_secs_f64(s).ok()).map(|d| started + d);
     let tty = std::io::stderr().is_terminal();
     let mut ex = Explorer { x, autoload, root, started, deadline, cases: Vec::new(), seen: HashMap::new(), tty };

@@ -1,7 +1,7 @@
 //! Samples: which samples, counted how, made the first differing step, where no factor
 //! explains it.
 
-use super::stages::{Located, Owner, Stage};
+use super::stages::{Located, Stage};
 use super::{Diagnosis, Evidence, Loss};
 use crate::evidence::TraceHeader;
 use crate::judge::Reason;
@@ -64,11 +64,22 @@ pub fn uneven_data(ev: &Evidence) -> Option<Diagnosis> {
             return None;
         }
     }
-    let detail = dealt_apart(a, b, ev.left(), ev.right())?;
+    let mut detail = dealt_apart(a, b, ev.left(), ev.right())?;
+    // A framework that shards the loader deals the DDP leg's batches (Accelerate's
+    // even_batches pads them): its documented behaviour, owned by it, fixed by its settings.
+    let (owner, _) = super::stages::dealer(ev.b);
+    if owner.is_library() {
+        detail = format!(
+            "{detail}. Here {} dealt the DDP run's batches (Accelerate's even_batches completes the last round \
+             with samples from the start): pass dataloader_drop_last=True (Trainer) or even_batches=False \
+             (Accelerator), or keep N a multiple of W·B",
+            owner.describe()
+        );
+    }
     Some(Diagnosis {
         reason: Reason::UnevenData,
         detail,
-        located: Some(Located { stage: Stage::Samples, owner: Owner::Script, known_fix: None }),
+        located: Some(Located { stage: Stage::Samples, owner, known_fix: None }),
     })
 }
 
@@ -86,9 +97,9 @@ fn dealt_apart(a: &TraceHeader, b: &TraceHeader, la: &str, lb: &str) -> Option<S
         let (who, h, other) = more(pa, pb);
         let which = h.sampler_repeated.as_deref().map_or(String::new(), |r| format!(" (data set indices {r})"));
         return Some(format!(
-            "{who}'s DistributedSampler padded the data set{} with {} repeated sample(s){which} so that its {w} \
-             shards are equal (its default drop_last=False): {who} trains on them twice each epoch, {other} once. \
-             Keep N a multiple of W, {per_rank}, or pass drop_last=True and leave as many out of both runs",
+            "{who}'s sampler padded the data set{} with {} repeated sample(s){which} so that its {w} shards are \
+             equal (DistributedSampler's default drop_last=False): {who} trains on them twice each epoch, {other} \
+             once. Keep N a multiple of W, {per_rank}, or pass drop_last=True and leave as many out of both runs",
             of(h),
             pa.max(pb)
         ));

@@ -268,7 +268,7 @@ mod samples {
         let d = recorded(&trace(&[G], F), &padded);
         assert_eq!(d.reason, Reason::UnevenData);
         assert_eq!(d.where_().as_deref(), Some("the samples stage, owned by your script"));
-        assert!(d.detail.starts_with("ddp's DistributedSampler padded the data set of N=11 with 1 repeated"), "{d:?}");
+        assert!(d.detail.starts_with("ddp's sampler padded the data set of N=11 with 1 repeated"), "{d:?}");
         assert!(d.detail.contains("(data set indices 0)"), "{d:?}");
         let mut short = ddp(trace(&[other], F), 2);
         short.header.short_batches = Some(2);

@@ -13,7 +13,7 @@ mod walk;
 
 pub use known::KnownFix;
 pub use owner::Owner;
-pub use walk::{cadence, library_at_fault, rule_owner, walk};
+pub use walk::{cadence, dealer, library_at_fault, rule_owner, walk};
 
 use serde::{Serialize, Serializer};
 

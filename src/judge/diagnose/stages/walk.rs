@@ -230,7 +230,7 @@ fn samples(a: &Leg, b: &Leg, s: usize) -> Option<Diagnosis> {
 }
 
 /// Who dealt the samples: a framework that shards the data loader, else the script.
-fn dealer(t: &Trace) -> (Owner, String) {
+pub fn dealer(t: &Trace) -> (Owner, String) {
     match t
         .header
         .framework

@@ -9,7 +9,9 @@ DataLoader reads the data in order. It steps once per K micro-batches and leaves
 partial window out. That is equivalent when N is a multiple of W x B, and not otherwise:
 DDP repeats samples, or ends each rank's shard with a short batch. `--deal accumulation`
 deals the one process as W ranks of DistributedSampler would (AccumulationBatchSampler): right
-at every N.
+at every N. `--sampler-drop-last` passes drop_last=True to DDP's DistributedSampler only (the
+one process keeps every sample); `--loader-drop-last` to both DataLoaders (each rank drops its
+own shard's short batch, the one process only the whole set's).
 """
 import argparse
 import gc
@@ -31,6 +33,8 @@ def main():
     p.add_argument("--world", type=int, default=int(os.environ.get("DDP_VERIFY_WORLD", "2")))
     p.add_argument("--deal", default="plain", choices=["plain", "accumulation"])
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--sampler-drop-last", action="store_true")
+    p.add_argument("--loader-drop-last", action="store_true")
     args = p.parse_args()
 
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -45,15 +49,15 @@ def main():
     x = torch.randn(args.samples, 4, generator=g)
     dataset = TensorDataset(x, x.sum(1, keepdim=True).sin())
     if ddp:
-        sampler = DistributedSampler(dataset, shuffle=False)
-        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
+        sampler = DistributedSampler(dataset, shuffle=False, drop_last=args.sampler_drop_last)
+        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=args.loader_drop_last)
         model = nn.parallel.DistributedDataParallel(model)
     elif args.deal == "accumulation":
         sampler = AccumulationBatchSampler(len(dataset), world=args.world, batch_size=args.batch, shuffle=False)
         loader = DataLoader(dataset, batch_sampler=sampler)
     else:
         sampler = None
-        loader = DataLoader(dataset, batch_size=args.batch, shuffle=False)
+        loader = DataLoader(dataset, batch_size=args.batch, shuffle=False, drop_last=args.loader_drop_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for epoch in range(args.epochs):
         if sampler is not None:

@@ -67,3 +67,12 @@ def test_accelerates_even_batches_are_padding():
         assert _deal.header(watch.deal, 2) == {K.SAMPLER_DATASET: "6", K.SAMPLER_PADDED: "2"}
     finally:
         watch.close()
+
+
+def test_our_sampler_deals_a_step_as_one_big_batch_in_that_leg(monkeypatch):
+    small = list(AccumulationBatchSampler(10, world=2, batch_size=2, shuffle=True, seed=3))
+    monkeypatch.setenv("DDP_VERIFY_LEG", "big-batch")
+    monkeypatch.setenv("DDP_VERIFY_ACC_STEPS", "2")
+    big = list(AccumulationBatchSampler(10, world=2, batch_size=4, shuffle=True, seed=3))
+    # Each big batch is the union of one step's K=2 micro-batches, in their order.
+    assert big == [small[i] + small[i + 1] for i in range(0, len(small) - 1, 2)] + ([small[-1]] if len(small) % 2 else [])

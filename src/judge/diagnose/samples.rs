@@ -64,18 +64,11 @@ pub fn uneven_data(ev: &Evidence) -> Option<Diagnosis> {
             return None;
         }
     }
-    let mut detail = dealt_apart(a, b, ev.left(), ev.right())?;
     // A framework that shards the loader deals the DDP leg's batches (Accelerate's
     // even_batches pads them): its documented behaviour, owned by it, fixed by its settings.
     let (owner, _) = super::stages::dealer(ev.b);
-    if owner.is_library() {
-        detail = format!(
-            "{detail}. Here {} dealt the DDP run's batches (Accelerate's even_batches completes the last round \
-             with samples from the start): pass dataloader_drop_last=True (Trainer) or even_batches=False \
-             (Accelerator), or keep N a multiple of W·B",
-            owner.describe()
-        );
-    }
+    let library = owner.is_library().then(|| owner.describe());
+    let detail = dealt_apart(a, b, ev.left(), ev.right(), library.as_deref())?;
     Some(Diagnosis {
         reason: Reason::UnevenData,
         detail,
@@ -84,7 +77,7 @@ pub fn uneven_data(ev: &Evidence) -> Option<Diagnosis> {
 }
 
 /// Where the legs' deals differ, in words, with the fix.
-fn dealt_apart(a: &TraceHeader, b: &TraceHeader, la: &str, lb: &str) -> Option<String> {
+fn dealt_apart(a: &TraceHeader, b: &TraceHeader, la: &str, lb: &str, library: Option<&str>) -> Option<String> {
     let n = |x: Option<usize>| x.unwrap_or(0);
     let of = |h: &TraceHeader| h.sampler_dataset.map_or(String::new(), |d| format!(" of N={d}"));
     let w = b.world_size.max(a.world_size).unwrap_or(2);
@@ -96,6 +89,17 @@ fn dealt_apart(a: &TraceHeader, b: &TraceHeader, la: &str, lb: &str) -> Option<S
     if pa != pb {
         let (who, h, other) = more(pa, pb);
         let which = h.sampler_repeated.as_deref().map_or(String::new(), |r| format!(" (data set indices {r})"));
+        if let Some(lib) = library {
+            return Some(format!(
+                "{who}'s batches, dealt by {lib}, padded the data set{} with {} sample(s) repeated from the epoch's \
+                 start so that every rank's last batch is full (Accelerate's even_batches, its default): {who} \
+                 trains on them twice each epoch, {other} once. Keep N a multiple of W·B; \
+                 dataloader_drop_last=True (Trainer) or even_batches=False (Accelerator) stops the repeating \
+                 but leaves out a last round that one process still trains on",
+                of(h),
+                pa.max(pb)
+            ));
+        }
         return Some(format!(
             "{who}'s sampler padded the data set{} with {} repeated sample(s){which} so that its {w} shards are \
              equal (DistributedSampler's default drop_last=False): {who} trains on them twice each epoch, {other} \

@@ -93,8 +93,10 @@ fn big_batch_reaches(args: &[String]) -> bool {
 /// The folder whose sitecustomize.py starts the recording, from the script's own Python:
 /// the recorder must be importable there.
 pub fn autoload_dir(python: &str) -> Result<PathBuf> {
-    let code =
-        "import os, ddp_verify_trace; print(os.path.join(os.path.dirname(ddp_verify_trace.__file__), 'autoload'))";
+    // Found, not imported: importing it imports torch, seconds that every run (and every
+    // case of explore) would pay for nothing; the legs import it anyway.
+    let code = "import importlib.util, os, sys; s = importlib.util.find_spec('ddp_verify_trace'); \
+                sys.exit(1) if s is None else print(os.path.join(list(s.submodule_search_locations)[0], 'autoload'))";
     let out = Command::new(python).args(["-c", code]).output();
     let fix = "install the recorder into that Python (pip install the ddp-verify wheel, docs/install.md)";
     match out {

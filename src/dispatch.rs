@@ -8,10 +8,7 @@ use crate::error::{Exit, Result};
 use crate::jobs;
 use crate::lower;
 
-/// What a build without libtorch says of the commands that train our own models (exit 2).
-pub const NEEDS_LIBTORCH: &str = "this ddp-verify (the pip package, built without libtorch) runs compare, split \
-     and -- COMMAND only; training ddp-verify's own models needs the full build: in a clone of the ddp-verify \
-     repository run ./scripts/setup.sh && cargo build (README, first section)";
+pub use crate::error::NEEDS_LIBTORCH;
 
 /// Test hook (`DDP_VERIFY_TEST_VALIDATE_ONLY=1`): stop after every check made before a
 /// rank starts, so the flag fuzzer covers parsing, lowering and validation without training.

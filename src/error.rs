@@ -39,6 +39,11 @@ pub enum Error {
     Interrupted { signal: i32 },
 }
 
+/// What a build without libtorch says of the commands that train our own models (exit 2).
+pub const NEEDS_LIBTORCH: &str = "this ddp-verify (the pip package, built without libtorch) runs compare, split, \
+     -- COMMAND, explore -- COMMAND and suites of your script's cases only; training ddp-verify's own models needs the full build: in a clone of the ddp-verify \
+     repository run ./scripts/setup.sh && cargo build (README, first section)";
+
 /// What stands at `path`, in words, when it is not the regular file (or directory) asked
 /// for: "does not exist", "is a directory", or what else it is.
 pub fn what_is(path: &std::path::Path) -> &'static str {

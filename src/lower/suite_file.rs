@@ -77,7 +77,7 @@ pub fn script_suite(args: &SuiteArgs) -> Result<ScriptSuite> {
         return Err(Error::bad_file(
             file,
             "has no case with a command: its cases train ddp-verify's own models",
-            crate::dispatch::NEEDS_LIBTORCH,
+            crate::error::NEEDS_LIBTORCH,
         ));
     }
     let mut cases = Vec::new();

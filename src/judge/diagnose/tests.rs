@@ -204,8 +204,13 @@ mod schedule {
         b.facts.lrs = vec![0.1, 0.1 * (1.0 - 1.0 / 4.0), 0.1 * (1.0 - 2.0 / 4.0)];
         let d = recorded(&a, &b);
         assert_eq!(d.reason, Reason::LrSchedule, "{d:?}");
-        assert!(d.detail.starts_with("ddp's learning-rate schedule runs 2x as fast as accumulation's"), "{d:?}");
+        assert!(d.detail.starts_with("ddp's learning-rate schedule is 2x as far along as accumulation's at step 1"));
         assert!(d.detail.contains("one rank's share of the data"), "{d:?}");
+        // The one process ahead by W ticks per micro-batch.
+        (a.facts.lrs, b.facts.lrs) = (b.facts.lrs.clone(), a.facts.lrs.clone());
+        let d = recorded(&a, &b);
+        assert!(d.detail.starts_with("accumulation's learning-rate schedule is 2x as far along"), "{d:?}");
+        assert!(d.detail.contains("ticks once per micro-batch"), "{d:?}");
     }
 }
 

@@ -14,9 +14,15 @@ pub fn command(suite: &ScriptSuite) -> Result<Exit> {
     let mut cases = Vec::new();
     for (i, case) in suite.cases.iter().enumerate() {
         let t0 = Instant::now();
+        // Cases are one node's (lowering refuses --nnodes), so the legs are judged here.
         let outcome = match super::script::run(&case.options) {
             Ok(Some(o)) => o,
-            Ok(None) => unreachable!("a suite's case runs on one node"),
+            Ok(None) => {
+                return Err(Error::Launcher {
+                    problem: format!("suite case '{}' was judged on another node", case.name),
+                    fix: "give suite cases one node's command".into(),
+                })
+            }
             Err(e @ (Error::Launcher { .. } | Error::BadFlag { .. })) => {
                 return Err(Error::Launcher {
                     problem: format!("suite case '{}': {e}", case.name),
@@ -28,14 +34,7 @@ pub fn command(suite: &ScriptSuite) -> Result<Exit> {
         let o = &case.options;
         let command = rerun(&case.command, o);
         let result = CaseResult::of_script(&case.name, command, o.gpus, &outcome, t0.elapsed().as_secs_f64());
-        eprintln!(
-            "suite [{}/{}] {}: {} ({:.1} s)",
-            i + 1,
-            suite.cases.len(),
-            case.name,
-            result.verdict.shout(),
-            result.seconds
-        );
+        eprintln!("{}", result.progress_line(i, suite.cases.len()));
         cases.push(result);
     }
     let report = SuiteReport {

@@ -54,14 +54,7 @@ fn run_cases(suite: &Suite, pool: &RankPool) -> Result<SuiteReport> {
         };
         let result = CaseResult::new(&case.name, &outcome, t0.elapsed().as_secs_f64());
         if suite.progress {
-            eprintln!(
-                "suite [{}/{}] {}: {} ({:.1} s)",
-                i + 1,
-                suite.cases.len(),
-                case.name,
-                result.verdict.shout(),
-                result.seconds
-            );
+            eprintln!("{}", result.progress_line(i, suite.cases.len()));
         }
         cases.push(result);
     }

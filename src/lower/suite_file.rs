@@ -154,6 +154,13 @@ pub fn script_suite(args: &SuiteArgs) -> Result<ScriptSuite> {
         })?;
         run.script = command.clone();
         let mut options = super::script(&run).map_err(|e| in_case(file, &name, e))?;
+        if options.launcher.nodes > 1 {
+            return Err(refuse(
+                "command",
+                format!("spans {} nodes; a suite runs its cases on this machine", options.launcher.nodes),
+                "give the case a one-node command, and check the nodes with ddp-verify -- COMMAND",
+            ));
+        }
         options.fills = fills;
         options.quiet = true;
         cases.push(ScriptCase { name, command, options });

@@ -73,6 +73,11 @@ impl CaseResult {
     pub fn passed(&self) -> bool {
         self.verdict == Verdict::Equivalent
     }
+
+    /// The line said on stderr as the `i`-th of `n` cases ends.
+    pub fn progress_line(&self, i: usize, n: usize) -> String {
+        format!("suite [{}/{n}] {}: {} ({:.1} s)", i + 1, self.name, self.verdict.shout(), self.seconds)
+    }
 }
 
 impl SuiteReport {

@@ -1,7 +1,6 @@
 //! Minimal failing configurations, persisted as proptest persists its regressions, but as
 //! the configurations themselves: one JSON line each, replayed first on the next run.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
@@ -35,17 +34,5 @@ pub fn read_regressions(path: Option<&PathBuf>) -> Result<Vec<TrainConfig>> {
 /// finding lost in silence.
 pub(super) fn append_regression(path: Option<&PathBuf>, cfg: &TrainConfig) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
-    let io = |e| Error::io(format!("appending to {}", path.display()), e);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let fresh = !path.exists();
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
-    let mut text = String::new();
-    if fresh {
-        text.push_str("# Minimal configurations ddp-verify explore found not equivalent; replayed first.\n");
-    }
-    text.push_str(&serde_json::to_string(cfg).expect("config serialises"));
-    text.push('\n');
-    f.write_all(text.as_bytes()).map_err(io)
+    crate::jobs::explore_script::append_line(path, &serde_json::to_string(cfg).expect("config serialises"))
 }

@@ -8,7 +8,7 @@ mod regressions;
 mod summary;
 
 pub use draw::Draw;
-pub use regressions::{check_regressions, is_script_line};
+pub use regressions::{append_line, check_regressions, is_script_line};
 use summary::{rerun_command, text, words};
 pub use summary::{shell_words, suite_case};
 
@@ -108,8 +108,9 @@ impl Explorer<'_> {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
-    /// One configuration, run once (a draw seen before is not run again).
-    fn run(&mut self, draw: &Draw, label: &str) -> Result<Case> {
+    /// One configuration, run once (a draw seen before is not run again); `drawn`: which
+    /// draw it is, for the time left.
+    fn run(&mut self, draw: &Draw, label: &str, drawn: Option<usize>) -> Result<Case> {
         if let Some(&i) = self.seen.get(draw) {
             return Ok(self.cases[i].clone());
         }
@@ -150,15 +151,13 @@ impl Explorer<'_> {
         if self.tty {
             eprint!("\r\x1b[2K");
         }
-        eprintln!("explore {label} {}: {} ({seconds:.1} s{})", draw.short(), words(&case.ended), self.left(label));
+        eprintln!("explore {label} {}: {} ({seconds:.1} s{})", draw.short(), words(&case.ended), self.left(drawn));
         Ok(case)
     }
 
     /// "; about 3.2 min left" while drawing.
-    fn left(&self, label: &str) -> String {
-        let Some(done) = label.strip_prefix('[').and_then(|l| l.split('/').next()?.parse::<usize>().ok()) else {
-            return String::new();
-        };
+    fn left(&self, drawn: Option<usize>) -> String {
+        let Some(done) = drawn else { return String::new() };
         let per = self.started.elapsed().as_secs_f64() / self.cases.len().max(1) as f64;
         let mut left = per * self.x.cases.saturating_sub(done) as f64;
         if let Some(d) = self.deadline {
@@ -196,7 +195,7 @@ fn explore(x: &ScriptExplore) -> Result<Found> {
     let replays: Vec<Draw> =
         regressions::read(&x.regressions, &x.command)?.into_iter().filter(|d| d.gpus <= x.max_gpus).collect();
     for (i, d) in replays.iter().enumerate() {
-        let case = ex.run(d, &format!("replay {}/{}", i + 1, replays.len()))?;
+        let case = ex.run(d, &format!("replay {}/{}", i + 1, replays.len()), None)?;
         if case.ended == Ended::NotEquivalent && failing.is_none() {
             failing = Some(case);
         }
@@ -218,7 +217,7 @@ fn explore(x: &ScriptExplore) -> Result<Found> {
             Error::bad_flag("--max-gpus", format!("no configuration could be drawn ({e})"), "raise --max-gpus")
         })?;
         drawn += 1;
-        let case = ex.run(&t.current(), &format!("[{drawn}/{}]", x.cases))?;
+        let case = ex.run(&t.current(), &format!("[{drawn}/{}]", x.cases), Some(drawn))?;
         if case.ended == Ended::NotEquivalent {
             failing = Some(case);
             tree = Some(t);
@@ -233,7 +232,7 @@ fn explore(x: &ScriptExplore) -> Result<Found> {
                     return Ok(false);
                 }
                 let n = ex.cases.len() - before + 1;
-                Ok(ex.run(d, &format!("shrinking {n}"))?.ended == Ended::NotEquivalent)
+                Ok(ex.run(d, &format!("shrinking {n}"), None)?.ended == Ended::NotEquivalent)
             })?;
             stopped |= ex.out_of_time();
             shrink_runs = ex.cases.len() - before;

@@ -59,6 +59,15 @@ pub fn append(path: &Path, command: &[String], draw: &Draw) -> Result<bool> {
     if read(path, command)?.contains(draw) {
         return Ok(false);
     }
+    let kept = Kept { command: command.to_vec(), draw: draw.clone() };
+    append_line(path, &serde_json::to_string(&kept).expect("a draw serialises"))?;
+    Ok(true)
+}
+
+/// Appends one JSON line to the regressions file (our models' configurations and users'
+/// commands' alike), with the file's heading when it is new; a failure to write is an
+/// error, not a finding lost in silence.
+pub fn append_line(path: &Path, line: &str) -> Result<()> {
     let io = |e| Error::io(format!("appending to {}", path.display()), e);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
@@ -69,11 +78,9 @@ pub fn append(path: &Path, command: &[String], draw: &Draw) -> Result<bool> {
     if fresh {
         text.push_str("# Minimal configurations ddp-verify explore found not equivalent; replayed first.\n");
     }
-    let kept = Kept { command: command.to_vec(), draw: draw.clone() };
-    text.push_str(&serde_json::to_string(&kept).expect("a draw serialises"));
+    text.push_str(line);
     text.push('\n');
-    f.write_all(text.as_bytes()).map_err(io)?;
-    Ok(true)
+    f.write_all(text.as_bytes()).map_err(io)
 }
 
 #[cfg(test)]

@@ -23,14 +23,13 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-import weakref
 from typing import Any, Callable
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _deal, _stages
+from . import _deal, _outer, _stages
 from .engines.base import Patches
 
 
@@ -212,7 +211,8 @@ def epoch_started(epoch: Any) -> None:
         watch.epoch_started(epoch)
 
 
-def _patch(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
+def _patch(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
+    """`owner.name` replaced until the last watch closes; returns what puts it back sooner."""
     original = getattr(owner, name)
     replacement.__wrapped__ = original  # type: ignore[attr-defined]
     replacement.__doc__ = original.__doc__
@@ -224,6 +224,7 @@ def _patch(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
             setattr(owner, name, original)
 
     _UNDO.append(undo)
+    return undo
 
 
 def _unpatch() -> None:
@@ -412,47 +413,42 @@ def _patch_destroy() -> None:
     _patch(dist.distributed_c10d, "destroy_process_group", destroy_process_group)
 
 
-# Depth of module calls under way on this thread's outermost one (0: none).
-_DEPTH = [0]
-# Per outermost module: whether it has parameters that train (asked once).
-_TRAINED: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+# The outermost module calls (`_outer`): the class patch until the first optimizer step,
+# the modules' own hooks after it.
+_OUTERMOST = _outer.Outer(lambda: list(_OPEN))
 
 
 def _patch_stages() -> None:
     """The stage facts' points: every outermost module call with trainable parameters under
-    grad mode (its inputs' fingerprint, its `num_items_in_batch`, the loss it returned), and
-    every backward (its root and who called it). Inner module calls pass straight through."""
+    grad mode (`_outer`), and every backward (its root and who called it)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     call = torch.nn.Module.__call__
+    outer = _OUTERMOST
 
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _DEPTH[0] or not _OPEN or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        # Inner calls, and every call once the modules carry their own hooks, pass straight through.
+        if outer.depth or not outer.learning:
             return call(self, *args, **kwargs)
-        watches = list(_OPEN)
-        trained = _TRAINED.get(self)
+        trained = outer.enter(self, args, kwargs, sys._getframe(1))
         if trained is None:
-            trained = _TRAINED[self] = any(p.requires_grad for p in self.parameters())
-        if trained:
-            try:
-                fp = _stages.fingerprint(args, kwargs)
-                norm = _stages.normaliser(kwargs)
-                who = _stages.caller(sys._getframe(1)) if norm is not None else None
-                for watch in watches:
-                    watch.batches.forward(fp, norm, who)
-                    watch.hook_local(self)
-            except Exception:  # noqa: BLE001 - a fact not taken; the forward goes on
-                pass
-        _DEPTH[0] += 1
+            return call(self, *args, **kwargs)
+        out = None
         try:
             out = call(self, *args, **kwargs)
         finally:
-            _DEPTH[0] -= 1
-        if trained:
-            loss = _stages.forward_loss(out)
-            for watch in watches:
-                watch.batches.returned(loss)
+            outer.leave(trained, out)
         return out
 
-    _patch(torch.nn.Module, "__call__", __call__)
+    unpatch_call = _patch(torch.nn.Module, "__call__", __call__)
+
+    def learned(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if outer.learning and outer.learned():
+            unpatch_call()
+
+    handle = register_optimizer_step_post_hook(learned)
+    _UNDO.append(handle.remove)
+    _UNDO.append(outer.reset)
 
     backward = torch.autograd.backward
 

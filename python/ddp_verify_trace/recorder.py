@@ -137,7 +137,7 @@ class Recorder:
         else:
             self._watch.no_local_hooks()
             if self.engine.local_hooks:  # one process: what the watch's hooks summed goes too
-                self._watch.local.sums = {}
+                self._watch.local.clear()
         if self.engine.write_at_destroy:
             self._watch.on_destroy = self._on_destroy
 

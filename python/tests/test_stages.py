@@ -1,5 +1,6 @@
 """Stage facts (`_stages.py`): what each micro-batch went through on its way to the applied
 gradient, as the trace holds it; the expected values are the loop's own numbers."""
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -123,3 +124,46 @@ def test_a_frameworks_backward_api_and_its_wrapper_are_recorded(tmp_path):
     assert torch.allclose(r[:, FIELD["handed"]], r[:, FIELD["peeled"]])
     assert torch.allclose(r[:, FIELD["root"]] * 2, r[:, FIELD["handed"]])
     assert [t[f"step_calls.{s}"].item() for s in range(2)] == [2, 2]
+
+
+class _Flaky(nn.Module):
+    """Raises in its forward when told to (after its inner call), else a linear model."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+        self.fail = False
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.fail:
+            raise ValueError("bad batch")
+        return y
+
+
+def test_after_the_first_step_the_model_alone_carries_hooks_and_its_facts_go_on(tmp_path):
+    torch.manual_seed(0)
+    model = _Flaky()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    call = nn.Module.__call__
+    with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
+        assert nn.Module.__call__ is not call  # finding the outermost calls
+        first, _ = _loop(model, opt, k=2, steps=1)
+        # The class has its own __call__ back; the outermost module alone carries hooks.
+        assert nn.Module.__call__ is call
+        assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+        assert not model.lin._forward_pre_hooks and not model.lin._forward_hooks
+        model.fail = True
+        with pytest.raises(ValueError, match="bad batch"):
+            model(torch.ones(2, 3))
+        model.fail = False
+        later, _ = _loop(model, opt, k=2, steps=2)
+    assert not model._forward_pre_hooks and not model._forward_hooks and nn.Module.__call__ is call
+    t, _ = load(tmp_path / "t.safetensors")
+    losses = first + later
+    for s in range(3):
+        r = rows(t, s)
+        # A forward that raised counts as an outermost call no more once it is over: every
+        # later micro-batch is still seen, with its own samples.
+        assert r.shape[0] == 2 and r[0, FIELD["fingerprint"]] != r[1, FIELD["fingerprint"]]
+        assert torch.allclose(r[:, FIELD["peeled"]], torch.tensor(losses[2 * s : 2 * s + 2], dtype=torch.float64))

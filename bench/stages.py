@@ -160,6 +160,21 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def print_table(results: dict, band: tuple[str, str]) -> None:
+    """Per case and clock: each configuration's median seconds per step, and the ratios'
+    median with the `band` keys around it (min-max, or the quartiles)."""
+    lo, hi = band
+    print()
+    print(f"{'case':<12} {'clock':<5} {'no recorder':>13} {'base':>13} {'stages':>13}  {'base/none':>20}  {'stages/base':>20}  target")
+    for case, row in results.items():
+        for clock in CLOCKS:
+            r = row[clock]
+            ms = "".join(f" {r[c]['median'] * 1e3:>10.2f} ms" for c in CONFIGS)
+            ratio = lambda k: f"{r[k]['median']:.3f} [{r[k][lo]:.3f}-{r[k][hi]:.3f}]"  # noqa: E731
+            met = ("met" if r["stages/base"]["median"] <= 1.05 else "NOT met") if clock == "wall" else ""
+            print(f"{case if clock == 'wall' else '':<12} {clock:<5}{ms}  {ratio('base/none'):>20}  {ratio('stages/base'):>20}  {met}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default=BASE, help="the commit whose python/ has no stage facts")
@@ -204,16 +219,7 @@ def main() -> int:
                 row[clock]["base/none"] = spread([b[clock] / n[clock] for b, n in zip(per["base"], per["none"])])
                 row[clock]["stages/none"] = spread([s[clock] / n[clock] for s, n in zip(per["stages"], per["none"])])
             results[case] = row
-        print()
-        head = f"{'case':<12} {'clock':<5} {'no recorder':>13} {'base':>13} {'stages':>13}  {'base/none':>20}  {'stages/base':>20}  target"
-        print(head)
-        for case, row in results.items():
-            for clock in CLOCKS:
-                r = row[clock]
-                ms = "".join(f" {r[c]['median'] * 1e3:>10.2f} ms" for c in CONFIGS)
-                ratio = lambda k: f"{r[k]['median']:.3f} [{r[k]['min']:.3f}-{r[k]['max']:.3f}]"  # noqa: E731
-                met = ("met" if r["stages/base"]["median"] <= 1.05 else "NOT met") if clock == "wall" else ""
-                print(f"{case if clock == 'wall' else '':<12} {clock:<5}{ms}  {ratio('base/none'):>20}  {ratio('stages/base'):>20}  {met}")
+        print_table(results, ("min", "max"))
         print(f"({time.perf_counter() - started:.0f} s)")
         print(json.dumps({"base": args.base_python or args.base, "results": results}))
     return 0

@@ -37,10 +37,7 @@ ROOT = os.path.dirname(HERE)
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 TORCHRUN = os.path.join(ROOT, ".venv", "bin", "torchrun")
 sys.path.insert(0, HERE)
-from stages import BASE, unpack_base  # noqa: E402  (the same base recorder)
-
-CONFIGS = ["none", "base", "stages"]
-CLOCKS = ["wall", "cpu", "proc"]
+from stages import BASE, CLOCKS, CONFIGS, print_table, unpack_base  # noqa: E402  (the same base recorder and table)
 
 # One rank's loop: argv = case, base dir, stages dir, turns, steps, out, traces dir.
 WORKER = r'''
@@ -156,7 +153,7 @@ def run_case(case: str, args: argparse.Namespace, dirs: list[str], tmp: str) -> 
     row: dict = {"turns": len(turns["none"]), "steps_per_turn": args.steps}
     for i, clock in enumerate(CLOCKS):
         per = {c: [t[i] for t in turns[c]] for c in CONFIGS}
-        row[clock] = {c: statistics.median(per[c]) for c in CONFIGS}
+        row[clock] = {c: {"median": statistics.median(per[c])} for c in CONFIGS}
         row[clock]["stages/base"] = quartiles([s / b for s, b in zip(per["stages"], per["base"])])
         row[clock]["base/none"] = quartiles([b / n for b, n in zip(per["base"], per["none"])])
     return row
@@ -185,15 +182,7 @@ def main() -> int:
         for case in args.cases.split(","):
             results[case] = run_case(case, args, dirs, tmp)
             print(f"  {case}: {results[case]['turns']} passes ({time.perf_counter() - started:.0f} s)", flush=True)
-        print()
-        print(f"{'case':<12} {'clock':<5} {'no recorder':>13} {'base':>13} {'stages':>13}  {'base/none':>20}  {'stages/base':>20}  target")
-        for case, row in results.items():
-            for clock in CLOCKS:
-                r = row[clock]
-                ms = "".join(f" {r[c] * 1e3:>10.2f} ms" for c in CONFIGS)
-                ratio = lambda k: f"{r[k]['median']:.3f} [{r[k]['q1']:.3f}-{r[k]['q3']:.3f}]"  # noqa: E731
-                met = ("met" if r["stages/base"]["median"] <= 1.05 else "NOT met") if clock == "wall" else ""
-                print(f"{case if clock == 'wall' else '':<12} {clock:<5}{ms}  {ratio('base/none'):>20}  {ratio('stages/base'):>20}  {met}")
+        print_table(results, ("q1", "q3"))
         print(f"({time.perf_counter() - started:.0f} s)")
         print(json.dumps({"base": args.base_python or args.base, "results": results}))
     return 0

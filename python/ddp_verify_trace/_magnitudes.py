@@ -31,7 +31,7 @@ def add_backward(
     if how == "tensor" and take is None:
         # One read pass that allocates nothing the size of the tensor; the rest of the
         # arithmetic waits for the step, where it is done for every backward at once.
-        sums.setdefault(key, []).append(torch.aminmax(grad.detach()))
+        sums.setdefault(key, []).append(torch.aminmax(grad.detach() if grad.requires_grad else grad))
         return
     g = grad.detach() if take is None else take(grad.detach())
     g = g.abs().to(torch.promote_types(grad.dtype, torch.float32))
@@ -64,6 +64,15 @@ class Backwards:
         self.counts: dict[str, int] = {}  # name -> backward passes that reached it since the last step
 
     def add(self, name: str, grad: torch.Tensor, take: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if self.how == "tensor" and take is None:  # `add_backward`'s most common case, inline
+            self.counts[name] = self.counts.get(name, 0) + 1
+            pairs = self.sums.get(name)
+            if pairs is None:
+                pairs = self.sums[name] = []
+            # A gradient in a hook needs no detach (one dispatch of two, measured), except
+            # under create_graph.
+            pairs.append(torch.aminmax(grad.detach() if grad.requires_grad else grad))
+            return
         add_backward(self.sums, self.counts, name, grad, self.how, take)
 
     def take_counts(self) -> dict[str, int]:
@@ -93,17 +102,22 @@ class Backwards:
             self.sums.update(sums)
         self.counts.update(counts)
 
+    def local_largest(self, params: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+        """This rank's per-tensor magnitudes ("tensor"), one per parameter in order, not yet
+        averaged over ranks (the recorder gathers them with its step's other facts)."""
+        sums = [self.sums.pop(n, None) or [] for n, _ in params]
+        return _largest_sums(sums, self.acc_dtype, params[0][1].device)
+
     def reduced(self, world: int, params: list[tuple[str, torch.Tensor]], sampling: Sampling) -> Any:
         """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
         Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
-        sums = {n: self.sums.pop(n, None) for n, _ in params}
         if self.how == "tensor":
-            device = params[0][1].device
-            flat = _largest_sums([sums[n] or [] for n, _ in params], self.acc_dtype, device)
+            flat = self.local_largest(params)
             if world > 1:
                 _collectives.all_reduce(flat, op=dist.ReduceOp.SUM)
                 flat.div_(world)
             return flat
+        sums = {n: self.sums.pop(n, None) for n, _ in params}
         sums = {
             n: torch.zeros(sampling.kept_shape(n, p), dtype=self.acc_dtype, device=p.device) if sums[n] is None else sums[n]
             for n, p in params

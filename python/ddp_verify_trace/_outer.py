@@ -41,7 +41,8 @@ class Outer:
         if not watches:
             return None
         self.depth += 1
-        trained = self._trained.get(module)
+        # A module carrying the hooks was found training (`learned`): no lookup.
+        trained = True if not self.learning else self._trained.get(module)
         if trained is None:
             trained = self._trained[module] = any(p.requires_grad for p in module.parameters())
         if not trained:

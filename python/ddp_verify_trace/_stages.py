@@ -35,17 +35,25 @@ _NAN = float("nan")
 _WRAP = (1 << 64) - 1  # host fingerprints combined wrap as int64 tensors do
 
 
-def _tensors(value: Any, out: list[torch.Tensor], depth: int = 0) -> None:
-    """Every tensor in args and kwargs, in order (dicts by key order, as passed)."""
+def _first(value: Any, depth: int = 0) -> torch.Tensor | None:
+    """The first tensor in args and kwargs that can be fingerprinted, in order (dicts by
+    key order, as passed); None where there is none."""
     if isinstance(value, torch.Tensor):
-        out.append(value)
-    elif depth < 4 and isinstance(value, (list, tuple)):
+        if value.layout == torch.strided and value.numel() and not value.is_complex():
+            return value
+        return None
+    if depth < 4 and isinstance(value, (list, tuple)):
         for v in value:
-            _tensors(v, out, depth + 1)
+            t = _first(v, depth + 1)
+            if t is not None:
+                return t
     elif depth < 4 and isinstance(value, dict):
         for k in value:
             if k != "num_items_in_batch":
-                _tensors(value[k], out, depth + 1)
+                t = _first(value[k], depth + 1)
+                if t is not None:
+                    return t
+    return None
 
 
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -59,28 +67,26 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor |
     where no tensor was passed. Both legs of a run fingerprint alike (one device kind). The
     first tensor only: wrappers pass more than the model sees (Lightning's DDP wrapper the
     whole batch with its labels, the model the inputs alone), and the samples come first
-    (input_ids, images)."""
-    ts: list[torch.Tensor] = []
-    _tensors(args, ts)
-    _tensors(kwargs, ts)
-    for t in ts:
-        t = t.detach()
-        if t.is_complex() or t.numel() == 0 or t.layout != torch.strided:
-            continue
-        # The shape mixed in (tuples of ints hash alike in every process).
-        shape = hash(tuple(t.shape)) & 0x7FFFFFFFFFFF
-        if t.device.type == "cpu":
-            crc = _host_crc(t)
-            if crc is not None:
-                return crc | (shape & 0xFFFFF) << 32
-        flat = t.reshape(-1)
-        if flat.dtype == torch.bool:
-            flat = flat.view(torch.uint8)
-        elif flat.is_floating_point():
-            flat = flat.view(_INTS[flat.element_size()])
-        weights = _weights(flat.numel(), flat.device)
-        return (flat.to(torch.int64) * weights).sum() + shape
-    return None
+    (input_ids, images). Called once per micro-batch, between a forward's kernels: as few
+    Python steps as can be (no detach: nothing here records a graph)."""
+    t = _first(args)
+    if t is None:
+        t = _first(kwargs)
+        if t is None:
+            return None
+    # The shape mixed in (a torch.Size hashes as its tuple of ints, alike in every process).
+    shape = hash(t.shape) & 0x7FFFFFFFFFFF
+    if t.is_cpu:
+        crc = _host_crc(t)
+        if crc is not None:
+            return crc | (shape & 0xFFFFF) << 32
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    elif flat.is_floating_point():
+        flat = flat.view(_INTS[flat.element_size()])
+    weights = _weights(flat.numel(), flat.device)
+    return (flat.to(torch.int64) * weights).sum() + shape
 
 
 def _host_crc(t: torch.Tensor) -> int | None:
@@ -88,7 +94,7 @@ def _host_crc(t: torch.Tensor) -> int | None:
     not require NumPy, nor does the recorder: `_stream._bytes`); None where it cannot be."""
     try:
         if not t.is_contiguous():
-            t = t.contiguous()
+            t = t.detach().contiguous()
         size = t.numel() * t.element_size()
         return zlib.crc32((ctypes.c_char * size).from_address(t.data_ptr()))
     except Exception:  # noqa: BLE001 - a tensor without plain memory: the torch way
@@ -156,7 +162,7 @@ def peel(root: torch.Tensor) -> Any:
                 break
         except RuntimeError:  # saved tensors freed (a graph already run): nothing to peel
             break
-        v: Any = c.item() if c.device.type == "cpu" else c.detach().double()
+        v: Any = c.item() if c.is_cpu else c.detach().double()
         factor = _divide(factor, v) if kind == "DivBackward0" else factor * v
         node = nexts[live[0]][0]
     return factor
@@ -172,21 +178,24 @@ def _divide(a: Any, b: Any) -> Any:
 def caller(frame: FrameType | None) -> str:
     """The framework word of the first frame outward that is neither torch's nor the
     recorder's: whose code made the call (`plain`: the user's script)."""
-    from . import frameworks
-
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         word = _OWNERS.get(module)
         if word is None:
-            if module == "torch" or module.startswith(("torch.", "ddp_verify_trace")):
-                word = ""
-            else:
-                word = next((fw.name for fw in frameworks.FRAMEWORKS if fw.owns(module)), frameworks.PLAIN)
-            _OWNERS[module] = word
+            word = _OWNERS[module] = _owner(module)
         if word:
             return word
         frame = frame.f_back
-    return frameworks.PLAIN
+    return _owner("")
+
+
+def _owner(module: str) -> str:
+    """A module's framework word, the first time it is met ("": looked past)."""
+    from . import frameworks
+
+    if module == "torch" or module.startswith(("torch.", "ddp_verify_trace")):
+        return ""
+    return next((fw.name for fw in frameworks.FRAMEWORKS if fw.owns(module)), frameworks.PLAIN)
 
 
 # Module name -> its framework word ("": torch's or the recorder's, looked past).
@@ -363,14 +372,19 @@ class LocalSums:
         self._sums: list[torch.Tensor] = []
         # The parameters' order the sums are taken in, and each one's slot by id.
         self._order: tuple[Any, dict[int, int]] = (None, {})
+        # The slots of the last step's keys, as a tensor: the same keys in the same order
+        # step after step (backward runs in one order), so it is made once.
+        self._index: tuple[list[int], torch.Tensor | None] = ([], None)
 
     def add(self, key: int, grad: torch.Tensor) -> None:
         # Called for every parameter of every backward: as few operations as can be.
-        g = grad.detach() if grad.requires_grad else grad
-        wide = _WIDER.get(g.dtype)
+        wide = _WIDER.get(grad.dtype)
+        if grad.requires_grad:  # a backward with create_graph
+            grad = grad.detach()
         self._keys.append(key)
-        self._sums.append(g.sum() if wide is None else g.sum(dtype=wide))
-        if len(self._sums) >= _FOLD_AT:
+        sums = self._sums
+        sums.append(grad.sum() if wide is None else grad.sum(dtype=wide))
+        if len(sums) >= _FOLD_AT:
             self._fold()
 
     def _fold(self) -> None:
@@ -395,14 +409,19 @@ class LocalSums:
         out[0] = 1.0
         if self._order[0] is not params:  # the recorder passes the same list every step
             self._order = (params, {id(p): i + 1 for i, (_, p) in enumerate(params)})
+            self._index = ([], None)
         where = self._order[1]
-        kept = [(where[k], t) for k, t in zip(keys, sums) if k in where]
-        if not kept:
-            return out
-        parts = [t for _, t in kept]
+        last, index = self._index
+        if keys != last or index is None or index.device != device:
+            if not all(k in where for k in keys):  # parameters the recorder does not keep
+                kept = [(k, t) for k, t in zip(keys, sums) if k in where]
+                keys, sums = [k for k, _ in kept], [t for _, t in kept]
+                if not keys:
+                    return out
+            index = torch.tensor([where[k] for k in keys], dtype=torch.int64, device=device)
+            self._index = (keys, index)
         try:  # dtypes promote; devices must agree
-            values = torch.stack(parts)
+            values = torch.stack(sums)
         except RuntimeError:
-            values = torch.stack([t.to(device, torch.float64) for t in parts])
-        index = torch.tensor([i for i, _ in kept], dtype=torch.int64, device=device)
+            values = torch.stack([t.to(device, torch.float64) for t in sums])
         return out.index_add_(0, index, values.to(device, torch.float64))

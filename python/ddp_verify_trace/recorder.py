@@ -158,20 +158,25 @@ class Recorder:
 
     def _summer(self, name: str, param: torch.nn.Parameter) -> Any:
         # A tensor hook on a leaf sees each backward's own gradient before it is added to .grad
-        # (under DDP: this rank's, before the all-reduce; under no_sync too).
-        key, local = id(param), self._local
+        # (under DDP: this rank's, before the all-reduce; under no_sync too). Called for every
+        # parameter of every backward: what does not change is looked up once, here.
+        key = id(param)
+        add_local = self._local.add if self._local is not None else None
+        add = self._backwards.add
+        take = (lambda g: self._sampling.take(name, g)) if name in self._sampling else None
 
         def hook(grad: torch.Tensor) -> None:
-            if local is not None:
-                local.add(key, grad)
-            if name not in self._seen and self._steps:
+            if add_local is not None:
+                add_local(key, grad)
+            if self._steps and name not in self._seen:
                 self._seen.add(name)
                 self._nulled[name] = param.grad is None
             # A gradient about to be added to in place may be one the writer still reads.
-            if param.grad is not None and self._stream is not None and self._stream.busy():
-                self._stream.settle()
-            take = (lambda g: self._sampling.take(name, g)) if name in self._sampling else None
-            self._backwards.add(name, grad, take)
+            if param.grad is not None:
+                stream = self._stream
+                if stream is not None and stream.busy():
+                    stream.settle()
+            add(name, grad, take)
 
         return hook
 
@@ -216,6 +221,10 @@ class Recorder:
             self._stream.settle()
 
     def _peaks_now(self) -> None:
+        # Whole weights by device, for three foreach operations each: on the writer thread,
+        # a loop of two operations per parameter holds the GIL between them, and the training
+        # thread's backward waits for it at each of its own (measured: 3x its hooks' time).
+        plain: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         for n, p in self._params:
             part = self.engine.local_weight(n, p)
             if part is not None:
@@ -227,8 +236,13 @@ class Recorder:
             scratch = self._scratch.get(n)
             if scratch is None:
                 scratch = self._scratch[n] = torch.empty_like(self._peaks[n])
-            torch.abs(self.engine.weight(n, p), out=scratch)
-            torch.maximum(self._peaks[n], scratch, out=self._peaks[n])
+            w = self.engine.weight(n, p)
+            plain.setdefault(w.device, []).append((self._peaks[n], scratch, w))
+        for group in plain.values():
+            peaks, scratch, weights = (list(t) for t in zip(*group))
+            torch._foreach_copy_(scratch, weights)
+            torch._foreach_abs_(scratch)
+            torch._foreach_maximum_(peaks, scratch)
 
     def _engine_facts(self, s: int, world: int, reduced: list[bool]) -> None:
         """What synchronised the step's gradients and at what cost: the engine, its facts
@@ -255,22 +269,36 @@ class Recorder:
             self._closed_at_destroy = True
 
     def _gather(
-        self, s: int, world: int, grads: dict[str, torch.Tensor | None] | None, packed: _stages.Packed
-    ) -> torch.Tensor | None:
-        """The step's one collective of its own: every rank's stage facts, with every rank's
-        checksum of every gradient where `grads` are to be checked (their bits as int64,
-        the stage payload's float64 bits beside them). Returns the checksums [W, P]."""
-        every = rank_bits = None
+        self,
+        s: int,
+        world: int,
+        grads: dict[str, torch.Tensor | None] | None,
+        packed: _stages.Packed,
+        largest: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The step's one collective of its own, under several ranks: every rank's stage
+        facts; its per-tensor magnitudes (`largest`, where taken: summed over ranks here
+        instead of in an all_reduce of their own, whose round trip cost a small model's
+        DDP step 10%, measured); and its checksum of every gradient where `grads` are to be
+        checked. Each part's bits as int64, side by side. Returns the checksums [W, P] and
+        the magnitudes averaged over ranks, as DDP averages gradients (None where not taken)."""
+        every = rank_bits = averaged = None
         if world > 1:
             payload = packed.payload
-            if grads is None:
-                every = _stages.all_gather(payload, world)
-            else:
-                mine = torch.stack(
-                    [bits(g) if (g := grads[n]) is not None else torch.zeros((), dtype=torch.int64, device=p.device) for n, p in self._params]
-                )
-                both = _stages.all_gather(torch.cat([mine, payload.view(torch.int64).to(mine.device)]), world)
-                rank_bits, every = both[:, : len(mine)], both[:, len(mine) :].contiguous().view(torch.float64)
+            parts = [payload.view(torch.int64)]
+            if largest is not None:
+                parts.append(largest.to(payload.device, torch.float64).view(torch.int64))
+            if grads is not None:
+                zero = torch.zeros((), dtype=torch.int64, device=payload.device)
+                parts.append(torch.stack([bits(g).to(payload.device) if (g := grads[n]) is not None else zero for n, _ in self._params]))
+            got = _stages.all_gather(torch.cat(parts) if len(parts) > 1 else parts[0], world)
+            every, rest = got.split([payload.numel(), got.shape[1] - payload.numel()], dim=1)
+            every = every.contiguous().view(torch.float64)
+            if largest is not None:
+                mags, rest = rest.split([largest.numel(), rest.shape[1] - largest.numel()], dim=1)
+                averaged = mags.contiguous().view(torch.float64).sum(0).div_(world).to(largest.device, largest.dtype)
+            if grads is not None:
+                rank_bits = rest
         rows, sums = self._exchange.finish(packed, every, world)
         if rows.numel():
             self._tensors[_schema.name("batches", s)] = rows
@@ -278,7 +306,7 @@ class Recorder:
             # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
             for (n, _), v in zip(self._params, sums[1:].split(1)):
                 self._tensors[_schema.name("local", s, n)] = v
-        return rank_bits
+        return rank_bits, averaged
 
     def step(
         self,
@@ -304,7 +332,9 @@ class Recorder:
             self._meta[K.STEPS_PER_EPOCH] = str(self._steps)
         _, world = rank_world()
         self._world = max(self._world, world)
-        sums: Any = self._backwards.reduced(world, self._params, self._sampling) if self._magnitudes else {}
+        # Per-tensor magnitudes of several ranks go with the step's gather (`_gather`).
+        largest = self._backwards.local_largest(self._params) if world > 1 and self._magnitudes == "tensor" else None
+        sums: Any = self._backwards.reduced(world, self._params, self._sampling) if self._magnitudes and largest is None else {}
         s = self._steps
         syncs = self._watch.take_syncs()
         micro = self.engine.backwards(self._backwards.take_counts(), syncs)
@@ -329,7 +359,9 @@ class Recorder:
         else:
             grads, gathered = self.engine.gradients(self._params, self._sampling, self._summaries)
         checked = world > 1 and self.engine.rank_checksums(bool(self._sampling.positions))
-        rank_bits = self._gather(s, world, grads if checked else None, packed)
+        rank_bits, averaged = self._gather(s, world, grads if checked else None, packed, largest)
+        if averaged is not None:
+            sums = averaged
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
         # so they do not slow every DDP step with copies of their gradients.
         if rank_world()[0] != 0:
@@ -385,12 +417,14 @@ class Recorder:
         summaries = self._summary_rows(count)
         if self._magnitudes == "tensor":  # one small tensor for all parameters, split at close
             sums = dict(zip((n for n, _ in self._params), sums.to("cpu", self._dtype).unbind()))
+        # Each parameter's checksums of every rank: one row each of one transposed copy.
+        columns = rank_bits.t().contiguous().unbind(0) if rank_bits is not None else None
         for i, (n, p) in enumerate(self._params):
             g = grads[n]
             if g is None:  # no gradient: the optimizer leaves this parameter alone
                 continue
-            if rank_bits is not None:
-                self._tensors[_schema.name("rank_bits", s, n)] = rank_bits[:, i].contiguous()
+            if columns is not None:
+                self._tensors[_schema.name("rank_bits", s, n)] = columns[i]
             if n in gathered:
                 kept, summary = gathered[n]
                 big.append((_schema.name("grads", s, n), kept.to(self._dtype)))

@@ -6,7 +6,7 @@ of each, a minute apart; on a shared 2-core machine their speed drifts more betw
 the cost measured, and turns a fraction of a second apart see the same machine.
 
   .venv/bin/python bench/stages_paired.py [--base REV | --base-python DIR] [--stages-python DIR]
-                                          [--cases nanogpt-1,nanogpt-ddp,fsdp2-tiny]
+                                          [--strip] [--cases nanogpt-1,nanogpt-ddp,fsdp2-tiny]
                                           [--turns N] [--steps N]
 
 Cases (as bench/stages.py's, each rank a loop of its own around the same model):
@@ -20,12 +20,16 @@ from one step's end to the next on rank 0, leaving out the turn's first step (it
 model and builds the recorder); a turn's median step is its number. Turns go none, base,
 stages and back (stages, base, none) so that a drift falls on each alike; the ratio is taken
 within each pass, and its median over passes is quoted with the middle half's range. Wall
-time, the training thread's CPU time (`cpu`) and the process's (`proc`). Last line: JSON."""
+time, the training thread's CPU time (`cpu`) and the process's (`proc`). Last line: JSON.
+
+`--strip`: the base is the same recorder with its stage facts switched off (`STRIP`), so the
+ratio is their own share, apart from what the rest of the recorder gained since the base."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -159,11 +163,33 @@ def run_case(case: str, args: argparse.Namespace, dirs: list[str], tmp: str) -> 
     return row
 
 
+# What `--strip` switches off in a copy of the recorder: the stage facts' patches (outermost
+# calls, backward roots, zero_grad) and the local sums; the rest records as it does.
+STRIP = [
+    ("_watch.py", "    from torch.optim.optimizer import register_optimizer_step_post_hook\n", "    return\n"),
+    ("_stages.py", "        # Called for every parameter of every backward: as few operations as can be.\n", "        return\n"),
+]
+
+
+def strip_stages(python: str, into: str) -> str:
+    """A copy of `python` (a recorder's python/ folder) without its stage facts; its path."""
+    shutil.copytree(python, into)
+    for name, line, insert in STRIP:
+        path = os.path.join(into, "ddp_verify_trace", name)
+        text = open(path).read()
+        if line not in text:
+            sys.exit(f"--strip: {name} no longer has the line it switches off at: update STRIP")
+        open(path, "w").write(text.replace(line, insert + line, 1))
+    return into
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default=BASE, help="the commit whose python/ has no stage facts")
     p.add_argument("--base-python", default=None, help="an older checkout's python/ instead of --base")
     p.add_argument("--stages-python", default=os.path.join(ROOT, "python"), help="the python/ with stage facts")
+    p.add_argument("--strip", action="store_true",
+                   help="the base: the --stages-python recorder with its stage facts switched off (their own share)")
     p.add_argument("--cases", default="nanogpt-1,nanogpt-ddp,fsdp2-tiny")
     p.add_argument("--turns", type=int, default=30, help="passes of none, base, stages")
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps per turn")
@@ -171,8 +197,12 @@ def main() -> int:
     args = p.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stages-paired-") as tmp:
-        base = os.path.abspath(args.base_python) if args.base_python else unpack_base(args.base, os.path.join(tmp, "base"))
-        if os.path.exists(os.path.join(base, "ddp_verify_trace", "_stages.py")):
+        if args.strip:
+            base = strip_stages(args.stages_python, os.path.join(tmp, "stripped"))
+            args.base = "the same recorder without its stage facts"
+        else:
+            base = os.path.abspath(args.base_python) if args.base_python else unpack_base(args.base, os.path.join(tmp, "base"))
+        if not args.strip and os.path.exists(os.path.join(base, "ddp_verify_trace", "_stages.py")):
             sys.exit(f"{base} has the stage facts (ddp_verify_trace/_stages.py): give an older --base")
         dirs = [base, os.path.abspath(args.stages_python)]
         print(f"stage facts' cost per recorded step, in turns: {dirs[1]} against {args.base_python or args.base}")

@@ -110,7 +110,9 @@ class Backwards:
 
     def reduced(self, world: int, params: list[tuple[str, torch.Tensor]], sampling: Sampling) -> Any:
         """Each parameter's magnitude sum, averaged over ranks as DDP averages gradients.
-        Every rank makes the same all_reduce (zeros where no backward reached a parameter)."""
+        Every rank makes the same all_reduce (zeros where no backward reached a parameter).
+        Per tensor under several ranks the recorder gathers `local_largest` instead, with its
+        step's other facts (one collective a step)."""
         if self.how == "tensor":
             flat = self.local_largest(params)
             if world > 1:

@@ -54,11 +54,13 @@ def train(model, rec, xs, acc, lr=0.5):
         copies = {n: p.detach().clone().requires_grad_() for n, p in params.items()}
         state = {**copies, **{n: b.clone() for n, b in module.named_buffers()}}
         scale = {n: torch.zeros_like(p) for n, p in params.items()}
+        top = {n: torch.zeros(()) for n in params}  # per tensor: the sum of each backward's max |g|
         for x in window:
             gs = torch.autograd.grad(functional_call(module, state, (x,)) / acc, list(copies.values()), allow_unused=True)
             for n, g in zip(copies, gs):
                 if g is not None:
                     scale[n] += g.abs()
+                    top[n] += g.abs().max()
         for i, x in enumerate(window):
             sync = not ddp or i == acc - 1
             with contextlib.nullcontext() if sync else model.no_sync():
@@ -68,6 +70,7 @@ def train(model, rec, xs, acc, lr=0.5):
         rec.step()
         expect["grads"].append({n: p.grad.clone() for n, p in params.items() if p.grad is not None})
         expect["scale"].append({n: scale[n] for n in expect["grads"][-1]})
+        expect.setdefault("top", []).append({n: top[n] for n in expect["grads"][-1]})
         opt.step()
         opt.zero_grad()
     for n, p in params.items():
@@ -192,6 +195,29 @@ def test_misuse_is_refused(tmp_path):
         TraceRecorder(mixed, tmp_path / "m.safetensors")
     with pytest.raises(ValueError, match="acc_steps"):
         TraceRecorder(Net(), tmp_path / "a.safetensors", acc_steps="2")
+
+
+def _ddp_tensor_worker(rank, world, tmp):
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Net(unused=False))
+    rec = TraceRecorder(model, os.path.join(tmp, "t.safetensors"), acc_steps=2 * world, magnitudes="tensor")
+    expect = train(model, rec, batches(4, seed=10 + rank), acc=2)
+    rec.close()
+    torch.save(expect, os.path.join(tmp, f"expect{rank}.pt"))
+
+
+def test_ddp_per_tensor_magnitudes_are_averaged_over_ranks_in_the_steps_one_gather(tmp_path):
+    # Per tensor, the ranks' magnitudes ride the step's all_gather (no all_reduce of their
+    # own) and are averaged there as DDP averages gradients: as an all_reduce made them.
+    run_world(_ddp_tensor_worker, 2, str(tmp_path))
+    t, meta = load(tmp_path / "t.safetensors")
+    assert meta["magnitudes"] == "per tensor"
+    e0, e1 = (torch.load(tmp_path / f"expect{r}.pt") for r in (0, 1))
+    for s in range(2):
+        for n, a in e0["top"][s].items():
+            want = (a + e1["top"][s][n]) / 2
+            assert torch.equal(t[f"scale.{s}.{n}"].reshape(()), want), (s, n)
+            assert torch.equal(t[f"grads.{s}.{n}"], e0["grads"][s][n])
 
 
 def _ddp_worker(rank, world, tmp):

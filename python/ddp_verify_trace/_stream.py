@@ -109,7 +109,7 @@ class Stream:
         for (name, t), size in zip(copied, sizes):
             self._entry(name, t, at, size)
             at += size
-        if total and all(t.is_cpu for _, t in copied):
+        if total and all(t.is_cpu and t.dtype == copied[0][1].dtype for _, t in copied):
             # One copy of them all (they share one dtype): a copy each costs a small
             # model's step more in dispatch than in bytes.
             flat = [t.detach().reshape(-1) for _, t in copied]

@@ -240,9 +240,13 @@ class Recorder:
             plain.setdefault(w.device, []).append((self._peaks[n], scratch, w))
         for group in plain.values():
             peaks, scratch, weights = (list(t) for t in zip(*group))
-            torch._foreach_copy_(scratch, weights)
-            torch._foreach_abs_(scratch)
-            torch._foreach_maximum_(peaks, scratch)
+            try:
+                torch._foreach_copy_(scratch, weights)
+                torch._foreach_abs_(scratch)
+                torch._foreach_maximum_(peaks, scratch)
+            except (AttributeError, RuntimeError, TypeError):  # a torch without them: one by one
+                for peak, buf, w in group:
+                    torch.maximum(peak, torch.abs(w, out=buf), out=peak)
 
     def _engine_facts(self, s: int, world: int, reduced: list[bool]) -> None:
         """What synchronised the step's gradients and at what cost: the engine, its facts

@@ -283,7 +283,7 @@ class Recorder:
         """The step's one collective of its own, under several ranks: every rank's stage
         facts; its per-tensor magnitudes (`largest`, where taken: summed over ranks here
         instead of in an all_reduce of their own, whose round trip cost a small model's
-        DDP step 10%, measured); and its checksum of every gradient where `grads` are to be
+        DDP step 12%, measured); and its checksum of every gradient where `grads` are to be
         checked. Each part's bits as int64, side by side. Returns the checksums [W, P] and
         the magnitudes averaged over ranks, as DDP averages gradients (None where not taken)."""
         every = rank_bits = averaged = None

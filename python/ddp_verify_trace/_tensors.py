@@ -29,3 +29,17 @@ def bits(g: torch.Tensor) -> torch.Tensor:
     gradient part of which was never all-reduced differs in many elements, whose bit
     patterns do not cancel."""
     return g.detach().contiguous().view(_BITS[g.dtype]).sum(dtype=torch.int64)
+
+
+def max_abs_into(group: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+    """peak = max(peak, |w|) for each (peak, scratch, w) of one device, in three foreach
+    operations: on the writer thread a loop of two operations per parameter holds the GIL
+    between them, and the training thread's backward waits for it at each of its own."""
+    peaks, scratch, weights = (list(t) for t in zip(*group))
+    try:
+        torch._foreach_copy_(scratch, weights)
+        torch._foreach_abs_(scratch)
+        torch._foreach_maximum_(peaks, scratch)
+    except (AttributeError, RuntimeError, TypeError):  # a torch without them: one by one
+        for peak, buf, w in group:
+            torch.maximum(peak, torch.abs(w, out=buf), out=peak)

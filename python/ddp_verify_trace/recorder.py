@@ -30,7 +30,7 @@ from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
 from ._sampling import Sampling, Summaries, numel
 from ._stream import Stream, writable
-from ._tensors import DTYPES, bits, host, owns_memory
+from ._tensors import DTYPES, bits, host, max_abs_into, owns_memory
 
 FORMAT = _schema.FORMAT
 K = _schema.Key
@@ -221,9 +221,7 @@ class Recorder:
             self._stream.settle()
 
     def _peaks_now(self) -> None:
-        # Whole weights by device, for three foreach operations each: on the writer thread,
-        # a loop of two operations per parameter holds the GIL between them, and the training
-        # thread's backward waits for it at each of its own (measured: 3x its hooks' time).
+        # Whole weights by device, for three foreach operations each (`max_abs_into`).
         plain: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         for n, p in self._params:
             part = self.engine.local_weight(n, p)
@@ -239,14 +237,7 @@ class Recorder:
             w = self.engine.weight(n, p)
             plain.setdefault(w.device, []).append((self._peaks[n], scratch, w))
         for group in plain.values():
-            peaks, scratch, weights = (list(t) for t in zip(*group))
-            try:
-                torch._foreach_copy_(scratch, weights)
-                torch._foreach_abs_(scratch)
-                torch._foreach_maximum_(peaks, scratch)
-            except (AttributeError, RuntimeError, TypeError):  # a torch without them: one by one
-                for peak, buf, w in group:
-                    torch.maximum(peak, torch.abs(w, out=buf), out=peak)
+            max_abs_into(group)
 
     def _engine_facts(self, s: int, world: int, reduced: list[bool]) -> None:
         """What synchronised the step's gradients and at what cost: the engine, its facts

@@ -31,6 +31,8 @@ def add_backward(
     if how == "tensor" and take is None:
         # One read pass that allocates nothing the size of the tensor; the rest of the
         # arithmetic waits for the step, where it is done for every backward at once.
+        # A gradient in a hook needs no detach (one dispatch of two, measured), except under
+        # create_graph.
         sums.setdefault(key, []).append(torch.aminmax(grad.detach() if grad.requires_grad else grad))
         return
     g = grad.detach() if take is None else take(grad.detach())
@@ -64,15 +66,6 @@ class Backwards:
         self.counts: dict[str, int] = {}  # name -> backward passes that reached it since the last step
 
     def add(self, name: str, grad: torch.Tensor, take: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        if self.how == "tensor" and take is None:  # `add_backward`'s most common case, inline
-            self.counts[name] = self.counts.get(name, 0) + 1
-            pairs = self.sums.get(name)
-            if pairs is None:
-                pairs = self.sums[name] = []
-            # A gradient in a hook needs no detach (one dispatch of two, measured), except
-            # under create_graph.
-            pairs.append(torch.aminmax(grad.detach() if grad.requires_grad else grad))
-            return
         add_backward(self.sums, self.counts, name, grad, self.how, take)
 
     def take_counts(self) -> dict[str, int]:

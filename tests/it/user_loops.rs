@@ -18,7 +18,14 @@ pub(crate) fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (
     let report = t.path().join("report.json").display().to_string();
     let script = repo(&format!("examples/{example}/train.py")).display().to_string();
     let mut args = flags("--acc-steps 4 --gpus 2 --report json --report-file");
-    args.extend([report.as_str(), "--"]);
+    args.push(report.as_str());
+    // DDP_VERIFY_KEEP_TRACES=DIR keeps each case's traces and logs (bench/causes.py judges
+    // them again with two builds).
+    let kept = keep_traces(launcher, example, extra);
+    if let Some(dir) = &kept {
+        args.extend(["--force", "--save-trace", dir.as_str()]);
+    }
+    args.push("--");
     args.extend(launcher);
     args.push(&script);
     args.extend(flags(extra));
@@ -35,6 +42,18 @@ pub(crate) fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (
         assert_eq!(json["traces"]["sampling"]["size"].to_string(), n, "{example} {extra}: {json}");
     }
     (out.status.code(), json)
+}
+
+/// The folder under `DDP_VERIFY_KEEP_TRACES` for one case, named by its launcher, example
+/// and arguments; None where the variable is unset.
+pub(crate) fn keep_traces(launcher: &[&str], example: &str, extra: &str) -> Option<String> {
+    let root = std::env::var_os("DDP_VERIFY_KEEP_TRACES")?;
+    let by = launcher.last().and_then(|l| l.rsplit('/').next()).unwrap_or("python");
+    let slug: String = format!("{example} {by} {extra}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .collect();
+    Some(std::path::Path::new(&root).join(slug).display().to_string())
 }
 
 pub(crate) fn reason(report: &serde_json::Value) -> &str {

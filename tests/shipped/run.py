@@ -12,6 +12,8 @@ rendezvous on a loaded machine) is run once more, as tests/it/user_loops.rs does
                                   SHIPPED_SKIP_TORCH_ENVS=1 leaves out the cases that need a
                                   torch environment of their own (tests/shipped/manifest.py)
                                   SHIPPED_DETAIL=1 prints each diagnosis.detail too
+                                  DDP_VERIFY_KEEP_TRACES=DIR keeps each run's traces in
+                                  DIR/shipped.CASE.SIDE (bench/causes.py)
 Standard library only (Python 3.11+).
 """
 import json
@@ -39,6 +41,10 @@ def run_one(binary, case, side, keep):
     flags = shlex.split(case.get("ddp_verify", "--acc-steps 4 --gpus 2"))
     if not any(f.startswith("--timeout") for f in flags):
         flags += ["--timeout", "300"]  # a hung leg stops the run (exit 3), not CI
+    # DDP_VERIFY_KEEP_TRACES=DIR keeps each run's traces (bench/causes.py judges them again).
+    traces = os.environ.get("DDP_VERIFY_KEEP_TRACES")
+    if traces:
+        flags += ["--save-trace", os.path.join(os.path.abspath(traces), "shipped." + tag)]
     argv = [binary, *flags, "--report", "json", "--report-file", report, "--force",
             "--", py, case["script"], *shlex.split(case.get("args", ""))]
     env = dict(os.environ)

@@ -14,7 +14,7 @@ mod stages;
 mod trace;
 mod unrepeatable;
 mod values;
-mod words;
+pub(crate) mod words;
 mod writer;
 
 pub use golden::Golden;

@@ -1,6 +1,7 @@
-//! `vocabulary!`: an enum whose values a trace header writes as words, each word written beside
-//! its variant. Words are matched, never looked up by list position, so adding or reordering a
-//! variant cannot give another its word; a word written twice is an unreachable pattern.
+//! `words!` and `vocabulary!`: an enum whose values are written as words (in a report, in a
+//! trace header), each word written beside its variant. Words are matched, never looked up by
+//! list position, so adding or reordering a variant cannot give another its word; a word
+//! written twice is an unreachable pattern.
 
 /// The Python constant for a word or a key: upper-cased, each character that is neither a letter
 /// nor a digit an underscore (`deepspeed-zero0` is `DEEPSPEED_ZERO0`, `per tensor` `PER_TENSOR`,
@@ -9,10 +10,11 @@ pub fn python_name(word: &str) -> String {
     word.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
-/// An enum of header words: `pub enum Leg { Accumulation = "accumulation", ... }` gives the enum,
-/// `ALL` and `WORDS` in declaration order, `parse` and `name` by match, and its `HeaderValue`
-/// (one of `WORDS`).
-macro_rules! vocabulary {
+/// An enum of words: `pub enum Stage { Samples = "samples", ... }` gives the enum, `ALL` and
+/// `WORDS` in declaration order, `parse` and `name` by match, and serde's writing as the word.
+/// The judge's vocabularies (reasons, stages, mechanisms) are these; a header's are
+/// [`vocabulary!`]s, which add the header's reading and writing.
+macro_rules! words {
     (
         $(#[$meta:meta])*
         pub enum $ty:ident {
@@ -39,11 +41,34 @@ macro_rules! vocabulary {
                 }
             }
 
-            /// The word a header writes.
+            /// Its word.
             pub fn name(self) -> &'static str {
                 match self {
                     $($ty::$variant => $word,)+
                 }
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+    };
+}
+
+/// An enum of header words: [`words!`] and its `HeaderValue` (one of `WORDS`).
+macro_rules! vocabulary {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $word:literal,)+
+        }
+    ) => {
+        $crate::evidence::words::words! {
+            $(#[$meta])*
+            pub enum $ty {
+                $($(#[$vmeta])* $variant = $word,)+
             }
         }
 
@@ -63,7 +88,7 @@ macro_rules! vocabulary {
     };
 }
 
-pub(crate) use vocabulary;
+pub(crate) use {vocabulary, words};
 
 #[cfg(test)]
 mod tests {

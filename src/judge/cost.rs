@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::{Diagnosis, Reason};
+use super::{Numbers, Parting};
 use crate::evidence::{Engine, Trace};
 
 /// One run's synchronisation and speed per optimizer step (medians over its steps).
@@ -102,29 +102,18 @@ fn skippable(engine: Option<&str>) -> bool {
 /// The caution beside an equivalent verdict: a multi-process run that reduced more than one
 /// micro-batch's gradients per step, where one reduction after the last would give the
 /// same gradients (seed 002).
-pub fn needless_sync(costs: &[LegCost]) -> Option<Diagnosis> {
+pub fn needless_sync(costs: &[LegCost]) -> Option<Parting> {
     let leg = costs.iter().find(|c| skippable(c.engine) && c.reduced.is_some_and(|r| r > 1))?;
     let (r, m) = (leg.reduced?, leg.micro_batches?);
     let needless = r - 1;
-    let volume = match (leg.megabytes, leg.collectives) {
-        (Some(mb), _) => format!("{} per step", size_words(mb * needless as f64 / r as f64)),
-        _ => "bytes not recorded".into(),
+    let numbers = Numbers::NeedlessSync {
+        label: leg.label.to_string(),
+        needless,
+        micro_batches: m,
+        megabytes: leg.megabytes.map(|mb| mb * needless as f64 / r as f64),
+        times: costs.iter().filter_map(|c| Some((c.label.to_string(), c.seconds?))).collect(),
     };
-    let times: Vec<String> = costs.iter().filter_map(|c| Some(format!("{} {:.4} s", c.label, c.seconds?))).collect();
-    let timed = match times.is_empty() {
-        true => String::new(),
-        false => format!("; measured time per step: {}", times.join(", ")),
-    };
-    Some(Diagnosis {
-        reason: Reason::NeedlessSync,
-        located: None,
-        detail: format!(
-            "{needless} of the {m} micro-batches per rank were all-reduced needlessly in {}: {volume}; wrap all but \
-             the last in `no_sync()` (FSDP2: `set_requires_gradient_sync(False)`), which gives the same gradients \
-             with one reduction per step{timed}",
-            leg.label
-        ),
-    })
+    Some(Parting::new(None, None, None, numbers))
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@
 use std::path::PathBuf;
 
 use super::{
-    adamw_finals, caution, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement, BigBatch,
-    Comparer, Comparison, Context, Diagnosis, Outcome, Reason, SampledPair, Subject, TracePair,
+    adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement,
+    BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome, Parting, Reason, SampledPair, Subject,
+    TracePair,
 };
 use crate::evidence::{BigLeg, Golden, Legs, Params, Trace, Unrepeatable};
 use crate::spec::{CompareOptions, Config, Dtype, Tolerance, ToleranceOverrides};
@@ -76,7 +77,7 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         None if amplified.is_some() => amplified,
         None => caution(&accumulation, &ddp, &runs, &context)
             .or_else(|| big_batch.as_ref().and_then(short_batches))
-            .or_else(|| needless_sync(&costs)),
+            .or_else(|| needless_sync(&costs).map(|p| cautioned(&p, &runs.left, &runs.right))),
     };
     Outcome {
         subject,
@@ -116,20 +117,9 @@ fn amplified_rounding(
         return (d, None);
     }
     runs.verdict = Agreement::WithinTolerance;
-    let growth: Vec<String> = runs.steps.iter().map(|g| format!("{:.0e}", g.max_rel)).collect();
-    let caution = Diagnosis {
-        reason: Reason::Chaos,
-        detail: format!(
-            "the gradients agree at step 0 and part later by rounding amplified step by step (max rel {}, within \
-             {AMPLIFIED_EPS:.0} times the dtype's epsilon), no recorded fact differs, and the final weights agree \
-             within the allowance carried through the optimizer: counted as rounding. Each later step's gradient \
-             is taken at weights already apart by rounding; to hold every step to one step's rounding, record \
-             fewer steps or train in float64",
-            growth.join(" -> ")
-        ),
-        located: None,
-    };
-    (None, Some(caution))
+    let growth = runs.steps.iter().map(|g| g.max_rel).collect();
+    let p = Parting::new(None, None, None, Numbers::AmplifiedRounding { growth, ceiling: AMPLIFIED_EPS });
+    (None, Some(cautioned(&p, &runs.left, &runs.right)))
 }
 
 /// A big batch that parts from accumulation where DDP does not, in a run whose one process
@@ -137,17 +127,8 @@ fn amplified_rounding(
 /// weigh more than in one big batch, by construction of the per-micro-batch mean. Said
 /// beside the verdict, which it does not decide: DDP and accumulation agree.
 fn short_batches(b: &BigBatch) -> Option<Diagnosis> {
-    (!b.decisive).then(|| Diagnosis {
-        reason: Reason::UnevenData,
-        detail: format!(
-            "the big batch parts from accumulation, which DDP agrees with: the one-process run averaged {} short \
-             micro-batch(es) per epoch alone (N off a multiple of W·B), and a short batch's mean weighs each of its \
-             samples more than one big batch does. Not counted in the verdict; to make the big batch agree too, \
-             make N a multiple of W·B or divide the summed loss by the step's sample count",
-            b.shorts
-        ),
-        located: None,
-    })
+    let p = Parting::new(None, None, None, Numbers::ShortBatches { shorts: b.shorts });
+    (!b.decisive).then(|| cautioned(&p, &b.comparison.left, &b.comparison.right))
 }
 
 /// Each run against the golden's trace of the same run (their ends: the steps were

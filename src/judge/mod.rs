@@ -17,8 +17,8 @@ pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
 pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
-    big_batch as diagnose_big_batch, caution, diagnose, Context, Diagnosis, Loss, Origin, Reason, Rule, ShortWindow,
-    RULES,
+    big_batch as diagnose_big_batch, caution, cautioned, diagnose, Context, Diagnosis, Loss, Numbers, Origin, Parting,
+    Reason, ShortWindow,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use judgement::{judge, Judging, Terms};

@@ -392,3 +392,41 @@ fn the_judges_names_are_read_from_paths_and_groups() {
                 impl K {\n    pub fn method() {}\n}";
     assert_eq!(exports(text), ["c", "D", "f", "h", "I", "j", "K"]);
 }
+
+/// The diagnosis's locators read facts and measure; none uses another (what they share is in
+/// `measure`), so a new locator is a function in its family's file and a line in the tier
+/// table (`locate/mod.rs`).
+#[test]
+fn no_locator_uses_another() {
+    let graph = sibling_graph(&repo("src/judge/diagnose/locate"), "judge::diagnose::locate");
+    assert!(graph.len() >= 8, "{graph:?}");
+    let linked: Vec<String> =
+        graph.iter().filter(|(_, u)| !u.is_empty()).map(|(n, u)| format!("{n} uses {}", u.join(", "))).collect();
+    assert!(linked.is_empty(), "locators that use one another:\n{}", linked.join("\n"));
+}
+
+/// Words are written in one place: of the diagnosis's files, only `advise/` formats a cause,
+/// `owner.rs` an owner's name and `mod.rs` where a cause sits; locators, measures and the
+/// owner rule hand on facts.
+#[test]
+fn only_advise_writes_a_cause() {
+    let root = repo("src/judge/diagnose");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let allowed = |rel: &Path| rel.starts_with("advise") || rel == Path::new("owner.rs") || rel == Path::new("mod.rs");
+    let tests = |rel: &Path| rel.to_str().is_some_and(|r| r.ends_with("tests.rs"));
+    let mut wrote = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&root).unwrap();
+        if allowed(rel) || tests(rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        if code.contains("format!(") {
+            wrote.push(rel.display().to_string());
+        }
+    }
+    assert!(files.len() > 15, "{files:?}");
+    assert!(wrote.is_empty(), "words written outside advise/:\n{}", wrote.join("\n"));
+}

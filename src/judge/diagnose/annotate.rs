@@ -1,13 +1,15 @@
-//! Known upstream fixes, as data (`known_fixes.toml`): a library's versions, the stage and
-//! mechanism the walk located, and the upstream issue or PR with the version that fixed it.
-//! A row only annotates a cause already located from recorded facts: neither the verdict
-//! nor the stage ever depends on it.
+//! The pipeline's last step: known upstream fixes, as data (`known_fixes.toml`): a library's
+//! versions, the stage and mechanism a parting was located at, and the upstream issue or PR
+//! with the version that fixed it. A row only annotates a cause already located and owned
+//! from recorded facts: neither the verdict, the stage nor the owner ever depends on it.
 
 use std::sync::LazyLock;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Owner, Stage};
+use super::owner::Owner;
+use super::parting::Parting;
+use super::words::Stage;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KnownFix {
@@ -17,7 +19,7 @@ pub struct KnownFix {
     pub from: String,
     pub fixed_in: String,
     pub stage: String,
-    /// The walk's mechanism word (`walk::Mechanism::name`).
+    /// The mechanism's word (`Mechanism::name`).
     pub mechanism: String,
     pub tracker: String,
     pub what: String,
@@ -42,8 +44,12 @@ fn less(a: &str, b: &str) -> bool {
     numbers(a) < numbers(b)
 }
 
-/// The known fix for a located cause, where the table has one.
-pub fn lookup(owner: &Owner, stage: Stage, mechanism: &str) -> Option<&'static KnownFix> {
+/// The known fix for a located and owned parting, where the table has one.
+pub fn known_fix(p: &Parting, owner: &Owner) -> Option<&'static KnownFix> {
+    lookup(owner, p.stage?, p.mechanism.name())
+}
+
+fn lookup(owner: &Owner, stage: Stage, mechanism: &str) -> Option<&'static KnownFix> {
     let (name, version) = (owner.name(), owner.version()?);
     KNOWN_FIXES.iter().find(|f| {
         f.library == name
@@ -61,11 +67,12 @@ mod tests {
     #[test]
     fn the_table_parses_and_names_real_stages() {
         let t: Table = toml::from_str(include_str!("known_fixes.toml")).expect("known_fixes.toml parses");
+        assert_eq!(t.fix.len(), KNOWN_FIXES.len());
         assert!(!t.fix.is_empty());
         for f in &t.fix {
             assert!(Stage::parse(&f.stage).is_some(), "{f:?}");
             assert!(less(&f.from, &f.fixed_in), "{f:?}");
-            assert!(super::super::walk::Mechanism::parse(&f.mechanism).is_some(), "{f:?}");
+            assert!(super::super::words::Mechanism::parse(&f.mechanism).is_some(), "{f:?}");
             assert!(f.tracker.starts_with("https://github.com/"), "{f:?}");
         }
     }

@@ -83,7 +83,7 @@ impl Context {
     pub fn of_traces(a: &Trace, b: &Trace) -> Self {
         let both = [a, b];
         let dtype = a.finals.first().and_then(|(_, t)| t.dtype()).unwrap_or(Dtype::Float32);
-        let framework = both.iter().find_map(|t| t.header.framework.filter(|f| super::scaling::divides_loss(*f)));
+        let framework = both.iter().find_map(|t| t.header.framework.filter(|f| super::measure::divides_loss(*f)));
         Context {
             origin: Origin::Recorded { framework },
             eps: dtype.epsilon(),

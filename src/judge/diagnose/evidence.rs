@@ -1,26 +1,40 @@
-//! What every rule looks at: both traces, their comparison, what is known of the runs, and
+//! What every locator looks at: both traces, their comparison, what is known of the runs, and
 //! the first step whose gradients diverged (flattened once, on first use).
 
 use std::cell::OnceCell;
 
+use super::parting::{Parting, Side};
 use super::Context;
 use crate::evidence::{Params, Trace};
 use crate::judge::{Agreement, Comparison};
+
+/// Which two legs are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pair {
+    /// Accumulation against DDP.
+    Runs,
+    /// Accumulation against one big batch of each step's samples; `shared`: DDP agreed with
+    /// accumulation and the steps match, so what both runs share is asked first.
+    BigBatch { shared: bool },
+}
 
 pub struct Evidence<'a> {
     pub a: &'a Trace,
     pub b: &'a Trace,
     pub c: &'a Comparison,
     pub cx: &'a Context,
+    pub pair: Pair,
     /// The first optimizer step whose gradients diverged, if any did.
     pub first: Option<usize>,
     grads: OnceCell<Option<(Vec<f64>, Vec<f64>)>>,
+    /// The stage walk's parting, once walked (`locate` asks it for two tiers).
+    pub walked: OnceCell<Option<Parting>>,
 }
 
 impl<'a> Evidence<'a> {
-    pub fn new(a: &'a Trace, b: &'a Trace, c: &'a Comparison, cx: &'a Context) -> Self {
+    pub fn new(a: &'a Trace, b: &'a Trace, c: &'a Comparison, cx: &'a Context, pair: Pair) -> Self {
         let first = c.steps.iter().position(|g| g.verdict == Agreement::Diverged);
-        Evidence { a, b, c, cx, first, grads: OnceCell::new() }
+        Evidence { a, b, c, cx, pair, first, grads: OnceCell::new(), walked: OnceCell::new() }
     }
 
     /// What reports call each side.
@@ -30,6 +44,18 @@ impl<'a> Evidence<'a> {
 
     pub fn right(&self) -> &str {
         &self.c.right
+    }
+
+    pub fn label(&self, side: Side) -> &str {
+        match side {
+            Side::Left => self.left(),
+            Side::Right => self.right(),
+        }
+    }
+
+    /// Both legs, left first.
+    pub fn sides(&self) -> [(Side, &'a Trace); 2] {
+        [(Side::Left, self.a), (Side::Right, self.b)]
     }
 
     /// Both sides' gradients at the first diverged step, flattened; None where no step

@@ -1,5 +1,5 @@
-//! Whose code owns a stage: the user's script, or a library at the version the run imported
-//! (the header's `versions`), with the API at fault.
+//! An owner: the user's script, or a library at the version the run imported (the header's
+//! `versions`) with its API. `own` decides whose a parting is; this only says who is who.
 
 use serde::Serialize;
 
@@ -73,7 +73,7 @@ impl Owner {
     }
 }
 
-/// The Python distribution behind a framework word.
+/// The Python distribution behind a framework word (the script's own code where none).
 pub fn library_of(f: Framework) -> Option<&'static str> {
     match f {
         Framework::Plain => None,

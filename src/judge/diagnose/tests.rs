@@ -448,7 +448,7 @@ mod sharded {
 
     #[test]
     fn reducing_every_micro_batch_is_a_caution_with_its_cost() {
-        use crate::judge::{costs, needless_sync};
+        use crate::judge::{cautioned, costs, needless_sync};
         let a = trace(&[G, G], F);
         let mut b = ddp(trace(&[G, G], F), 2);
         b.header.engine = Some(Engine::Ddp);
@@ -456,7 +456,7 @@ mod sharded {
         b.facts.comm = vec![Some((2, 2_000_000)), Some((2, 2_000_000))];
         b.facts.seconds = vec![None, Some(0.5)];
         let c = costs(["accumulation", "ddp"], &a, &b);
-        let d = needless_sync(&c).expect("a caution");
+        let d = cautioned(&needless_sync(&c).expect("a caution"), "accumulation", "ddp");
         assert_eq!(d.reason, Reason::NeedlessSync);
         assert!(d.detail.starts_with("1 of the 2 micro-batches per rank were all-reduced needlessly in ddp: 1.0 MB"));
         assert!(d.detail.contains("ddp 0.5000 s"), "{}", d.detail);

@@ -37,10 +37,10 @@ fn ratio_rel(eps: f64) -> f64 {
     slack(1e-4, eps, 4.0)
 }
 
-/// A fitted factor that is whole: any two numbers have "a ratio"; a whole one from
-/// different samples would be a coincidence.
-pub fn whole_ratio(x: &[f64], y: &[f64], eps: f64) -> Option<f64> {
-    fitted_ratio(x, y, eps).filter(|&r| is_whole(r, ratio_rel(eps)))
+/// Whether a fitted factor is whole in the runs' precision: any two numbers have "a ratio";
+/// a whole one from different samples would be a coincidence.
+pub fn whole_at(r: f64, eps: f64) -> bool {
+    is_whole(r, ratio_rel(eps))
 }
 
 /// Equal up to rounding: relative to each element, or to the largest one where a deep net's
@@ -71,9 +71,9 @@ mod tests {
     fn one_factor_is_fitted_and_a_mix_is_not() {
         let x = [1.0, -2.0, 0.5, 3.0];
         let y: Vec<f64> = x.iter().map(|v| v * 0.25).collect();
-        assert_eq!(whole_ratio(&x, &y, EPS), Some(0.25));
+        assert_eq!(fitted_ratio(&x, &y, EPS).filter(|&r| whole_at(r, EPS)), Some(0.25));
         let y: Vec<f64> = x.iter().map(|v| v * 1.37).collect();
-        assert!(whole_ratio(&x, &y, EPS).is_none());
+        assert!(!whole_at(fitted_ratio(&x, &y, EPS).unwrap(), EPS));
         assert!((fitted_ratio(&x, &y, EPS).unwrap() - 1.37).abs() < 1e-12);
         let mixed = [0.5, -1.0, 1.0, 3.0];
         assert!(fitted_ratio(&x, &mixed, EPS).is_none());

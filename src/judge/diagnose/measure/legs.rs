@@ -4,35 +4,25 @@
 
 use std::collections::BTreeMap;
 
+use super::median;
 use crate::evidence::{Batch, Engine, Framework, Trace};
-
-/// Two values equal to within `rel` of the larger.
-pub fn near(x: f64, y: f64, rel: f64) -> bool {
-    (x - y).abs() <= rel * x.abs().max(y.abs()).max(f64::MIN_POSITIVE)
-}
-
-/// The median of some values (None where there are none).
-pub fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
-}
+use crate::judge::diagnose::parting::Side;
 
 /// One leg at one step.
 pub struct Leg<'a> {
     pub trace: &'a Trace,
-    pub label: &'a str,
+    pub side: Side,
     pub batches: &'a [Batch],
     /// Processes in the leg.
     pub world: usize,
 }
 
 impl<'a> Leg<'a> {
-    pub fn at(trace: &'a Trace, label: &'a str, s: usize) -> Option<Leg<'a>> {
+    pub fn at(trace: &'a Trace, side: Side, s: usize) -> Option<Leg<'a>> {
         let st = trace.facts.stages.get(s)?;
         (!st.batches.is_empty()).then(|| Leg {
             trace,
-            label,
+            side,
             batches: &st.batches,
             world: trace.header.world_size.unwrap_or(1).max(1),
         })
@@ -119,6 +109,11 @@ pub fn engine_accumulates(t: &Trace) -> bool {
         || t.header.loss_api == Some(Framework::DeepSpeed)
 }
 
+/// The framework whose code ran torch's backward, else the API the loss was handed to.
+pub fn ran_backward(t: &Trace) -> Option<Framework> {
+    t.header.backward_by.filter(|f| *f != Framework::Plain).or(t.header.loss_api)
+}
+
 /// Each parameter's applied gradient summed, with a clip and a loss scale the recorder saw
 /// undone: what the backwards left before them.
 fn unclipped_sums(t: &Trace, s: usize) -> BTreeMap<String, f64> {
@@ -180,6 +175,7 @@ pub fn matched<'a>(a: &'a [Batch], b: &'a [Batch]) -> Vec<(&'a Batch, &'a Batch)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::judge::diagnose::measure::near;
 
     #[test]
     fn one_divide_is_fitted_and_a_mix_is_not() {

@@ -1,0 +1,180 @@
+//! Words for the stages the walk locates from recorded facts: the samples, the loss, the
+//! scaling before backward, zeroing, the local gradients and an engine's accumulation.
+
+use super::{loss_division, step};
+use crate::evidence::Framework;
+use crate::judge::diagnose::owner::Owner;
+use crate::judge::diagnose::parting::{Numbers, Parting, Scaled, Side};
+use crate::judge::diagnose::source::Words;
+
+pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> String {
+    let (a, b) = (w.left, w.right);
+    let label = w.label(p.leg.unwrap_or(Side::Right));
+    let s = step(p);
+    let upgrade = || format!("the library's, not your script: upgrade {}", owner.name());
+    match &p.numbers {
+        Numbers::DifferentInputs { missing, differ, total } => {
+            let which = match missing {
+                Some((rank, nth)) => {
+                    format!("{b}'s rank {rank} micro-batch {nth} saw inputs no micro-batch of {a} saw")
+                }
+                None => format!("{a} and {b} saw different numbers of micro-batches"),
+            };
+            let by = match owner.is_library() {
+                true => format!(
+                    "{} deals the batches to the ranks; check its drop_last/even_batches settings against the \
+                     accumulation run's order",
+                    owner.describe()
+                ),
+                false => "each rank must see the accumulation run's micro-batches of that step (strided vs \
+                          contiguous split, padding, the sampler's seed and epoch)"
+                    .into(),
+            };
+            format!(
+                "the runs see different samples at step {s} (recorded: {which}; {differ} of {total} micro-batches \
+                 differ): {by}"
+            )
+        }
+        Numbers::NormaliserPerRank { losses: (lx, ly), normalisers: (nx, ny), rank } => {
+            let advice = match owner.is_library() {
+                true => format!(
+                    "{} counts the normaliser on each rank alone; this is the library's, not your script's: \
+                     upgrade it, or where it has the setting, count tokens across ranks \
+                     (Transformers: TrainingArguments(average_tokens_across_devices=True))",
+                    owner.describe()
+                ),
+                false => "your script passes each rank its own count: all-reduce the count over the ranks and \
+                          multiply the loss by W before backward (DDP averages)"
+                    .into(),
+            };
+            format!(
+                "the same inputs gave different losses at step {s}: {a} {lx:.6} with num_items_in_batch={nx} \
+                 against {b}'s rank {rank} {ly:.6} with num_items_in_batch={ny}: each micro-batch's loss is divided \
+                 by a different token count; {advice}"
+            )
+        }
+        Numbers::LossDiffers { losses: (lx, ly), rank } => format!(
+            "the same inputs gave different losses at step {s} ({a} {lx:.6}, {b}'s rank {rank} {ly:.6}) from the \
+             same weights: the forward differs between the runs (a rank's own model state, dropout, or a loss \
+             computed from other than the inputs)"
+        ),
+        Numbers::ZeroedInWindow { times } => {
+            let advice = match owner.is_library() {
+                true => format!(
+                    "{} zeroed them, not your script (which leaves the window to it): upgrade {}",
+                    owner.describe(),
+                    owner.name()
+                ),
+                false => "your loop zeroes them: call zero_grad() only after optimizer.step(), once per K \
+                          micro-batches"
+                    .into(),
+            };
+            format!(
+                "at step {s} {label}'s gradients were zeroed {times} time(s) after a backward and before the optimizer \
+                 step (recorded): the micro-batches before each zeroing never reach the step; {advice}"
+            )
+        }
+        Numbers::ScaledInBackward { ratio } => format!(
+            "at step {s} the gradients came out of backward {ratio:.4}x apart in {b} against {a}, beyond what the \
+             values backward ran on explain (recorded: each parameter's local gradient sum, against the matched \
+             micro-batches' roots): {} scaled the gradients inside the backward it ran, differently in each run; {}",
+            owner.describe(),
+            upgrade()
+        ),
+        Numbers::Scaling { ratio, scales: (sa, sb), how, .. } => {
+            let direction = match *ratio > 1.0 {
+                true => format!("{b}'s gradients are {ratio:.2}x {a}'s"),
+                false => format!("{b}'s gradients are {:.2}x smaller than {a}'s", 1.0 / ratio),
+            };
+            format!(
+                "{direction} from step {s}: the same losses were scaled differently before backward (recorded: {a} \
+                 multiplied each loss by {sa:.4}, {b} by {sb:.4}); {}",
+                scaled(how, label, owner)
+            )
+        }
+        Numbers::LocalDiffers { param, sums: (x, y) } => format!(
+            "the same losses, scaled alike, gave other gradients before any reduction at step {s} (recorded: \
+             {param}'s local gradient sum, unscaled, {x:.6e} in {a} against {y:.6e} over {b}'s ranks): the backward \
+             differs between the runs (a parameter frozen or hooked in one run, a gradient changed before the step, \
+             a rank's own model)"
+        ),
+        Numbers::Lost { marked_by } => {
+            // Boundaries marked by hand (set_gradient_accumulation_boundary): several
+            // backwards per engine step are the engine's documented use.
+            let marked = marked_by.map_or(String::new(), |by| {
+                format!(
+                    " between the accumulation boundaries {} marked by hand (set_gradient_accumulation_boundary, \
+                     the engine's documented way to run several backwards per step)",
+                    if by == Framework::Plain { "your script" } else { by.name() }
+                )
+            });
+            format!(
+                "from step {s} the gradient {label}'s optimizer applied is no multiple of the local gradients its \
+                 backward passes made (recorded: each parameter's local gradient sum before the engine took it, \
+                 against the applied gradient's): {} lost or changed micro-batches while accumulating them{marked}; \
+                 {}",
+                owner.describe(),
+                upgrade()
+            )
+        }
+        _ => unreachable!("advise::stages is asked only of its own mechanisms"),
+    }
+}
+
+/// Which way the loss was scaled wrong and who must change: a division on top of a
+/// framework's, by K on every rank, or a loss never divided take opposite advice.
+fn scaled(how: &Scaled, label: &str, owner: &Owner) -> String {
+    let backward = |api: Framework| loss_division(api).unwrap_or("the framework's backward");
+    match how {
+        Scaled::NormalisedTwice { by_api, api } => match owner.is_library() {
+            true => format!(
+                "{} normalised each loss over the window (num_items_in_batch) and handed it to {}, which divided it \
+                 by {by_api:.4} again; the library's, not your script: upgrade {}",
+                owner.describe(),
+                backward(*api),
+                owner.name()
+            ),
+            false => format!(
+                "your script hands a loss already normalised over the window (num_items_in_batch) to {}, which \
+                 divides it by {by_api:.4} again: tell the backward not to divide (scale_wrt_gas=False) or hand it \
+                 the per-micro-batch mean",
+                backward(*api)
+            ),
+        },
+        // Who divided before the API is not recorded (a framework's loop may run the
+        // script's override): the script's, as its code returns the loss.
+        Scaled::Twice { pre, by_api, api } => format!(
+            "the loss was divided twice, by {pre:.4} before the backward API and by {by_api:.4} inside it: {} already \
+             divides each loss by the accumulation steps, so a loss divided by K in your own step is divided twice: \
+             return the plain mean loss",
+            backward(*api)
+        ),
+        Scaled::ToldAll { n, k, api } => format!(
+            "{} divided each loss by the {n} micro-batches it was told to accumulate, but each process runs {k} per \
+             step: tell it the micro-batches per process (K/W under DDP, K alone)",
+            api.describe()
+        ),
+        Scaled::ByApi { by_api, k, .. } => format!(
+            "{} scaled each loss by {by_api:.4} where 1/{k} averages the micro-batches each process runs: the \
+             library's scaling, not your script: upgrade {}",
+            owner.describe(),
+            owner.name()
+        ),
+        Scaled::Own { sc, k, dev, handed } => match (*dev < 1.0, loss_division(*handed)) {
+            (true, Some(how)) => format!(
+                "{label} scales each loss by {sc:.4}: {how} already divides each loss by the accumulation steps, so \
+                 a loss divided by K in your own step is divided twice: return the plain mean loss"
+            ),
+            (true, None) => format!(
+                "{label} divides each loss by {:.2} where the {k} micro-batches each of its processes runs need {k}: \
+                 divide by the micro-batches per process (K in accumulation, K/W on each rank), not by K on every \
+                 rank",
+                1.0 / sc
+            ),
+            (false, _) => format!(
+                "{label} scales each loss by {sc:.4}, {dev:.2}x what its {k} micro-batches per process need: divide \
+                 each micro-batch's loss by the micro-batches each process runs (K in accumulation, K/W on each rank)"
+            ),
+        },
+    }
+}

@@ -1,0 +1,136 @@
+//! Words for the recorded facts of the loss and the update (learning rates, the loss scaler,
+//! clips, dropout, the optimizer's step), and for what rounding and the comparison explain.
+
+use super::step;
+use crate::judge::diagnose::parting::{Numbers, Parting, Side};
+use crate::judge::diagnose::source::Words;
+use crate::judge::{LrMismatch, ScalerEvent};
+
+pub fn advice(p: &Parting, w: &Words) -> String {
+    let (l, r) = (w.left, w.right);
+    let s = step(p);
+    match &p.numbers {
+        Numbers::LrSchedule { left, right, pace } => match pace {
+            Some(pace) => {
+                let (fast, slow) = if pace.ddp_ahead { (r, l) } else { (l, r) };
+                let ahead = format!(
+                    "{fast}'s learning-rate schedule is {:.0}x as far along as {slow}'s at step {s}, from the same \
+                     start",
+                    pace.by
+                );
+                match pace.per_rank_length {
+                    true => format!(
+                        "{ahead}: its length was counted from one rank's share of the data (a rank's loader holds \
+                         1/W of the samples, so len(loader) // K gives W times fewer steps), or its scheduler ticks \
+                         once per process; count the schedule's steps from the whole data set and tick once per \
+                         optimizer step"
+                    ),
+                    false => format!(
+                        "{ahead}: it ticks once per micro-batch (K times a step in one process, K/W on each rank), or \
+                         its length counts micro-batches; tick once per optimizer step (scheduler.step() after \
+                         optimizer.step())"
+                    ),
+                }
+            }
+            None => format!(
+                "{l} applied lr {} at step {s} where {r} applied {}: their schedules ticked a different number of \
+                 times by then; tick once per optimizer step in both (scheduler.step() after optimizer.step()), not \
+                 once per micro-batch (K times faster) nor once per process (a scheduler prepared by Accelerate \
+                 steps W times per step under DDP)",
+                LrMismatch::shown(*left),
+                LrMismatch::shown(*right)
+            ),
+        },
+        Numbers::LossScaler(m) => {
+            let why = match m.what {
+                ScalerEvent::Unscales => {
+                    "unscale once per optimizer step, after the last micro-batch's backward (and DDP's all-reduce): \
+                     unscaling inside the accumulation loop divides earlier micro-batches' share by the scale again"
+                }
+                ScalerEvent::Updates | ScalerEvent::LossScale => {
+                    "scaler.update() belongs once per optimizer step, after scaler.step(): updating after every \
+                     micro-batch grows the scale K times as often, and a scale changed inside a window scales its \
+                     micro-batches differently than the one unscale divides by"
+                }
+                ScalerEvent::Skipped => {
+                    "every run must see the same overflow: one rank's inf/NaN reaches every rank through the \
+                     all-reduce, and accumulation sums the same micro-batches; a run that checks other gradients \
+                     (before the all-reduce, or per rank) skips alone"
+                }
+            };
+            format!("{}: {why}", m.describe(l, r))
+        }
+        Numbers::NonFinite(problem) => format!(
+            "{problem}: training blew up (learning rate too high, or bad data); nothing can be proven from NaN or Inf"
+        ),
+        Numbers::ClipCount { left, right } => format!(
+            "{l} clipped its gradients {left} times in step {s} and {r} {right} times: clip once per step, on the \
+             accumulated and synchronised gradient right before optimizer.step(), not after every micro-batch's \
+             backward (which clips partial sums)"
+        ),
+        Numbers::DropoutKeys => format!(
+            "{l} and {r} drew step {s}'s dropout masks from different keys: masks must follow the samples (seed, \
+             epoch, sample index, layer), not each rank's own counter or stream, or ranks repeat one another's masks"
+        ),
+        Numbers::DropoutOn { layers } => format!(
+            "step {s} differs by more than rounding, and {}'s model trains with dropout on ({layers}): each run \
+             draws its own masks (DDP's ranks from their own random streams, the one process from one stream), so \
+             the runs apply different gradients whatever else is right; check with dropout off (p=0 for the check) \
+             to see the rest",
+            w.label(p.leg.unwrap_or(Side::Right))
+        ),
+        Numbers::Buffers => "every gradient and final weight agrees but the buffers (BatchNorm's running \
+                             statistics) differ: DDP keeps rank 0's (broadcast_buffers), so compare runs of one kind, \
+                             or leave buffers out (no --strict-buffers)"
+            .into(),
+        Numbers::OptimizerStep { carried: false } => {
+            "every step's gradients agree within tolerance but the final weights do not: the optimizer made \
+             different steps of the same gradients, or amplified their rounding (Adam and AdamW divide by √v, so a \
+             parameter whose true gradient is zero, such as an attention key bias, moves a full step on rounding \
+             noise); record with ddp_verify_trace.record() or TraceRecorder(optimizer=...) so the bound is carried \
+             through the optimizer"
+                .into()
+        }
+        Numbers::OptimizerStep { carried: true } => {
+            "every step's gradients agree but the final weights differ beyond what the optimizer makes of that \
+             agreement: the runs' optimizers differ (their settings, their state, or a step applied to other \
+             parameters)"
+                .into()
+        }
+        Numbers::Chaos { growth } => {
+            let fix = match w.ours {
+                true => "rerun with --lockstep (the default) or --dtype float64 to prove equivalence",
+                false => "record fewer steps, or train in float64, to prove equivalence",
+            };
+            format!(
+                "step 0 agrees to rounding, then the difference grows step by step (max rel {}): a deep net \
+                 amplifies rounding, so equivalent free-running runs part like this; {fix}",
+                growth_words(growth)
+            )
+        }
+        Numbers::ExplicitTolerance { ulps, allowed } => {
+            let (which, fix) = match w.ours {
+                true => ("explicit", "drop --max-ulps/--rtol/--atol to judge by the bound derived from it"),
+                false => (
+                    "fixed",
+                    "record micro-batch magnitudes per element (record(magnitudes=\"element\"), \
+                     DDP_VERIFY_MAGNITUDES=element) or pass a looser --max-ulps/--rtol",
+                ),
+            };
+            format!(
+                "step {s} differs by only {ulps} ulp, which floating-point rounding explains (e.g. the order W \
+                 partial gradients are summed in); the {which} tolerance ({allowed} ulp) is tighter than the \
+                 arithmetic allows: {fix}"
+            )
+        }
+        Numbers::NotKept => {
+            format!("step {s}'s gradients differ by more than rounding (rerun with --save-trace to inspect them)")
+        }
+        _ => unreachable!("advise::update is asked only of its own mechanisms"),
+    }
+}
+
+/// Each step's largest relative difference, "1e-7 -> 3e-5 -> ...".
+pub(super) fn growth_words(growth: &[f64]) -> String {
+    growth.iter().map(|g| format!("{g:.0e}")).collect::<Vec<_>>().join(" -> ")
+}

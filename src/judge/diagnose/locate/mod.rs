@@ -1,0 +1,83 @@
+//! The locators: each reads recorded facts (or the gradients' shape) and returns a parting,
+//! naming no owner and writing no words. One family a file, and none uses another
+//! (`tests/it/architecture.rs`): what they share is measured in `measure`. Here, which tier
+//! each serves when two legs are compared, and in which order inside it (the most specific
+//! first: a whole factor before any factor, the walk's stage before the shape's guesses).
+
+mod big_batch;
+mod cautions;
+mod dropout;
+mod rounding;
+mod samples;
+mod shape;
+mod steps;
+mod sync;
+mod update;
+mod walk;
+
+pub use cautions::hidden_factor;
+
+use super::evidence::{Evidence, Pair};
+use super::parting::{Parting, Side};
+use super::source::{Source, Tier, Words};
+use crate::evidence::Trace;
+
+type Locator = fn(&Evidence) -> Option<Parting>;
+
+/// Accumulation against DDP (or against the big batch, after what both share), tier by tier.
+fn runs(tier: Tier) -> &'static [Locator] {
+    match tier {
+        Tier::SharedFacts | Tier::SharedShapes => &[],
+        Tier::Launch => &[sync::one_process],
+        Tier::Structure => &[samples::uneven_data, sync::unreduced_tail, steps::step_count, steps::engine_boundary],
+        Tier::Synchronisation => &[sync::rank_drift, sync::configured_divide],
+        Tier::LibraryStage | Tier::ScriptStage => &[walked],
+        Tier::Recorded => {
+            &[update::lr_schedule, update::loss_scaler, rounding::non_finite, update::clip_count, dropout::keys]
+        }
+        Tier::Dropout => &[dropout::on],
+        Tier::AfterGradients => &[update::after_the_gradients],
+        Tier::Rounding => &[rounding::chaos, rounding::explicit_tolerance, rounding::not_kept],
+        Tier::Unseen => &[steps::stale, shape::clipped_factor],
+        Tier::Shape => &[shape::one_factor, samples::token_count_per_rank, samples::epoch, samples::different_samples],
+    }
+}
+
+/// Accumulation against the big batch where DDP agrees and the steps match: a mistake both
+/// make alike, asked before the rest.
+fn shared(tier: Tier) -> &'static [Locator] {
+    match tier {
+        Tier::SharedFacts => &[update::clip_count, dropout::keys, dropout::on],
+        Tier::SharedShapes => {
+            &[big_batch::short_window, big_batch::token_count, big_batch::loss_scaling, big_batch::per_micro_batch_mean]
+        }
+        _ => &[],
+    }
+}
+
+/// The walk's parting, walked once for both of its tiers (the pipeline keeps it where its
+/// owner puts it).
+fn walked(ev: &Evidence) -> Option<Parting> {
+    ev.walked.get_or_init(|| walk::walk(ev)).clone()
+}
+
+impl Source for Evidence<'_> {
+    fn locate(&self, tier: Tier) -> Option<Parting> {
+        let own = match self.pair {
+            Pair::BigBatch { shared: true } => shared(tier),
+            _ => &[],
+        };
+        own.iter().chain(runs(tier)).find_map(|l| l(self))
+    }
+
+    fn trace(&self, side: Side) -> &Trace {
+        match side {
+            Side::Left => self.a,
+            Side::Right => self.b,
+        }
+    }
+
+    fn words(&self) -> Words<'_> {
+        Words { left: self.left(), right: self.right(), ours: self.cx.ours(), framework: self.cx.framework() }
+    }
+}

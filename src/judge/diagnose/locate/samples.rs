@@ -1,0 +1,77 @@
+//! Samples: how the data was dealt (the recorded deal), and which samples, counted how,
+//! made the first differing step where no factor explains it.
+
+use crate::evidence::TraceHeader;
+use crate::judge::diagnose::parting::{Deal, Numbers, Parting, Side};
+use crate::judge::diagnose::{Evidence, Loss, Stage};
+
+/// The data dealt unevenly, by the legs' recorded facts: a DistributedSampler that padded or
+/// dropped samples in one leg and not the other, or loaders that dropped or shortened other
+/// last batches (what `explore` meets at N off a multiple of W or of W·B). Not where the
+/// first difference comes before the epoch's end.
+pub fn uneven_data(ev: &Evidence) -> Option<Parting> {
+    let (a, b) = (&ev.a.header, &ev.b.header);
+    let same_steps = a.steps.is_some() && a.steps == b.steps;
+    if let (Some(s), Some(e), true) = (ev.first, ev.cx.steps_per_epoch, same_steps) {
+        if s + 1 < e {
+            return None;
+        }
+    }
+    let (side, deal) = dealt_apart(a, b)?;
+    Some(Parting::new(None, Some(Stage::Samples), side, Numbers::DealtUnevenly(deal)))
+}
+
+/// Where the legs' deals differ, and the leg that did more of it.
+fn dealt_apart(a: &TraceHeader, b: &TraceHeader) -> Option<(Option<Side>, Deal)> {
+    let n = |x: Option<usize>| x.unwrap_or(0);
+    let world = b.world_size.max(a.world_size).unwrap_or(2);
+    // The leg that did more of something, and its header.
+    let more = |x: usize, y: usize| if x > y { (Side::Left, a) } else { (Side::Right, b) };
+    let (pa, pb) = (n(a.sampler_padded), n(b.sampler_padded));
+    if pa != pb {
+        let (who, h) = more(pa, pb);
+        let deal = Deal::Padded {
+            samples: pa.max(pb),
+            dataset: h.sampler_dataset,
+            repeated: h.sampler_repeated.clone(),
+            world,
+        };
+        return Some((Some(who), deal));
+    }
+    let (da, db) = (n(a.sampler_dropped), n(b.sampler_dropped));
+    if da != db {
+        let (who, h) = more(da, db);
+        return Some((Some(who), Deal::SamplerDropped { samples: da.max(db), dataset: h.sampler_dataset, world }));
+    }
+    let (ka, kb) = (n(a.loader_dropped), n(b.loader_dropped));
+    if ka != kb {
+        return Some((None, Deal::LoaderDropped { left: ka, right: kb }));
+    }
+    let (sa, sb) = (n(a.short_batches), n(b.short_batches));
+    (sa != sb).then_some((None, Deal::ShortBatches { left: sa, right: sb }))
+}
+
+/// The same samples in every step yet more than rounding apart, and not by one factor: a
+/// count is off by whole tokens, percents of it (the same samples regrouped, a bug that only
+/// reorders sums, differ by rounding).
+pub fn token_count_per_rank(ev: &Evidence) -> Option<Parting> {
+    let s = ev.first?;
+    let cx = ev.cx;
+    if cx.loss != Loss::PerToken || cx.same_samples != Some(true) || ev.c.steps[s].max_rel <= 1e-3 {
+        return None;
+    }
+    Some(Parting::new(Some(s), Some(Stage::Loss), None, Numbers::TokenCountPerRank))
+}
+
+/// The first difference comes in a later epoch: the shuffle differs between epochs.
+pub fn epoch(ev: &Evidence) -> Option<Parting> {
+    let s = ev.first?;
+    let epoch = ev.cx.steps_per_epoch.map_or(0, |n| s / n.max(1));
+    (epoch > 0).then(|| Parting::new(Some(s), Some(Stage::Samples), None, Numbers::Epoch { epoch }))
+}
+
+/// What is left: other samples in the step.
+pub fn different_samples(ev: &Evidence) -> Option<Parting> {
+    let s = ev.first?;
+    Some(Parting::new(Some(s), Some(Stage::Samples), None, Numbers::DifferentSamples))
+}

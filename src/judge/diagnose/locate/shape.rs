@@ -1,0 +1,36 @@
+//! The first differing step's shape: one factor between the runs' gradients (a loss divided
+//! by K, W or K/W in the wrong place, or multiplied in one run only), and a factor clipping
+//! put into one run.
+
+use crate::evidence::Trace;
+use crate::judge::diagnose::measure::factor::{fitted_ratio, is_whole, whole_at, NORM_REL};
+use crate::judge::diagnose::parting::{Numbers, Parting, Side};
+use crate::judge::diagnose::{Evidence, Stage};
+
+/// The right run's gradients are one factor of the left's: whole (n or 1/n, the fingerprint
+/// of dividing by K, W or K/W in the wrong place), or of any size.
+pub fn one_factor(ev: &Evidence) -> Option<Parting> {
+    let (s, (x, y)) = (ev.first?, ev.grads()?);
+    let ratio = fitted_ratio(x, y, ev.cx.eps)?;
+    let numbers = Numbers::OneFactor { ratio, whole: whole_at(ratio, ev.cx.eps), adam: ev.cx.adam_family };
+    Some(Parting::new(Some(s), Some(Stage::Scaling), None, numbers))
+}
+
+/// A factor clipping put into one run's gradients: where the records say clipping ran on one
+/// side only at the first differing step, the factor before clipping is what the loop did (a
+/// whole one is loss scaling); else clipping itself scaled the same gradients differently.
+pub fn clipped_factor(ev: &Evidence) -> Option<Parting> {
+    let (s, (x, y)) = (ev.first?, ev.grads()?);
+    let norms = |t: &Trace| t.facts.clip_norms.get(s).copied().flatten();
+    let (ca, cb) = (norms(ev.a), norms(ev.b));
+    let coef = |n: Option<(f64, f64)>| n.map_or(1.0, |(total, max)| (max / (total + 1e-6)).min(1.0));
+    let (ka, kb) = (coef(ca), coef(cb));
+    if (ka < 1.0) == (kb < 1.0) {
+        return None;
+    }
+    let ratio = fitted_ratio(x, y, ev.cx.eps)?;
+    let before = ratio * ka / kb;
+    let (side, norm) = if kb < 1.0 { (Side::Right, cb?) } else { (Side::Left, ca?) };
+    let numbers = Numbers::ClippedFactor { ratio, before, whole: is_whole(before, NORM_REL), norm };
+    Some(Parting::new(Some(s), Some(Stage::Scaling), Some(side), numbers))
+}

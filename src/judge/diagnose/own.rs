@@ -1,0 +1,67 @@
+//! Whose code owns a parting, from recorded facts: one rule per mechanism, whichever locator
+//! found it. A library owns what its API did at the version the run imported; the rest is
+//! the script's.
+
+use super::measure::legs::{engine_accumulates, ran_backward};
+use super::owner::Owner;
+use super::parting::{Numbers, Parting, Scaled, Side};
+use super::source::Source;
+use crate::evidence::{Framework, Trace};
+
+/// The owner of `p`: the leg it points at (else the right one, the DDP leg) read for who
+/// did what there.
+pub fn own(p: &Parting, src: &dyn Source) -> Owner {
+    let t = src.trace(p.leg.unwrap_or(Side::Right));
+    let framework = |f: Option<Framework>, api: &str| Owner::of_framework(t, f.unwrap_or(Framework::Plain), api);
+    match &p.numbers {
+        Numbers::DealtUnevenly(_) | Numbers::DifferentInputs { .. } => dealer(src.trace(Side::Right)),
+        Numbers::SteppedEarly { .. } => framework(t.header.framework, "its optimizer wrapper's step()"),
+        Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
+        Numbers::Reduction { configured: true, .. } => Owner::Script,
+        Numbers::Reduction { .. } | Numbers::Lost { .. } => reducer(t),
+        Numbers::NormaliserPerRank { .. } => {
+            framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
+        }
+        Numbers::ZeroedInWindow { .. } => framework(t.header.zeroed_by, "zero_grad inside the accumulation window"),
+        Numbers::ScaledInBackward { .. } => framework(ran_backward(t), "its backward's own scaling of the gradients"),
+        Numbers::Scaling { how: Scaled::NormalisedTwice { .. }, .. } => {
+            framework(t.header.loss_handed_by, "its hand-over of a normalised loss to a backward that divides")
+        }
+        Numbers::Scaling { how: Scaled::ByApi { api, .. }, .. } => {
+            framework(Some(*api), "its backward's division of the loss")
+        }
+        _ => Owner::Script,
+    }
+}
+
+/// Who dealt the samples: a framework that shards the data loader, else the script.
+fn dealer(t: &Trace) -> Owner {
+    match t
+        .header
+        .framework
+        .filter(|f| matches!(f, Framework::Transformers | Framework::Accelerate | Framework::Lightning))
+    {
+        Some(f) => Owner::of_framework(t, f, "its sharding of the data loader"),
+        None => Owner::Script,
+    }
+}
+
+/// Whose code reduces a run's gradients: its engine's library, DeepSpeed where the loss went
+/// through its engine.backward in one process (no engine named), else torch's DDP.
+fn reducer(t: &Trace) -> Owner {
+    match (t.header.engine, t.header.loss_api) {
+        (None, Some(Framework::DeepSpeed)) => {
+            Owner::library(t, "deepspeed", "ZeRO's gradient accumulation and reduction")
+        }
+        (e, _) => Owner::of_engine(t, e),
+    }
+}
+
+/// Ranks that part under an engine whose reduction no script controls (DeepSpeed's ZeRO
+/// reduces inside its own backward and step): that engine's library.
+fn engine_reducer(src: &dyn Source) -> Option<Owner> {
+    [Side::Right, Side::Left]
+        .into_iter()
+        .map(|s| src.trace(s))
+        .find_map(|t| (engine_accumulates(t) && t.header.world_size.unwrap_or(1) > 1).then(|| reducer(t)))
+}

@@ -1,0 +1,363 @@
+//! A parting: where two runs (or, later, one run's stages) part, as facts only: the step, the
+//! stage, the mechanism, the leg whose facts show it and the numbers measured there. Locators
+//! make them; `own` names the owner, `advise` the words, `annotate` a known fix.
+
+use super::owner::Owner;
+use super::words::{Mechanism, Reason, Stage};
+use crate::evidence::{Engine, Framework, RankHeld};
+use crate::judge::{Problem, ScalerMismatch};
+
+/// One of the two legs a comparison holds: `a` (left, the accumulation run) or `b` (right).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Left,
+    Right,
+}
+
+impl Side {
+    pub fn other(self) -> Side {
+        match self {
+            Side::Left => Side::Right,
+            Side::Right => Side::Left,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parting {
+    /// The first step where the runs part, where one step shows it (None: the whole run).
+    pub step: Option<usize>,
+    /// Where a micro-batch's way parts; None where no stage can be named (rounding, NaN).
+    pub stage: Option<Stage>,
+    /// How: one owner rule and one advice each. Always `numbers.mechanism()`.
+    pub mechanism: Mechanism,
+    /// The leg whose recorded facts show it.
+    pub leg: Option<Side>,
+    /// What was measured, for the advice.
+    pub numbers: Numbers,
+}
+
+impl Parting {
+    pub fn new(step: Option<usize>, stage: Option<Stage>, leg: Option<Side>, numbers: Numbers) -> Parting {
+        Parting { step, stage, mechanism: numbers.mechanism(), leg, numbers }
+    }
+
+    /// The short, stable reason reports and explore count by.
+    pub fn reason(&self) -> Reason {
+        self.numbers.reason()
+    }
+}
+
+/// How a leg's data was dealt apart from the other's, by the recorded deal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Deal {
+    /// DistributedSampler (or a framework's loader) padded with repeated samples.
+    Padded { samples: usize, dataset: Option<usize>, repeated: Option<String>, world: usize },
+    /// DistributedSampler(drop_last=True) left samples out.
+    SamplerDropped { samples: usize, dataset: Option<usize>, world: usize },
+    /// The loaders' drop_last left out these many samples per epoch, left and right.
+    LoaderDropped { left: usize, right: usize },
+    /// Micro-batches shorter than the batch size per epoch, left and right.
+    ShortBatches { left: usize, right: usize },
+}
+
+/// What two legs' step counts say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Steps {
+    /// `one` steps after every micro-batch (`n` steps), `other` after `k` (`m` steps).
+    EveryMicroBatch { one: Side, n: usize, other: Side, m: usize, k: i64 },
+    /// Neither accumulates though K > 1.
+    Neither { k: usize, left: usize, right: usize },
+    /// Typical backward passes per step differ.
+    Cadences { left: (usize, i64), right: (usize, i64) },
+    /// Step counts differ, not their cadence: the samplers' micro-batches.
+    Counts { left: usize, right: usize },
+}
+
+/// What the per-forward sync flags of a step say of a rank's unsynchronised gradient.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Synced {
+    /// The flags: whether each micro-batch's backward was all-reduced.
+    Flags(Vec<bool>),
+    /// No DistributedDataParallel forward ran.
+    NoDdpForward,
+    /// Not recorded.
+    Unknown,
+}
+
+/// How a loss was scaled before backward differently in one leg (`scaling` at the walk's
+/// scaling stage), the split the facts allow.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scaled {
+    /// A loss normalised over the window handed to an API that divided it by `by_api` again.
+    NormalisedTwice { by_api: f64, api: Framework },
+    /// Divided by `pre` before the API and by `by_api` inside it.
+    Twice { pre: f64, by_api: f64, api: Framework },
+    /// The API (`api`, the library whose backward divided) divided by the `n` micro-batches
+    /// it was told, each process running `k`.
+    ToldAll { n: usize, k: f64, api: Owner },
+    /// The API scaled by `by_api` where 1/k averages.
+    ByApi { by_api: f64, k: f64, api: Framework },
+    /// The script's own scaling `sc`, `dev` times what its `k` micro-batches per process
+    /// need; `handed` the framework the loss was handed to.
+    Own { sc: f64, k: f64, dev: f64, handed: Framework },
+}
+
+/// The pace of one learning-rate schedule against the other's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    /// How many times as far along the faster schedule is.
+    pub by: f64,
+    /// The DDP (right) leg is the faster.
+    pub ddp_ahead: bool,
+    /// Counted from one rank's share (the DDP leg ahead by W), else ticked per micro-batch.
+    pub per_rank_length: bool,
+}
+
+/// The numbers each mechanism's advice is written from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Numbers {
+    OneProcess,
+    DealtUnevenly(Deal),
+    UnreducedTail {
+        engine: Engine,
+        micro_batches: usize,
+        tail: usize,
+        moved: bool,
+    },
+    SteppedEarly {
+        micro: i64,
+        told: usize,
+        calls: f64,
+    },
+    StepCount(Steps),
+    EngineBoundary {
+        per_step: usize,
+        gas: usize,
+    },
+    Unsynced {
+        rank: usize,
+        param: String,
+        synced: Synced,
+    },
+    RanksDiffer {
+        rank: usize,
+        tensor: RankHeld,
+    },
+    /// The reduction divided by `divide` where averaging divides by `world`; `configured`:
+    /// the engine's divide factor was set to it (FSDP2's set_gradient_divide_factor).
+    Reduction {
+        divide: f64,
+        world: usize,
+        configured: bool,
+    },
+    DifferentInputs {
+        missing: Option<(usize, usize)>,
+        differ: usize,
+        total: usize,
+    },
+    NormaliserPerRank {
+        losses: (f64, f64),
+        normalisers: (f64, f64),
+        rank: usize,
+    },
+    LossDiffers {
+        losses: (f64, f64),
+        rank: usize,
+    },
+    ZeroedInWindow {
+        times: i64,
+    },
+    ScaledInBackward {
+        ratio: f64,
+    },
+    /// `ratio`: the right leg's gradients over the left's; `scales`: what each multiplied
+    /// every loss by; `whole`: the ratio is a whole number (or its inverse).
+    Scaling {
+        ratio: f64,
+        scales: (f64, f64),
+        whole: bool,
+        how: Scaled,
+    },
+    LocalDiffers {
+        param: String,
+        sums: (f64, f64),
+    },
+    /// An engine's own accumulation lost micro-batches; `marked_by` marked the boundaries.
+    Lost {
+        marked_by: Option<Framework>,
+    },
+    LrSchedule {
+        left: f64,
+        right: f64,
+        pace: Option<Pace>,
+    },
+    LossScaler(ScalerMismatch),
+    NonFinite(Problem),
+    ClipCount {
+        left: i64,
+        right: i64,
+    },
+    DropoutKeys,
+    DropoutOn {
+        layers: String,
+    },
+    Buffers,
+    /// `carried`: a bound was carried through the optimizer (ours, or derived).
+    OptimizerStep {
+        carried: bool,
+    },
+    Chaos {
+        growth: Vec<f64>,
+    },
+    ExplicitTolerance {
+        ulps: u64,
+        allowed: u32,
+    },
+    NotKept,
+    Stale,
+    ClippedFactor {
+        ratio: f64,
+        before: f64,
+        whole: bool,
+        norm: (f64, f64),
+    },
+    OneFactor {
+        ratio: f64,
+        whole: bool,
+        adam: bool,
+    },
+    TokenCountPerRank,
+    Epoch {
+        epoch: usize,
+    },
+    DifferentSamples,
+    ShortWindow {
+        ratio: f64,
+    },
+    TokenCount {
+        ratio: f64,
+    },
+    BigBatchFactor {
+        ratio: f64,
+    },
+    PerMicroBatchMean,
+    HiddenFactor {
+        ratio: f64,
+        steps: usize,
+        norms: (f64, f64),
+        max: f64,
+        whole: bool,
+    },
+    /// In the leg `label`: micro-batches reduced needlessly of those per rank, the megabytes
+    /// they moved per step where recorded, and each leg's measured seconds per step.
+    NeedlessSync {
+        label: String,
+        needless: usize,
+        micro_batches: usize,
+        megabytes: Option<f64>,
+        times: Vec<(String, f64)>,
+    },
+    /// Each step's largest relative difference, all within `ceiling` epsilons.
+    AmplifiedRounding {
+        growth: Vec<f64>,
+        ceiling: f64,
+    },
+    ShortBatches {
+        shorts: usize,
+    },
+}
+
+impl Numbers {
+    pub fn mechanism(&self) -> Mechanism {
+        use Mechanism as M;
+        use Numbers as N;
+        match self {
+            N::OneProcess => M::OneProcess,
+            N::DealtUnevenly(_) => M::DealtUnevenly,
+            N::UnreducedTail { .. } => M::UnreducedTail,
+            N::SteppedEarly { .. } => M::SteppedEarly,
+            N::StepCount(_) => M::StepCount,
+            N::EngineBoundary { .. } => M::EngineBoundary,
+            N::Unsynced { .. } => M::Unsynced,
+            N::RanksDiffer { .. } => M::RanksDiffer,
+            N::Reduction { divide, world, .. } if *divide < *world as f64 => M::Summed,
+            N::Reduction { .. } => M::DividedAgain,
+            N::DifferentInputs { .. } => M::DifferentInputs,
+            N::NormaliserPerRank { .. } => M::NormaliserPerRank,
+            N::LossDiffers { .. } => M::LossDiffers,
+            N::ZeroedInWindow { .. } => M::ZeroedInWindow,
+            N::ScaledInBackward { .. } => M::ScaledInBackward,
+            N::Scaling { how: Scaled::NormalisedTwice { .. } | Scaled::Twice { .. }, .. } => M::DividedTwice,
+            N::Scaling { how: Scaled::ByApi { .. }, .. } => M::ApiScaled,
+            N::Scaling { .. } => M::Scaled,
+            N::LocalDiffers { .. } => M::LocalDiffers,
+            N::Lost { marked_by: Some(_) } => M::LostBetweenMarks,
+            N::Lost { marked_by: None } => M::LostMicroBatches,
+            N::LrSchedule { .. } => M::LrSchedule,
+            N::LossScaler(_) => M::LossScaler,
+            N::NonFinite(_) => M::NonFinite,
+            N::ClipCount { .. } => M::ClipCount,
+            N::DropoutKeys => M::DropoutKeys,
+            N::DropoutOn { .. } => M::DropoutOn,
+            N::Buffers => M::Buffers,
+            N::OptimizerStep { .. } => M::OptimizerStep,
+            N::Chaos { .. } => M::Chaos,
+            N::ExplicitTolerance { .. } => M::ExplicitTolerance,
+            N::NotKept => M::NotKept,
+            N::Stale => M::Stale,
+            N::ClippedFactor { .. } => M::ClippedFactor,
+            N::OneFactor { .. } => M::OneFactor,
+            N::TokenCountPerRank => M::TokenCountPerRank,
+            N::Epoch { .. } => M::Epoch,
+            N::DifferentSamples => M::DifferentSamples,
+            N::ShortWindow { .. } => M::ShortWindow,
+            N::TokenCount { .. } => M::TokenCount,
+            N::BigBatchFactor { .. } => M::BigBatchFactor,
+            N::PerMicroBatchMean => M::PerMicroBatchMean,
+            N::HiddenFactor { .. } => M::HiddenFactor,
+            N::NeedlessSync { .. } => M::NeedlessSync,
+            N::AmplifiedRounding { .. } => M::AmplifiedRounding,
+            N::ShortBatches { .. } => M::ShortBatches,
+        }
+    }
+
+    pub fn reason(&self) -> Reason {
+        use Numbers as N;
+        use Reason as R;
+        match self {
+            N::OneProcess => R::OneProcess,
+            N::DealtUnevenly(_) | N::ShortBatches { .. } => R::UnevenData,
+            N::UnreducedTail { .. } | N::Unsynced { .. } => R::UnsyncedGradient,
+            N::SteppedEarly { .. } | N::StepCount(_) => R::StepCount,
+            N::EngineBoundary { .. } => R::EngineBoundary,
+            N::RanksDiffer { .. } => R::RanksDiffer,
+            N::Reduction { .. } => R::SummedOverRanks,
+            N::DifferentInputs { .. } | N::DifferentSamples => R::DifferentSamples,
+            N::NormaliserPerRank { .. } | N::TokenCountPerRank => R::TokenCountPerRank,
+            N::LossDiffers { .. } | N::LocalDiffers { .. } | N::Lost { .. } | N::NotKept => R::DifferentGradients,
+            N::ZeroedInWindow { .. } => R::ZeroedInWindow,
+            N::ScaledInBackward { .. } | N::BigBatchFactor { .. } => R::LossScaling,
+            N::Scaling { whole, .. } | N::ClippedFactor { whole, .. } | N::OneFactor { whole, .. } => match whole {
+                true => R::LossScaling,
+                false => R::UniformFactor,
+            },
+            N::LrSchedule { .. } => R::LrSchedule,
+            N::LossScaler(_) => R::LossScaler,
+            N::NonFinite(_) => R::NonFinite,
+            N::ClipCount { .. } => R::GradientClipping,
+            N::DropoutKeys | N::DropoutOn { .. } => R::DropoutMasks,
+            N::Buffers => R::Buffers,
+            N::OptimizerStep { .. } => R::OptimizerStep,
+            N::Chaos { .. } | N::AmplifiedRounding { .. } => R::Chaos,
+            N::ExplicitTolerance { .. } => R::ExplicitTolerance,
+            N::Stale => R::StaleGradients,
+            N::Epoch { .. } => R::EpochDependentSampling,
+            N::ShortWindow { .. } => R::ShortWindowScaling,
+            N::TokenCount { .. } => R::TokenCount,
+            N::PerMicroBatchMean => R::PerMicroBatchMean,
+            N::HiddenFactor { .. } => R::HiddenFactor,
+            N::NeedlessSync { .. } => R::NeedlessSync,
+        }
+    }
+}

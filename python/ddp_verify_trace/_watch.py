@@ -20,8 +20,6 @@ the very objects it had, except where something else patched over them since (le
 the patch under it passing every call through)."""
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 from typing import Any, Callable
 
@@ -29,8 +27,8 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _deal, _outer, _stages
-from .engines.base import Patches
+from . import _deal, _outer, _patches, _stages
+from ._patches import Patches
 
 
 class Watch:
@@ -183,11 +181,10 @@ class Watch:
         if self in _OPEN:
             _OPEN.remove(self)
             if not _OPEN:
-                _unpatch()
+                _patches.undo()
 
 
 _OPEN: list[Watch] = []
-_UNDO: list[Callable[[], None]] = []
 
 
 def open_watch() -> Watch:
@@ -211,27 +208,6 @@ def epoch_started(epoch: Any) -> None:
         watch.epoch_started(epoch)
 
 
-def _patch(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
-    """`owner.name` replaced until the last watch closes; returns what puts it back sooner."""
-    original = getattr(owner, name)
-    replacement.__wrapped__ = original  # type: ignore[attr-defined]
-    replacement.__doc__ = original.__doc__
-    setattr(owner, name, replacement)
-
-    def undo() -> None:
-        # Only our own patch, and only where nothing patched over it since.
-        if getattr(owner, name) is replacement:
-            setattr(owner, name, original)
-
-    _UNDO.append(undo)
-    return undo
-
-
-def _unpatch() -> None:
-    while _UNDO:
-        _UNDO.pop()()
-
-
 def _patch_all() -> None:
     from torch.amp import GradScaler
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -246,8 +222,8 @@ def _patch_all() -> None:
         return total
 
     # One wrapper at both names, so a call through either is counted once.
-    _patch(torch.nn.utils.clip_grad, "clip_grad_norm_", clip_grad_norm_)
-    _patch(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+    _patches.replace(torch.nn.utils.clip_grad, "clip_grad_norm_", clip_grad_norm_)
+    _patches.replace(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
 
     set_epoch = DistributedSampler.set_epoch
 
@@ -255,7 +231,7 @@ def _patch_all() -> None:
         set_epoch(self, epoch)
         epoch_started(epoch)
 
-    _patch(DistributedSampler, "set_epoch", distributed_set_epoch)
+    _patches.replace(DistributedSampler, "set_epoch", distributed_set_epoch)
 
     # How each epoch's samples are dealt: DistributedSampler's padding or dropping, a
     # loader's short or dropped last batch. Noted, never changed; a fact that cannot be
@@ -271,7 +247,7 @@ def _patch_all() -> None:
                 pass
         return out
 
-    _patch(DistributedSampler, "__iter__", distributed_iter)
+    _patches.replace(DistributedSampler, "__iter__", distributed_iter)
 
     batch_iter = BatchSampler.__iter__
 
@@ -283,7 +259,7 @@ def _patch_all() -> None:
                 pass
         return batch_iter(self)
 
-    _patch(BatchSampler, "__iter__", batches)
+    _patches.replace(BatchSampler, "__iter__", batches)
 
     def shard_facts(module: Any) -> None:
         shard_iter = module.BatchSamplerShard.__iter__
@@ -296,9 +272,9 @@ def _patch_all() -> None:
                     pass
             return shard_iter(self)
 
-        _patch(module.BatchSamplerShard, "__iter__", shard_batches)
+        _patches.replace(module.BatchSamplerShard, "__iter__", shard_batches)
 
-    _after_import("accelerate.data_loader", shard_facts)
+    _patches.after_import("accelerate.data_loader", shard_facts)
 
     # torch.cuda.amp.GradScaler inherits this step.
     scaler_step = GradScaler.step
@@ -324,7 +300,7 @@ def _patch_all() -> None:
                 watch.scale = None
         return out
 
-    _patch(GradScaler, "step", step)
+    _patches.replace(GradScaler, "step", step)
 
     _patch_destroy()
     _patch_stages()
@@ -342,55 +318,11 @@ def _patch_all() -> None:
             if watch.on_optimizer is not None:
                 watch.on_optimizer(self)
 
-    _patch(torch.optim.Optimizer, "__init__", __init__)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once `name` is imported (by anyone, after this was installed)."""
-
-    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        _drop_finder(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            try:
-                self.then(module)
-            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
-                pass
-
-        loader.exec_module = exec_module
-        return spec
-
-
-def _drop_finder(finder: Any) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
-
-
-def _after_import(name: str, then: Callable[[Any], None]) -> None:
-    """`then(module)` now where `name` is imported already, else once it is (by anyone):
-    a module the recorder must never import itself (an engine's, in another engine's run)."""
-    module = sys.modules.get(name)
-    if module is not None:
-        then(module)
-        return
-    finder = _AfterImport(name, then)
-    sys.meta_path.insert(0, finder)
-    _UNDO.append(lambda: _drop_finder(finder))
+    _patches.replace(torch.optim.Optimizer, "__init__", __init__)
 
 
 # What engines and frameworks patch torch through.
-PATCHES = Patches(replace=_patch, after_import=_after_import, watches=lambda: list(_OPEN))
+PATCHES = Patches(watches=lambda: list(_OPEN))
 
 
 def _patch_destroy() -> None:
@@ -409,8 +341,8 @@ def _patch_destroy() -> None:
         return destroy(group)
 
     # One wrapper at both names, as for clip_grad_norm_.
-    _patch(dist, "destroy_process_group", destroy_process_group)
-    _patch(dist.distributed_c10d, "destroy_process_group", destroy_process_group)
+    _patches.replace(dist, "destroy_process_group", destroy_process_group)
+    _patches.replace(dist.distributed_c10d, "destroy_process_group", destroy_process_group)
 
 
 # The outermost module calls (`_outer`): the class patch until the first optimizer step,
@@ -440,15 +372,15 @@ def _patch_stages() -> None:
             outer.leave(trained, out)
         return out
 
-    unpatch_call = _patch(torch.nn.Module, "__call__", __call__)
+    unpatch_call = _patches.replace(torch.nn.Module, "__call__", __call__)
 
     def learned(optimizer: Any, args: Any, kwargs: Any) -> None:
         if outer.learning and outer.learned():
             unpatch_call()
 
     handle = register_optimizer_step_post_hook(learned)
-    _UNDO.append(handle.remove)
-    _UNDO.append(outer.reset)
+    _patches.on_undo(handle.remove)
+    _patches.on_undo(outer.reset)
 
     backward = torch.autograd.backward
 
@@ -463,12 +395,12 @@ def _patch_stages() -> None:
                 pass
         return backward(tensors, *args, **kwargs)
 
-    _patch(torch.autograd, "backward", autograd_backward)
+    _patches.replace(torch.autograd, "backward", autograd_backward)
 
     # Gradients zeroed inside an accumulation window (after a backward, before the step):
     # the micro-batches before it are lost, and whose code did it is the owner.
     for owner in (torch.optim.Optimizer, torch.nn.Module):
-        _patch(owner, "zero_grad", _zeroing(owner.zero_grad))
+        _patches.replace(owner, "zero_grad", _zeroing(owner.zero_grad))
 
 
 def _zeroing(zero_grad: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import FrameType
 from typing import Any
 
-from ..engines.base import Patches
+from .._patches import Patches
 from .accelerate import Accelerate
 from .base import Framework
 from .colossalai import ColossalAi

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..engines.base import Patches
+from .._patches import Patches
 
 # (module, class, method): a framework's API a script hands its loss to (first argument).
 Api = tuple[str, str, str]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _schema
+from . import _schema, frameworks
 from ._args import Magnitudes, PathLike, Sample, check_sample
 from .hook import Session
 from .recorder import Recorder
@@ -223,8 +223,6 @@ class TraceRecorder:
 def __getattr__(name: str) -> Any:
     # Framework callbacks subclass the framework's own class: built on first use, so the
     # package imports without them.
-    from . import frameworks
-
     if name in frameworks.CALLBACKS:
         return getattr(frameworks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _stages
+from . import _owners, _stages
 
 
 class Outer:
@@ -52,7 +52,7 @@ class Outer:
                 self._seen.add(module)
             fp = _stages.fingerprint(args, kwargs)
             norm = _stages.normaliser(kwargs)
-            who = _stages.caller(frame) if norm is not None else None
+            who = _owners.caller(frame) if norm is not None else None
             for watch in watches:
                 watch.batches.forward(fp, norm, who)
                 watch.hook_local(module)

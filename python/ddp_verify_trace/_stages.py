@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import sys
 import zlib
-from types import FrameType
 from typing import Any
 
 import torch
@@ -173,53 +171,6 @@ def _divide(a: Any, b: Any) -> Any:
         return a / b
     except ZeroDivisionError:  # as a tensor divides: inf, -inf or nan
         return float(torch.tensor(a, dtype=torch.float64) / b)
-
-
-def caller(frame: FrameType | None) -> str:
-    """The framework word of the first frame outward that is neither torch's nor the
-    recorder's: whose code made the call (`plain`: the user's script)."""
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        word = _OWNERS.get(module)
-        if word is None:
-            word = _OWNERS[module] = _owner(module)
-        if word:
-            return word
-        frame = frame.f_back
-    return _owner("")
-
-
-def _owner(module: str) -> str:
-    """A module's framework word, the first time it is met ("": looked past)."""
-    from . import frameworks
-
-    if module == "torch" or module.startswith(("torch.", "ddp_verify_trace")):
-        return ""
-    return next((fw.name for fw in frameworks.FRAMEWORKS if fw.owns(module)), frameworks.PLAIN)
-
-
-# Module name -> its framework word ("": torch's or the recorder's, looked past).
-_OWNERS: dict[str, str] = {}
-
-
-def versions() -> str:
-    """torch and each framework or engine library the run imported, `name==version`, for
-    the header: a library's bug belongs to a version."""
-    from importlib import metadata
-
-    from . import frameworks
-
-    out = []
-    for module in ["torch"] + [m for fw in frameworks.FRAMEWORKS for m in fw.modules]:
-        if module in sys.modules:
-            version = getattr(sys.modules[module], "__version__", None)  # torch's says its build (+cu130)
-            if not isinstance(version, str):
-                try:
-                    version = metadata.version(module)
-                except metadata.PackageNotFoundError:
-                    continue
-            out.append(f"{module}=={version}")
-    return ", ".join(out)
 
 
 class Batches:

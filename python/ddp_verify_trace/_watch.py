@@ -27,7 +27,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _deal, _outer, _patches, _stages
+from . import _deal, _outer, _owners, _patches, _stages
 from ._patches import Patches
 
 
@@ -388,7 +388,7 @@ def _patch_stages() -> None:
         root = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
         if _OPEN and isinstance(root, torch.Tensor) and root.numel() == 1 and root.grad_fn is not None:
             try:
-                who = _stages.caller(sys._getframe(1))
+                who = _owners.caller(sys._getframe(1))
                 for watch in list(_OPEN):
                     watch.batches.backward(root, who)
             except Exception:  # noqa: BLE001 - a fact not taken; the backward goes on
@@ -408,7 +408,7 @@ def _zeroing(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
         for watch in list(_OPEN):
             if watch.batches.rows:
                 try:
-                    watch.zeroed(_stages.caller(sys._getframe(1)))
+                    watch.zeroed(_owners.caller(sys._getframe(1)))
                 except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                     pass
         return zero_grad(self, *args, **kwargs)

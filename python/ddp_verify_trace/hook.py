@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _schema, _watch, engines, frameworks
+from . import _owners, _schema, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample
 from ._detect import owner, unwrap
 from ._magnitudes import add_backward
@@ -189,7 +189,7 @@ class Session:
 
     def _begin(self, optimizer: torch.optim.Optimizer) -> None:
         meta = {
-            _schema.Key.FRAMEWORK: frameworks.calling(sys._getframe(1)),
+            _schema.Key.FRAMEWORK: _owners.framework(sys._getframe(1)),
             _schema.Key.RECORDED_BY: "optimizer step hooks",
             **self._meta,
         }

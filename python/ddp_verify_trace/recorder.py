@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _deal, _progress, _schema, _stages, _watch, engines
+from . import _collectives, _deal, _owners, _progress, _schema, _stages, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
@@ -561,7 +561,7 @@ class Recorder:
             K.WORLD_SIZE: str(self._world),
             K.DTYPE: DTYPES[self._dtype],
             K.TORCH_VERSION: torch.__version__,
-            K.VERSIONS: _stages.versions(),
+            K.VERSIONS: _owners.versions(),
             K.STEPS: str(self._steps),
             K.MAGNITUDES: magnitudes.get(self._magnitudes or "", _schema.Magnitudes.FALSE),
             **self._meta,

@@ -10,9 +10,9 @@ any framework.
 Adding a framework: a module here with a subclass of `base.Framework`, and its line below."""
 from __future__ import annotations
 
-from types import FrameType
 from typing import Any
 
+from .. import _owners
 from .._patches import Patches
 from .accelerate import Accelerate
 from .base import Framework
@@ -23,23 +23,12 @@ from .transformers import Transformers
 
 FRAMEWORKS: list[Framework] = [Transformers(), Lightning(), ColossalAi(), Accelerate(), DeepSpeed()]
 # Called by none of them.
-PLAIN = "plain"
+PLAIN = _owners.PLAIN
+# Which frames are whose (`_owners`): each framework's packages, in the registry's order.
+for _fw in FRAMEWORKS:
+    _owners.register(_fw.name, _fw.modules)
 
 _BUILT: dict[str, type] = {}
-
-
-def calling(frame: FrameType | None) -> str:
-    """Which framework called optimizer.step(), from the calling frames outward from
-    `frame`: it decides where clipping and loss division happen, so causes can name the
-    right fix."""
-    seen: set[str] = set()
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        for fw in FRAMEWORKS:
-            if fw.owns(module):
-                seen.add(fw.name)
-        frame = frame.f_back
-    return next((fw.name for fw in FRAMEWORKS if fw.name in seen), PLAIN)
 
 
 def patch(patches: Patches) -> None:

@@ -27,8 +27,10 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _deal, _outer, _owners, _patches, _stages
+from . import _deal, _outer, _owners, _patches
 from ._patches import Patches
+from ._stages.batches import Batches
+from ._stages.local_sums import LocalSums
 
 
 class Watch:
@@ -62,8 +64,8 @@ class Watch:
         # Stage facts (`_stages`): each micro-batch's samples and loss on its way to backward,
         # each backward's own gradient before any reduction (by parameter identity, named by
         # the recorder at the step), and the step calls a framework's optimizer wrapper passed through.
-        self.batches = _stages.Batches()
-        self.local = _stages.LocalSums()
+        self.batches = Batches()
+        self.local = LocalSums()
         # Tensor hooks summing each backward's own gradient, one per parameter (by id), put on
         # every outermost module's parameters from its first forward: the first step's too,
         # before a recorder knows the model.

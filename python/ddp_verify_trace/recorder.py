@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _deal, _owners, _progress, _schema, _stages, _watch, engines
+from . import _collectives, _deal, _owners, _progress, _schema, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
 from ._sampling import Sampling, Summaries, numel
+from ._stages.exchange import Exchange, Packed, all_gather
 from ._stream import Stream, writable
 from ._tensors import DTYPES, bits, host, max_abs_into, owns_memory
 
@@ -119,7 +120,7 @@ class Recorder:
         # step's gradient can be lent to the writer instead of copied: nothing changes it).
         self._nulled: dict[str, bool] = {}
         self._seen: set[str] = set()
-        self._exchange = _stages.Exchange()
+        self._exchange = Exchange()
         self._others: dict[int, str] = {}  # id -> class name of each other optimizer that stepped
         # Last, once nothing above can refuse: what torch's patched calls see from now on
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
@@ -268,7 +269,7 @@ class Recorder:
         s: int,
         world: int,
         grads: dict[str, torch.Tensor | None] | None,
-        packed: _stages.Packed,
+        packed: Packed,
         largest: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The step's one collective of its own, under several ranks: every rank's stage
@@ -286,7 +287,7 @@ class Recorder:
             if grads is not None:
                 zero = torch.zeros((), dtype=torch.int64, device=payload.device)
                 parts.append(torch.stack([bits(g).to(payload.device) if (g := grads[n]) is not None else zero for n, _ in self._params]))
-            got = _stages.all_gather(torch.cat(parts) if len(parts) > 1 else parts[0], world)
+            got = all_gather(torch.cat(parts) if len(parts) > 1 else parts[0], world)
             every, rest = got.split([payload.numel(), got.shape[1] - payload.numel()], dim=1)
             every = every.contiguous().view(torch.float64)
             if largest is not None:
@@ -368,7 +369,7 @@ class Recorder:
         self._seen = set()
         _progress.tick(self._steps)
 
-    def _stage_facts(self, s: int, world: int) -> _stages.Packed:
+    def _stage_facts(self, s: int, world: int) -> Packed:
         """The step's stage facts (`_stages`): every rank's micro-batches and the local
         gradients' sums (packed here for `_gather`, which every rank calls), and the step
         calls a framework's wrapper took."""

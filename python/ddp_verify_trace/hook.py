@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _owners, _schema, _watch, engines
+from . import _owners, _schema, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample
 from ._detect import owner, unwrap
 from ._magnitudes import add_backward
@@ -101,7 +101,7 @@ class Session:
         self._state = "started"
         # Before training: the first epoch's set_epoch, clips, DDP forwards and skipped steps
         # are seen, and the first step's clips and forwards are counted from here.
-        self._watch = _watch.open_watch()
+        self._watch = _torch_patches.open_watch()
         self._watch.on_skip = self._skipped
         self._watch.on_optimizer = self._hook_early
         self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]

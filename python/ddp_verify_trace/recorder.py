@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _deal, _owners, _progress, _schema, _watch, engines
+from . import _collectives, _deal, _owners, _progress, _schema, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
@@ -125,7 +125,7 @@ class Recorder:
         # Last, once nothing above can refuse: what torch's patched calls see from now on
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
         self._own_watch = watch is None
-        self._watch = _watch.open_watch() if watch is None else watch
+        self._watch = _torch_patches.open_watch() if watch is None else watch
         hooked = self.engine.backward_hooks
         local = self.engine.local_hooks and not (self._world == 1 and self.engine.local_is_applied)
         # Where both are wanted, this recorder's hooks also add the local sums for the watch.

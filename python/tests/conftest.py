@@ -56,7 +56,7 @@ class Untouched:
     def check(self):
         assert self.changed() == []
         assert self.exit_handlers == []
-        assert _watch._OPEN == []
+        assert _watch.OPEN == []
 
 
 @pytest.fixture

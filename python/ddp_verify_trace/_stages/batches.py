@@ -29,7 +29,6 @@ class Batches:
         self.backward_by: str | None = None  # whose code called torch's backward
         self.api: str | None = None  # the framework whose backward API took the loss
         self.normalised_by: str | None = None
-        self.in_api = 0
 
     def forward(self, fp: torch.Tensor | None, norm: Any, who: str | None) -> None:
         if fp is not None:

@@ -67,20 +67,19 @@ def _api_patch(patches: Patches, framework: str, cls: str, method: str) -> Calla
 
         def api(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
             watches = patches.watches()
-            outermost = [w for w in watches if not w.batches.in_api]
             try:
                 who = _owners.caller(sys._getframe(1))
-                for w in outermost:
-                    w.batches.handed(loss, framework, who)
+                for w in watches:
+                    w.handed(loss, framework, who)
             except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                 pass
             for w in watches:
-                w.batches.in_api += 1
+                w.api_entered()
             try:
                 return original(self, loss, *args, **kwargs)
             finally:
                 for w in watches:
-                    w.batches.in_api -= 1
+                    w.api_left()
 
         patches.replace(owner, method, api)
 
@@ -120,7 +119,7 @@ def _boundary_patch(patches: Patches, cls: str, method: str) -> Callable[[Any], 
                 try:
                     who = _owners.caller(sys._getframe(1))
                     for w in watches:
-                        w.boundary_by = who
+                        w.boundary_marked(who)
                 except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                     pass
             return original(self, *args, **kwargs)

@@ -13,7 +13,7 @@ a header with the world size, the optimizer's kind and settings, the framework t
 the step, and the dropout layers that train (runs with dropout draw their own masks).
 
 Sampled traces (`sample=N`, or "auto" for a model of more than `_schema.SAMPLE_FROM_PARAMETERS`
-parameters): see `_sampling.py`. A step reads each sampled gradient once (its summaries) and,
+parameters): see `_positions.py`. A step reads each sampled gradient once (its summaries) and,
 under CUDA, sends what it keeps of all of them to the host in one copy.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from . import _collectives, _deal, _owners, _progress, _schema, _torch_patches, 
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
-from ._sampling import Sampling, Summaries, numel
+from ._positions import Sampling, Summaries, numel
 from ._stages.exchange import Exchange, Packed, all_gather
 from ._stream import Stream, writable
 from ._tensors import DTYPES, bits, host, max_abs_into, owns_memory
@@ -42,7 +42,7 @@ _SETTINGS = _schema.OPTIMIZER_SETTINGS
 class Recorder:
     """One run's record. `step()` takes the gradients as they are now; every rank calls it
     at every optimizer step, and `close()` at the end; rank 0 alone writes `path`.
-    `sample`: N, "auto" or None (whole tensors): see `_sampling.py`. `engine`: the run's,
+    `sample`: N, "auto" or None (whole tensors): see `_positions.py`. `engine`: the run's,
     where the caller found it (by the optimizer); else found from the parameters."""
 
     def __init__(

@@ -2,7 +2,7 @@
 
 `ENGINES` is the registry, asked in order: the first whose `find` claims the run is its
 engine, `Ddp` (one process, or DDP) last, claiming whatever is left. Each engine's torch
-patches go in with the first recording and come out with the last (`_watch`).
+patches go in with the first recording and come out with the last (`_patches`).
 
 Adding an engine: a module here with a subclass of `base.Engine`, and its line below."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What every engine tells the recorder: the one interface between the recording core and the
 ways gradients are synchronised (DDP, FSDP2, DeepSpeed ZeRO, ...).
 
-The core (`recorder.Recorder`, `hook.Session`) names no engine: it asks the engine found for
+The core (`recorder.Recorder`, `session.Session`) names no engine: it asks the engine found for
 the run at each point of a step where engines differ. The defaults here are a run whose
 parameters hold their whole gradient in `.grad` on every rank, after any reduction (one
 process, or DDP); an engine overrides what it does otherwise.
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .._patches import Patches
-from .._sampling import Sampling, Summaries
+from .._positions import Sampling, Summaries
 
 # A parameter's name and the parameter, as the trace names it.
 Named = list[tuple[str, torch.nn.Parameter]]

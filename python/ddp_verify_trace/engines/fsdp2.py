@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from .. import _collectives, _schema
 from .._patches import Patches
-from .._sampling import Sampling, Summaries
+from .._positions import Sampling, Summaries
 from .._tensors import host
 from .base import Engine, Finals, Gathered, Named
 

@@ -7,7 +7,7 @@ run the last micro-batch's backward and the clipping inside optimizer.step(), af
 pre-hook; the optimizers leave `.grad` as they applied it. The weights' peaks are taken in
 the pre-hook, before the step moves them.
 
-A session changes nothing in torch or Python that it does not undo: the patches of `_watch`,
+A session changes nothing in torch or Python that it does not undo: the patches (`_patches`),
 the step hooks, the tensor hooks, an exit handler, and from its first step a sys.excepthook
 are all taken out when it closes, is abandoned, or the interpreter exits with it open.
 

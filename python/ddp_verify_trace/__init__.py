@@ -33,6 +33,7 @@ import torch
 from . import callbacks
 from ._args import Magnitudes, PathLike, Sample, env_magnitudes, header_meta, resolve_sample
 from .accumulation_sampler import AccumulationBatchSampler, accumulation_order
+from .frameworks import CALLBACKS
 from .recorder import Recorder
 from .session import Session
 
@@ -177,6 +178,6 @@ class TraceRecorder:
 def __getattr__(name: str) -> Any:
     # Framework callbacks subclass the framework's own class: built on first use, so the
     # package imports without them.
-    if name in callbacks.CALLBACKS:
+    if name in CALLBACKS:
         return getattr(callbacks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

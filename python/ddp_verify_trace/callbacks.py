@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._args import header_meta, resolve_sample
-from .frameworks import CALLBACKS, FRAMEWORKS
+from .frameworks import FRAMEWORKS
 from .frameworks.base import Framework
 from .session import Session
 

@@ -19,8 +19,9 @@ By hand, where a loop wants to say when (the recorder of earlier versions):
 
 A recording patches a few torch functions to watch training (`_torch_patches`) and puts
 every one back when it closes, is abandoned or the script exits (`_patches`). Wrong arguments
-are refused at the call. File layout: see `recorder.py`. `AccumulationBatchSampler` deals one process the
-samples W ranks of DistributedSampler would see, step by step.
+are refused at the call. File layout: see `recorder.py`. `AccumulationBatchSampler` deals one
+process the samples W ranks of DistributedSampler would see, step by step. The modules stand
+in layers, each importing only from those below it (docs/architecture.md, "The recorder").
 """
 from __future__ import annotations
 

@@ -79,6 +79,12 @@ CONFIGS = ["none", "base", "stages"]
 CLOCKS = ["wall", "cpu", "proc"]
 
 
+def has_stage_facts(python: str) -> bool:
+    """Whether a recorder's `python/` records stage facts (`_stages/`; `_stages.py` before it)."""
+    package = os.path.join(python, "ddp_verify_trace")
+    return os.path.exists(os.path.join(package, "_stages")) or os.path.exists(os.path.join(package, "_stages.py"))
+
+
 def unpack_base(rev: str, into: str) -> str:
     """`python/` at `rev`, unpacked under `into`; its path."""
     tar = subprocess.run(["git", "-C", ROOT, "archive", rev, "python"], check=True, capture_output=True).stdout
@@ -194,8 +200,8 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stages-bench-") as tmp:
         base = os.path.abspath(args.base_python) if args.base_python else unpack_base(args.base, os.path.join(tmp, "base"))
-        if os.path.exists(os.path.join(base, "ddp_verify_trace", "_stages.py")):
-            sys.exit(f"{base} has the stage facts (ddp_verify_trace/_stages.py): give an older --base")
+        if has_stage_facts(base):
+            sys.exit(f"{base} has the stage facts (ddp_verify_trace/_stages/): give an older --base")
         pythons = {"base": base, "stages": os.path.abspath(args.stages_python)}
         with open(os.path.join(tmp, "runner.py"), "w") as f:
             f.write(RUNNER)

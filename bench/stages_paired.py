@@ -41,7 +41,7 @@ ROOT = os.path.dirname(HERE)
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 TORCHRUN = os.path.join(ROOT, ".venv", "bin", "torchrun")
 sys.path.insert(0, HERE)
-from stages import BASE, CLOCKS, CONFIGS, print_table, unpack_base  # noqa: E402  (the same base recorder and table)
+from stages import BASE, CLOCKS, CONFIGS, has_stage_facts, print_table, unpack_base  # noqa: E402  (the same base recorder and table)
 
 # One rank's loop: argv = case, base dir, stages dir, turns, steps, out, traces dir.
 WORKER = r'''
@@ -164,10 +164,12 @@ def run_case(case: str, args: argparse.Namespace, dirs: list[str], tmp: str) -> 
 
 
 # What `--strip` switches off in a copy of the recorder: the stage facts' patches (outermost
-# calls, backward roots, zero_grad) and the local sums; the rest records as it does.
+# calls, backward roots, zero_grad: `_patch_stages` returns before it patches) and the local
+# sums; the rest records as it does. (Until the recorder's modules were renamed, the first line
+# matched was _patch_all's own, which switched off every patch of torch, not these alone.)
 STRIP = [
-    ("_watch.py", "    from torch.optim.optimizer import register_optimizer_step_post_hook\n", "    return\n"),
-    ("_stages.py", "        # Called for every parameter of every backward: as few operations as can be.\n", "        return\n"),
+    ("_torch_patches.py", "    call = torch.nn.Module.__call__\n", "    return\n"),
+    ("_stages/local_sums.py", "        # Called for every parameter of every backward: as few operations as can be.\n", "        return\n"),
 ]
 
 
@@ -177,8 +179,8 @@ def strip_stages(python: str, into: str) -> str:
     for name, line, insert in STRIP:
         path = os.path.join(into, "ddp_verify_trace", name)
         text = open(path).read()
-        if line not in text:
-            sys.exit(f"--strip: {name} no longer has the line it switches off at: update STRIP")
+        if text.count(line) != 1:
+            sys.exit(f"--strip: {name} does not have the line it switches off at once: update STRIP")
         open(path, "w").write(text.replace(line, insert + line, 1))
     return into
 
@@ -202,8 +204,8 @@ def main() -> int:
             args.base = "the same recorder without its stage facts"
         else:
             base = os.path.abspath(args.base_python) if args.base_python else unpack_base(args.base, os.path.join(tmp, "base"))
-        if not args.strip and os.path.exists(os.path.join(base, "ddp_verify_trace", "_stages.py")):
-            sys.exit(f"{base} has the stage facts (ddp_verify_trace/_stages.py): give an older --base")
+        if not args.strip and has_stage_facts(base):
+            sys.exit(f"{base} has the stage facts (ddp_verify_trace/_stages/): give an older --base")
         dirs = [base, os.path.abspath(args.stages_python)]
         print(f"stage facts' cost per recorded step, in turns: {dirs[1]} against {args.base_python or args.base}")
         print("per turn: rank 0's median seconds per optimizer step; ratios within a pass, median over")

@@ -17,28 +17,29 @@ By hand, where a loop wants to say when (the recorder of earlier versions):
         optimizer.step()
     rec.close()             # final weights and buffers; writes the file (rank 0 only)
 
-A recording patches a few torch functions to watch training (`_watch`) and puts every one
-back when it closes, is abandoned or the script exits. Wrong arguments are refused at the
-call. File layout: see `recorder.py`. `AccumulationBatchSampler` deals one process the
-samples W ranks of DistributedSampler would see, step by step.
+A recording patches a few torch functions to watch training (`_torch_patches`) and puts
+every one back when it closes, is abandoned or the script exits (`_patches`). Wrong arguments
+are refused at the call. File layout: see `recorder.py`. `AccumulationBatchSampler` deals one
+process the samples W ranks of DistributedSampler would see, step by step. The modules stand
+in layers, each importing only from those below it (docs/architecture.md, "The recorder").
 """
 from __future__ import annotations
 
-import os
 import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _schema
-from ._args import Magnitudes, PathLike, Sample, check_sample
-from .hook import Session
+from . import callbacks
+from ._args import Magnitudes, PathLike, Sample, env_magnitudes, header_meta, resolve_sample
+from .accumulation_sampler import AccumulationBatchSampler, accumulation_order
+from .frameworks import CALLBACKS
 from .recorder import Recorder
-from .sampler import AccumulationBatchSampler, accumulation_order
+from .session import Session
 
 if TYPE_CHECKING:
-    from .frameworks import DDPVerifyCallback, DDPVerifyLightningCallback, LightningCallback, TrainerCallback
+    from .callbacks import DDPVerifyCallback, DDPVerifyLightningCallback, LightningCallback, TrainerCallback
 
 __all__ = [
     "TraceRecorder",
@@ -56,51 +57,6 @@ __version__ = "0.2.0"
 
 # The last record()'s session, while something else holds it (its hooks do while it records).
 _SESSION: weakref.ref[Session] | None = None
-
-
-def _check_int(key: str, value: Any) -> int | None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"ddp_verify_trace: {key} must be a positive int, not {value!r}")
-    return value
-
-
-def _header(acc_steps: int | None, steps_per_epoch: int | None) -> dict[str, str]:
-    meta = {}
-    for key, value in ((_schema.Key.ACC_STEPS, acc_steps), (_schema.Key.STEPS_PER_EPOCH, steps_per_epoch)):
-        if _check_int(key, value) is not None:
-            meta[key] = str(value)
-    return meta
-
-
-def _env_magnitudes() -> Magnitudes:
-    """DDP_VERIFY_MAGNITUDES, the default of record()'s magnitudes: "tensor" where unset."""
-    raw = os.environ.get("DDP_VERIFY_MAGNITUDES", "")
-    value = raw.strip().lower()
-    if value in ("", "tensor", "element"):
-        return value or "tensor"
-    if value in ("0", "false"):
-        return False
-    raise ValueError(f"ddp_verify_trace: DDP_VERIFY_MAGNITUDES={raw!r}: set it to tensor, element or false, or unset it")
-
-
-def _env_sample() -> int | str | None:
-    """DDP_VERIFY_SAMPLE, the default of record()'s sample: "auto" where unset."""
-    raw = os.environ.get("DDP_VERIFY_SAMPLE", "")
-    value = raw.strip().lower()
-    if value in ("", "auto"):
-        return "auto"
-    if value == "full":
-        return None
-    if value.isascii() and value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise ValueError(
-        f"ddp_verify_trace: DDP_VERIFY_SAMPLE={raw!r}: set it to auto, full or a positive number of positions, or unset it"
-    )
-
-
-def _sample(value: Sample) -> int | str | None:
-    """record()'s sample=, checked: None takes DDP_VERIFY_SAMPLE (else "auto")."""
-    return _env_sample() if value is None else check_sample(value)
 
 
 def record(
@@ -141,9 +97,9 @@ def record(
             "(.close() on what record() returned)"
         )
     if magnitudes is None:
-        magnitudes = _env_magnitudes()
-    sample = _sample(sample)
-    meta = _header(acc_steps, steps_per_epoch)
+        magnitudes = env_magnitudes()
+    sample = resolve_sample(sample)
+    meta = header_meta(acc_steps, steps_per_epoch)
     session = Session(path, overwrite=overwrite, magnitudes=magnitudes, meta=meta, model=model, sample=sample)
     _SESSION = weakref.ref(session.start())
     return session
@@ -191,8 +147,8 @@ class TraceRecorder:
             path,
             overwrite=overwrite,
             magnitudes=magnitudes,
-            meta=_header(acc_steps, steps_per_epoch),
-            sample=_sample(sample),
+            meta=header_meta(acc_steps, steps_per_epoch),
+            sample=resolve_sample(sample),
         )
         self.path = self._rec.path
 
@@ -223,8 +179,6 @@ class TraceRecorder:
 def __getattr__(name: str) -> Any:
     # Framework callbacks subclass the framework's own class: built on first use, so the
     # package imports without them.
-    from . import frameworks
-
-    if name in frameworks.CALLBACKS:
-        return getattr(frameworks, name)
+    if name in CALLBACKS:
+        return getattr(callbacks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,9 +3,11 @@ trains, never inside its first optimizer step."""
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import Any, Union
 
 import torch.distributed as dist
+
+from ._schema import Key
 
 # What a trace's path may be given as.
 PathLike = Union[str, "os.PathLike[str]"]
@@ -70,3 +72,49 @@ def check_path(path: PathLike, overwrite: bool) -> str:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"ddp_verify_trace: path {path}: {folder} is not writable: pass a path in a folder you may write in")
     return path
+
+
+def _check_int(key: str, value: Any) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"ddp_verify_trace: {key} must be a positive int, not {value!r}")
+    return value
+
+
+def header_meta(acc_steps: int | None, steps_per_epoch: int | None) -> dict[str, str]:
+    """acc_steps= and steps_per_epoch=, checked, as the header holds them (where given)."""
+    meta = {}
+    for key, value in ((Key.ACC_STEPS, acc_steps), (Key.STEPS_PER_EPOCH, steps_per_epoch)):
+        if _check_int(key, value) is not None:
+            meta[key] = str(value)
+    return meta
+
+
+def env_magnitudes() -> Magnitudes:
+    """DDP_VERIFY_MAGNITUDES, the default of record()'s magnitudes: "tensor" where unset."""
+    raw = os.environ.get("DDP_VERIFY_MAGNITUDES", "")
+    value = raw.strip().lower()
+    if value in ("", "tensor", "element"):
+        return value or "tensor"
+    if value in ("0", "false"):
+        return False
+    raise ValueError(f"ddp_verify_trace: DDP_VERIFY_MAGNITUDES={raw!r}: set it to tensor, element or false, or unset it")
+
+
+def env_sample() -> int | str | None:
+    """DDP_VERIFY_SAMPLE, the default of record()'s sample: "auto" where unset."""
+    raw = os.environ.get("DDP_VERIFY_SAMPLE", "")
+    value = raw.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value == "full":
+        return None
+    if value.isascii() and value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise ValueError(
+        f"ddp_verify_trace: DDP_VERIFY_SAMPLE={raw!r}: set it to auto, full or a positive number of positions, or unset it"
+    )
+
+
+def resolve_sample(value: Sample) -> int | str | None:
+    """record()'s sample=, checked: None takes DDP_VERIFY_SAMPLE (else "auto")."""
+    return env_sample() if value is None else check_sample(value)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from . import _collectives
-from ._sampling import Sampling
+from ._positions import Sampling
 
 
 def add_backward(

@@ -1,36 +1,16 @@
-"""What the recorder learns by watching torch itself, patched where every framework calls it
-(Trainer through Accelerate, Lightning's precision plugins, plain loops):
-- clip_grad_norm_ calls and the last one's norms: a recorded gradient is what the optimizer
-  applies, after clipping, so a cause must know whether a clip ran and how hard;
-- DistributedSampler.set_epoch calls (and AccumulationBatchSampler's): where epochs start, so
-  a mismatch that starts in a later epoch can be named as a sampler's epoch;
-- GradScaler.step: the loss scale each step ran at, and the steps it skipped (inf/NaN found),
-  which never reach optimizer.step() and so are recorded from here;
-- Optimizer.__init__: the optimizers built once recording started, whose gradients
-  `record()` must see before its first step says which one it follows;
-- each engine's own points (`engines/`: where it decides or ends a reduction) and each
-  framework's (`frameworks/`), through `Patches`: whether each micro-batch's
-  gradient was reduced, the gradient collectives and their bytes, the divide factor and
-  the compute dtype;
-- destroy_process_group: an engine that gathers at the end does so before it goes.
-
-Each recording opens a `Watch`, which sees only what happens while it is open. The patches
-go in when the first watch opens and come out when the last one closes: torch is left with
-the very objects it had, except where something else patched over them since (left alone,
-the patch under it passing every call through)."""
+"""What one recording has seen of training: its `Watch`, the facts torch's patches
+(`_torch_patches`), the engines' and the frameworks' hand it between optimizer steps, which
+the recorder takes at each step. A watch sees only what happens while it is open; the open
+ones are `OPEN`, and the last one to close takes every patch out (`_patches.undo`)."""
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 from typing import Any, Callable
 
 import torch
-import torch.nn.utils
-import torch.nn.utils.clip_grad
 
-from . import _deal, _outer, _stages
-from .engines.base import Patches
+from . import _patches
+from ._stages.batches import Batches
+from ._stages.local_sums import LocalSums
 
 
 class Watch:
@@ -64,8 +44,8 @@ class Watch:
         # Stage facts (`_stages`): each micro-batch's samples and loss on its way to backward,
         # each backward's own gradient before any reduction (by parameter identity, named by
         # the recorder at the step), and the step calls a framework's optimizer wrapper passed through.
-        self.batches = _stages.Batches()
-        self.local = _stages.LocalSums()
+        self.batches = Batches()
+        self.local = LocalSums()
         # Tensor hooks summing each backward's own gradient, one per parameter (by id), put on
         # every outermost module's parameters from its first forward: the first step's too,
         # before a recorder knows the model.
@@ -78,6 +58,7 @@ class Watch:
         self.zeroed_in_window = 0  # zero_grad calls after a backward of the step, before it
         self.zeroed_by: str | None = None
         self.boundary_by: str | None = None  # who marked an engine's accumulation boundary by hand
+        self._in_api = 0  # a framework's backward API calls under way (one may call another)
         # How samplers and loaders dealt the data (`_deal`), by header key, this rank's.
         self.deal: dict[str, Any] = {}
 
@@ -85,6 +66,22 @@ class Watch:
         """How the data was dealt (the first epoch's, per key): see `_deal`."""
         for k, v in facts.items():
             self.deal.setdefault(k, v)
+
+    def handed(self, loss: Any, api: str, who: str) -> None:
+        """`who`'s code handed `loss` to framework `api`'s backward API: taken from the
+        outermost such call alone (Lightning's manual_backward calls its strategy's)."""
+        if not self._in_api:
+            self.batches.handed(loss, api, who)
+
+    def api_entered(self) -> None:
+        self._in_api += 1
+
+    def api_left(self) -> None:
+        self._in_api -= 1
+
+    def boundary_marked(self, who: str) -> None:
+        """`who`'s code marked the engine's accumulation boundary by hand."""
+        self.boundary_by = who
 
     def zeroed(self, who: str) -> None:
         self.zeroed_in_window += 1
@@ -180,305 +177,24 @@ class Watch:
         for h in self._local_handles.values():
             h.remove()
         self._local_handles = {}
-        if self in _OPEN:
-            _OPEN.remove(self)
-            if not _OPEN:
-                _unpatch()
+        if self in OPEN:
+            OPEN.remove(self)
+            if not OPEN:
+                _patches.undo()
 
 
-_OPEN: list[Watch] = []
-_UNDO: list[Callable[[], None]] = []
-
-
-def open_watch() -> Watch:
-    if not _OPEN:
-        _patch_all()
-    watch = Watch()
-    _OPEN.append(watch)
-    return watch
+# The open watches, oldest first.
+OPEN: list[Watch] = []
 
 
 def dealt(facts: dict[str, Any]) -> None:
     """Noted by the open watches, if any; patches nothing (our own sampler calls it)."""
-    for watch in _OPEN:
+    for watch in OPEN:
         watch.dealt(facts)
 
 
 def epoch_started(epoch: Any) -> None:
     """An epoch set by a sampler torch does not know (AccumulationBatchSampler): noted by
     the open watches, if any; patches nothing."""
-    for watch in _OPEN:
+    for watch in OPEN:
         watch.epoch_started(epoch)
-
-
-def _patch(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
-    """`owner.name` replaced until the last watch closes; returns what puts it back sooner."""
-    original = getattr(owner, name)
-    replacement.__wrapped__ = original  # type: ignore[attr-defined]
-    replacement.__doc__ = original.__doc__
-    setattr(owner, name, replacement)
-
-    def undo() -> None:
-        # Only our own patch, and only where nothing patched over it since.
-        if getattr(owner, name) is replacement:
-            setattr(owner, name, original)
-
-    _UNDO.append(undo)
-    return undo
-
-
-def _unpatch() -> None:
-    while _UNDO:
-        _UNDO.pop()()
-
-
-def _patch_all() -> None:
-    from torch.amp import GradScaler
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-    from torch.utils.data import BatchSampler, DistributedSampler
-
-    clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
-
-    def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
-        total = clip_grad_norm(parameters, max_norm, *args, **kwargs)
-        for watch in _OPEN:
-            watch.clipped(float(total), float(max_norm))
-        return total
-
-    # One wrapper at both names, so a call through either is counted once.
-    _patch(torch.nn.utils.clip_grad, "clip_grad_norm_", clip_grad_norm_)
-    _patch(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
-
-    set_epoch = DistributedSampler.set_epoch
-
-    def distributed_set_epoch(self: DistributedSampler, epoch: int) -> None:
-        set_epoch(self, epoch)
-        epoch_started(epoch)
-
-    _patch(DistributedSampler, "set_epoch", distributed_set_epoch)
-
-    # How each epoch's samples are dealt: DistributedSampler's padding or dropping, a
-    # loader's short or dropped last batch. Noted, never changed; a fact that cannot be
-    # read is left out.
-    sampler_iter = DistributedSampler.__iter__
-
-    def distributed_iter(self: DistributedSampler) -> Any:
-        out = sampler_iter(self)
-        if _OPEN:
-            try:
-                dealt(_deal.sampler(self))
-            except Exception:
-                pass
-        return out
-
-    _patch(DistributedSampler, "__iter__", distributed_iter)
-
-    batch_iter = BatchSampler.__iter__
-
-    def batches(self: BatchSampler) -> Any:
-        if _OPEN:
-            try:
-                dealt(_deal.loader(len(self.sampler), self.batch_size, self.drop_last))  # type: ignore[arg-type]
-            except Exception:
-                pass
-        return batch_iter(self)
-
-    _patch(BatchSampler, "__iter__", batches)
-
-    def shard_facts(module: Any) -> None:
-        shard_iter = module.BatchSamplerShard.__iter__
-
-        def shard_batches(self: Any) -> Any:
-            if _OPEN:
-                try:
-                    dealt(_deal.shard(self))
-                except Exception:
-                    pass
-            return shard_iter(self)
-
-        _patch(module.BatchSamplerShard, "__iter__", shard_batches)
-
-    _after_import("accelerate.data_loader", shard_facts)
-
-    # torch.cuda.amp.GradScaler inherits this step.
-    scaler_step = GradScaler.step
-
-    def step(self: GradScaler, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        watches = list(_OPEN)
-        if not self.is_enabled() or not watches:
-            return scaler_step(self, optimizer, *args, **kwargs)
-        scale = float(self.get_scale())
-        stepped: list[torch.optim.Optimizer] = []
-        handle = register_optimizer_step_post_hook(lambda o, a, k: stepped.append(o))
-        for watch in watches:
-            watch.scale = scale
-        try:
-            out = scaler_step(self, optimizer, *args, **kwargs)
-            if not any(o is optimizer for o in stepped):
-                for watch in watches:
-                    if watch.on_skip is not None:
-                        watch.on_skip(optimizer, scale)
-        finally:
-            handle.remove()
-            for watch in watches:
-                watch.scale = None
-        return out
-
-    _patch(GradScaler, "step", step)
-
-    _patch_destroy()
-    _patch_stages()
-    # Each engine's and framework's own points, through the one interface they share.
-    from . import engines, frameworks
-
-    engines.patch(PATCHES)
-    frameworks.patch(PATCHES)
-
-    optimizer_init = torch.optim.Optimizer.__init__
-
-    def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        optimizer_init(self, *args, **kwargs)
-        for watch in list(_OPEN):
-            if watch.on_optimizer is not None:
-                watch.on_optimizer(self)
-
-    _patch(torch.optim.Optimizer, "__init__", __init__)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once `name` is imported (by anyone, after this was installed)."""
-
-    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        _drop_finder(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            try:
-                self.then(module)
-            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
-                pass
-
-        loader.exec_module = exec_module
-        return spec
-
-
-def _drop_finder(finder: Any) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
-
-
-def _after_import(name: str, then: Callable[[Any], None]) -> None:
-    """`then(module)` now where `name` is imported already, else once it is (by anyone):
-    a module the recorder must never import itself (an engine's, in another engine's run)."""
-    module = sys.modules.get(name)
-    if module is not None:
-        then(module)
-        return
-    finder = _AfterImport(name, then)
-    sys.meta_path.insert(0, finder)
-    _UNDO.append(lambda: _drop_finder(finder))
-
-
-# What engines and frameworks patch torch through.
-PATCHES = Patches(replace=_patch, after_import=_after_import, watches=lambda: list(_OPEN))
-
-
-def _patch_destroy() -> None:
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return
-    destroy = dist.destroy_process_group
-
-    def destroy_process_group(group: Any = None) -> None:
-        if group is None:
-            for watch in list(_OPEN):
-                call, watch.on_destroy = watch.on_destroy, None
-                if call is not None:
-                    call()
-        return destroy(group)
-
-    # One wrapper at both names, as for clip_grad_norm_.
-    _patch(dist, "destroy_process_group", destroy_process_group)
-    _patch(dist.distributed_c10d, "destroy_process_group", destroy_process_group)
-
-
-# The outermost module calls (`_outer`): the class patch until the first optimizer step,
-# the modules' own hooks after it.
-_OUTERMOST = _outer.Outer(lambda: list(_OPEN))
-
-
-def _patch_stages() -> None:
-    """The stage facts' points: every outermost module call with trainable parameters under
-    grad mode (`_outer`), and every backward (its root and who called it)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    call = torch.nn.Module.__call__
-    outer = _OUTERMOST
-
-    def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        # Inner calls, and every call once the modules carry their own hooks, pass straight through.
-        if outer.depth or not outer.learning:
-            return call(self, *args, **kwargs)
-        trained = outer.enter(self, args, kwargs, sys._getframe(1))
-        if trained is None:
-            return call(self, *args, **kwargs)
-        out = None
-        try:
-            out = call(self, *args, **kwargs)
-        finally:
-            outer.leave(trained, out)
-        return out
-
-    unpatch_call = _patch(torch.nn.Module, "__call__", __call__)
-
-    def learned(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if outer.learning and outer.learned():
-            unpatch_call()
-
-    handle = register_optimizer_step_post_hook(learned)
-    _UNDO.append(handle.remove)
-    _UNDO.append(outer.reset)
-
-    backward = torch.autograd.backward
-
-    def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        root = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
-        if _OPEN and isinstance(root, torch.Tensor) and root.numel() == 1 and root.grad_fn is not None:
-            try:
-                who = _stages.caller(sys._getframe(1))
-                for watch in list(_OPEN):
-                    watch.batches.backward(root, who)
-            except Exception:  # noqa: BLE001 - a fact not taken; the backward goes on
-                pass
-        return backward(tensors, *args, **kwargs)
-
-    _patch(torch.autograd, "backward", autograd_backward)
-
-    # Gradients zeroed inside an accumulation window (after a backward, before the step):
-    # the micro-batches before it are lost, and whose code did it is the owner.
-    for owner in (torch.optim.Optimizer, torch.nn.Module):
-        _patch(owner, "zero_grad", _zeroing(owner.zero_grad))
-
-
-def _zeroing(zero_grad: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for watch in list(_OPEN):
-            if watch.batches.rows:
-                try:
-                    watch.zeroed(_stages.caller(sys._getframe(1)))
-                except Exception:  # noqa: BLE001 - a fact not taken; training goes on
-                    pass
-        return zero_grad(self, *args, **kwargs)
-
-    return wrapper

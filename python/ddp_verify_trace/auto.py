@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from . import _schema
-from .hook import Session
+from .session import Session
 
 
 def start() -> Session:

@@ -13,7 +13,7 @@ a header with the world size, the optimizer's kind and settings, the framework t
 the step, and the dropout layers that train (runs with dropout draw their own masks).
 
 Sampled traces (`sample=N`, or "auto" for a model of more than `_schema.SAMPLE_FROM_PARAMETERS`
-parameters): see `_sampling.py`. A step reads each sampled gradient once (its summaries) and,
+parameters): see `_positions.py`. A step reads each sampled gradient once (its summaries) and,
 under CUDA, sends what it keeps of all of them to the host in one copy.
 """
 from __future__ import annotations
@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _deal, _progress, _schema, _stages, _watch, engines
+from . import _collectives, _deal, _owners, _progress, _schema, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, setting, unwrap
 from ._magnitudes import Backwards
-from ._sampling import Sampling, Summaries, numel
+from ._positions import Sampling, Summaries, numel
+from ._stages.exchange import Exchange, Packed, all_gather
 from ._stream import Stream, writable
 from ._tensors import DTYPES, bits, host, max_abs_into, owns_memory
 
@@ -41,7 +42,7 @@ _SETTINGS = _schema.OPTIMIZER_SETTINGS
 class Recorder:
     """One run's record. `step()` takes the gradients as they are now; every rank calls it
     at every optimizer step, and `close()` at the end; rank 0 alone writes `path`.
-    `sample`: N, "auto" or None (whole tensors): see `_sampling.py`. `engine`: the run's,
+    `sample`: N, "auto" or None (whole tensors): see `_positions.py`. `engine`: the run's,
     where the caller found it (by the optimizer); else found from the parameters."""
 
     def __init__(
@@ -119,12 +120,12 @@ class Recorder:
         # step's gradient can be lent to the writer instead of copied: nothing changes it).
         self._nulled: dict[str, bool] = {}
         self._seen: set[str] = set()
-        self._exchange = _stages.Exchange()
+        self._exchange = Exchange()
         self._others: dict[int, str] = {}  # id -> class name of each other optimizer that stepped
         # Last, once nothing above can refuse: what torch's patched calls see from now on
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
         self._own_watch = watch is None
-        self._watch = _watch.open_watch() if watch is None else watch
+        self._watch = _torch_patches.open_watch() if watch is None else watch
         hooked = self.engine.backward_hooks
         local = self.engine.local_hooks and not (self._world == 1 and self.engine.local_is_applied)
         # Where both are wanted, this recorder's hooks also add the local sums for the watch.
@@ -268,7 +269,7 @@ class Recorder:
         s: int,
         world: int,
         grads: dict[str, torch.Tensor | None] | None,
-        packed: _stages.Packed,
+        packed: Packed,
         largest: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The step's one collective of its own, under several ranks: every rank's stage
@@ -286,7 +287,7 @@ class Recorder:
             if grads is not None:
                 zero = torch.zeros((), dtype=torch.int64, device=payload.device)
                 parts.append(torch.stack([bits(g).to(payload.device) if (g := grads[n]) is not None else zero for n, _ in self._params]))
-            got = _stages.all_gather(torch.cat(parts) if len(parts) > 1 else parts[0], world)
+            got = all_gather(torch.cat(parts) if len(parts) > 1 else parts[0], world)
             every, rest = got.split([payload.numel(), got.shape[1] - payload.numel()], dim=1)
             every = every.contiguous().view(torch.float64)
             if largest is not None:
@@ -368,7 +369,7 @@ class Recorder:
         self._seen = set()
         _progress.tick(self._steps)
 
-    def _stage_facts(self, s: int, world: int) -> _stages.Packed:
+    def _stage_facts(self, s: int, world: int) -> Packed:
         """The step's stage facts (`_stages`): every rank's micro-batches and the local
         gradients' sums (packed here for `_gather`, which every rank calls), and the step
         calls a framework's wrapper took."""
@@ -561,7 +562,7 @@ class Recorder:
             K.WORLD_SIZE: str(self._world),
             K.DTYPE: DTYPES[self._dtype],
             K.TORCH_VERSION: torch.__version__,
-            K.VERSIONS: _stages.versions(),
+            K.VERSIONS: _owners.versions(),
             K.STEPS: str(self._steps),
             K.MAGNITUDES: magnitudes.get(self._magnitudes or "", _schema.Magnitudes.FALSE),
             **self._meta,

@@ -52,7 +52,7 @@ def _reference(bf16=False, scale=1.0):
 
 # (stage, variant): a bug, or "bf16" (bfloat16 parameters, see BF16).
 RUNS = [(1, None), (2, None), (3, None), (2, "reset-every-backward"), (1, "bf16"), (0, "bf16")]
-# Stages recorded by a zero-edit Session (the optimizer step hooks of hook.py).
+# Stages recorded by a zero-edit Session (the optimizer step hooks of session.py).
 RECORDED = [1, 2, 3]
 # bfloat16 runs, by stage: the optimizer wrapper DeepSpeed steps through, and the dtype it
 # accumulates gradients in ("data_types": {"grad_accum_dtype": ...}). ZeRO 1 with float32
@@ -69,7 +69,7 @@ def _worker(rank, world, path):
 
     import deepspeed
 
-    from ddp_verify_trace.hook import Session
+    from ddp_verify_trace.session import Session
 
     # DeepSpeed JIT-builds its shm comm op at init on CPUs unless told it cannot (unused here).
     deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from ddp_verify_trace import _schema
-from ddp_verify_trace.engines.base import Engine, Named, Patches
+from ddp_verify_trace._patches import Patches
+from ddp_verify_trace.engines.base import Engine, Named
 
 NAME = "throwaway"
 

@@ -1,40 +1,30 @@
-"""`torch_as_found`: the globals a recording patches, taken when a test starts, and a spy on
-the exit handlers it registers; `check()` holds them as they were."""
+"""`torch_as_found`: every place the recorder patches (read from its registry, `_patches`),
+sys.excepthook, and a spy on the exit handlers it registers, taken when a test starts;
+`check()` holds them as they were."""
 import atexit
 import sys
 
 import pytest
-import torch
-import torch.nn.utils.clip_grad
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DistributedSampler
 
-from ddp_verify_trace import _watch
+from ddp_verify_trace import _patches, _watch
 
 
-def places():
-    """Every global a recording patches, with the torch version's own objects there now."""
-    spots = [
-        (torch.nn.utils, "clip_grad_norm_"),
-        (torch.nn.utils.clip_grad, "clip_grad_norm_"),
-        (DistributedSampler, "set_epoch"),
-        (torch.amp.GradScaler, "step"),
-        (torch.optim.Optimizer, "__init__"),
-        (sys, "excepthook"),
-    ]
-    if hasattr(torch.cuda.amp, "GradScaler"):
-        spots.append((torch.cuda.amp.GradScaler, "step"))
-    if hasattr(DistributedDataParallel, "_post_forward"):
-        spots.append((DistributedDataParallel, "_post_forward"))
-    return {f"{getattr(o, '__name__', o)}.{n}": (o, n, getattr(o, n)) for o, n in spots}
+def label(owner, name):
+    """`module.Class.name` of a patched place, for messages."""
+    where = getattr(owner, "__qualname__", None)
+    where = f"{owner.__module__}.{where}" if where and hasattr(owner, "__module__") else owner.__name__
+    return f"{where}.{name}"
 
 
 class Untouched:
-    """Takes the globals now, and spies on atexit from now; `check()` holds the globals
-    unchanged and no exit handler of the recorder's registered."""
+    """Takes the patched places now, and spies on atexit from now; `check()` holds every place
+    the registry ever patched to what it was (a place first patched during the test, to what
+    the registry found there), sys.excepthook unchanged, and no exit handler, open watch,
+    patch or import finder of the recorder's left."""
 
     def __init__(self, monkeypatch):
-        self.before = places()
+        self.before = {(id(o), n): getattr(o, n) for o, n, _ in _patches.places()}
+        self.excepthook = sys.excepthook
         self.exit_handlers = []
         register, unregister = atexit.register, atexit.unregister
 
@@ -51,12 +41,20 @@ class Untouched:
         monkeypatch.setattr(atexit, "unregister", spy_unregister)
 
     def changed(self):
-        return [k for k, (o, n, obj) in self.before.items() if getattr(o, n) is not obj]
+        """The places (every one the registry knows) not holding what they held."""
+        return [
+            label(o, n)
+            for o, n, found in _patches.places()
+            if getattr(o, n) is not self.before.get((id(o), n), found)
+        ]
 
     def check(self):
         assert self.changed() == []
+        assert sys.excepthook is self.excepthook
         assert self.exit_handlers == []
-        assert _watch._OPEN == []
+        assert _watch.OPEN == []
+        assert [label(p.owner, p.name) for p in _patches.made()] == []
+        assert _patches.waiting() == []
 
 
 @pytest.fixture

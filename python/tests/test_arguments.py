@@ -118,12 +118,12 @@ def test_the_callbacks_have_names_of_their_own_and_the_old_names_are_aliases():
     import lightning.pytorch as pl
     import transformers
 
-    from ddp_verify_trace import frameworks
+    from ddp_verify_trace import callbacks
 
     assert issubclass(ddp_verify_trace.DDPVerifyCallback, transformers.TrainerCallback)
     assert ddp_verify_trace.DDPVerifyCallback is not transformers.TrainerCallback
     assert issubclass(ddp_verify_trace.DDPVerifyLightningCallback, pl.Callback)
-    assert ddp_verify_trace.TrainerCallback is ddp_verify_trace.DDPVerifyCallback is frameworks.DDPVerifyCallback
+    assert ddp_verify_trace.TrainerCallback is ddp_verify_trace.DDPVerifyCallback is callbacks.DDPVerifyCallback
     assert ddp_verify_trace.LightningCallback is ddp_verify_trace.DDPVerifyLightningCallback
     assert {"DDPVerifyCallback", "DDPVerifyLightningCallback", "TrainerCallback", "LightningCallback"} <= set(
         ddp_verify_trace.__all__

@@ -4,7 +4,7 @@ classes as it found them."""
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
 
-from ddp_verify_trace import AccumulationBatchSampler, _deal, _watch
+from ddp_verify_trace import AccumulationBatchSampler, _deal, _torch_patches
 from ddp_verify_trace._schema import Key as K
 
 
@@ -38,7 +38,7 @@ def test_dropping_and_the_last_batch():
 
 def test_an_open_watch_notes_the_deal_and_the_classes_are_restored():
     before = (DistributedSampler.__iter__, BatchSampler.__iter__)
-    watch = _watch.open_watch()
+    watch = _torch_patches.open_watch()
     try:
         loader = DataLoader(data(11), batch_size=4, sampler=DistributedSampler(data(11), num_replicas=2, rank=0))
         assert [len(b[0]) for b in loader] == [4, 2]  # torch's own batches, unchanged
@@ -49,7 +49,7 @@ def test_an_open_watch_notes_the_deal_and_the_classes_are_restored():
 
 
 def test_our_sampler_deals_as_w_ranks_do():
-    watch = _watch.open_watch()
+    watch = _torch_patches.open_watch()
     try:
         list(AccumulationBatchSampler(11, world=2, batch_size=4, shuffle=False))
         assert watch.deal[K.SAMPLER_PADDED] == 1 and watch.deal[K.SHORT_BATCHES] == 2
@@ -59,7 +59,7 @@ def test_our_sampler_deals_as_w_ranks_do():
 
 def test_accelerates_even_batches_are_padding():
     shard_mod = __import__("accelerate.data_loader", fromlist=["BatchSamplerShard"])
-    watch = _watch.open_watch()
+    watch = _torch_patches.open_watch()
     try:
         inner = BatchSampler(range(6), 2, False)
         dealt = [list(shard_mod.BatchSamplerShard(inner, num_processes=2, process_index=r)) for r in range(2)]

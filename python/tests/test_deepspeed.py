@@ -47,7 +47,7 @@ def _trace(path):
 
 @pytest.mark.parametrize("stage", RECORDED)
 def test_session_records_the_whole_gradient_and_weights_at_one_and_two_ranks(deepspeed_runs, stage):
-    """hook.py's Session under ZeRO: one step of the whole gradient the engine applied (the
+    """session.py's Session under ZeRO: one step of the whole gradient the engine applied (the
     mean of the K micro-batches'), the backwards of this rank, the engine and its
     accumulation in the header, and the same final weights at W=1 and W=2."""
     ref = _reference()
@@ -108,7 +108,7 @@ def test_bf16_wrappers_gather_the_gradient_they_applied_at_one_and_two_ranks(dee
 
 @pytest.mark.parametrize("stage", sorted(BF16))
 def test_a_session_records_bf16_wrappers_as_it_records_zero(deepspeed_runs, stage):
-    """hook.py's Session under BF16_Optimizer and FP16_UnfusedOptimizer: every step (no
+    """session.py's Session under BF16_Optimizer and FP16_UnfusedOptimizer: every step (no
     AttributeError at the first), the gradients as the step applied them, both groups'
     learning rates, the engine's accumulation and the bfloat16 compute in the header, and
     a trace that holds to the schema; the training made its two steps."""

@@ -14,7 +14,9 @@ from ddp_verify_trace import _schema, engines, frameworks
 
 PACKAGE = pathlib.Path(ddp_verify_trace.__file__).parent
 # The recording core: everything but the engines' and frameworks' own folders.
-CORE = sorted(p for p in PACKAGE.glob("*.py") if p.name not in ("_schema.py",))
+CORE = sorted(
+    p for p in PACKAGE.rglob("*.py") if p.name != "_schema.py" and p.relative_to(PACKAGE).parts[0] not in ("engines", "frameworks")
+)
 
 
 def _words(vocabulary):
@@ -30,7 +32,7 @@ def test_every_engine_and_framework_is_a_schema_word():
 
 def test_the_recording_core_names_no_engine():
     pattern = re.compile(r"deepspeed|fsdp|dtensor|sharded|zero[0-3]\b|DistributedDataParallel|_post_forward", re.I)
-    found = [f"{p.name}: {m.group(0)}" for p in CORE for m in pattern.finditer(p.read_text())]
+    found = [f"{p.relative_to(PACKAGE)}: {m.group(0)}" for p in CORE for m in pattern.finditer(p.read_text())]
     assert found == [], found
 
 

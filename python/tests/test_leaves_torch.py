@@ -1,7 +1,9 @@
-"""A recording leaves torch and Python as it found them: every patched function, sys.excepthook
-and the exit handlers are the very objects they were once it closes, is abandoned or the
-script exits; a sampler's set_epoch alone patches nothing; sessions follow one another."""
+"""A recording leaves torch and Python as it found them: every patch in the registry
+(`_patches`), sys.excepthook and the exit handlers are the very objects they were once it
+closes, is abandoned or the script exits; a sampler's set_epoch alone patches nothing;
+sessions follow one another."""
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -11,10 +13,11 @@ import pytest
 import torch
 from safetensors import safe_open
 from torch.utils.data import DistributedSampler
+from conftest import label
 from test_hook import loop, make
 
 import ddp_verify_trace
-from ddp_verify_trace import AccumulationBatchSampler, TraceRecorder
+from ddp_verify_trace import AccumulationBatchSampler, TraceRecorder, _patches
 
 
 def train_with_everything(model, opt, steps=2):
@@ -33,16 +36,56 @@ def train_with_everything(model, opt, steps=2):
         opt.zero_grad()
 
 
-def test_closing_a_session_restores_every_patched_function(tmp_path, torch_as_found):
+def test_closing_a_session_restores_every_patch_in_the_registry(tmp_path, torch_as_found):
     model, opt = make()
     with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
         train_with_everything(model, opt)
-        # Not vacuous: the session did patch all of them, the exit handler included.
-        assert sorted(torch_as_found.changed()) == sorted(torch_as_found.before)
-        assert len(torch_as_found.exit_handlers) == 1
+        made = _patches.made()
+        # Not vacuous: torch's own 14 patches at least (`_torch_patches`), each in place now or
+        # given back by its own undo (Module.__call__'s, at the first step); the exit handler.
+        assert len(made) >= 14 and len({(id(p.owner), p.name) for p in made}) == len(made)
+        assert [label(p.owner, p.name) for p in made if not (in_place(p) or p.given_back)] == []
+        assert torch_as_found.changed() and len(torch_as_found.exit_handlers) == 1
+    assert [label(p.owner, p.name) for p in made if getattr(p.owner, p.name) is not p.original] == []
     torch_as_found.check()
     with safe_open(str(tmp_path / "t.safetensors"), "pt") as f:
         assert f.metadata()["steps"] == "2" and f.get_tensor("clips.1").item() == 1
+
+
+def in_place(patch):
+    return getattr(patch.owner, patch.name) is patch.replacement
+
+
+def test_every_librarys_patches_are_restored_too(tmp_path):
+    """Each module a patch waits for (the registry says which: the engines' and frameworks'
+    libraries) imported while a session records, in a process of its own: their patches go
+    in, and closing the session takes every one out, and every import finder with it."""
+    code = (
+        "import importlib, json, os, ddp_verify_trace\n"
+        "from ddp_verify_trace import _patches\n"
+        "session = ddp_verify_trace.record(os.environ['TRACE'])\n"
+        "imported = []\n"
+        "for name in dict.fromkeys(_patches.waiting()):\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "        imported.append(name)\n"
+        "    except ImportError:  # a library not installed\n"
+        "        pass\n"
+        "made = _patches.made()\n"
+        "out = {'imported': imported, 'made': [f'{p.owner}.{p.name}' for p in made]}\n"
+        "out['out'] = [m for m, p in zip(out['made'], made) if getattr(p.owner, p.name) is not p.replacement]\n"
+        "session.close()\n"
+        "out['kept'] = [m for m, p in zip(out['made'], made) if getattr(p.owner, p.name) is not p.original]\n"
+        "out['left'] = [str(p) for p in _patches.made()] + _patches.waiting()\n"
+        "print(json.dumps(out))\n"
+    )
+    out = run_script(code, TRACE=str(tmp_path / "t.safetensors"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    # Not vacuous: a library's patches beyond torch's own 14, all in place (no step was taken,
+    # so Module.__call__'s too).
+    assert got["imported"] and len(got["made"]) > 14 and got["out"] == [], got
+    assert got["kept"] == [] and got["left"] == [], got
 
 
 def test_an_abandoned_session_restores_every_patched_function(tmp_path, torch_as_found):
@@ -64,7 +107,7 @@ def test_a_session_closed_before_its_first_step_restores_everything(tmp_path, to
 def test_a_trace_recorder_restores_the_patches_when_closed_or_abandoned(tmp_path, torch_as_found):
     model, opt = make()
     with TraceRecorder(model, tmp_path / "closed.safetensors", optimizer=opt) as rec:
-        assert torch.nn.utils.clip_grad_norm_ is not torch_as_found.before["torch.nn.utils.clip_grad_norm_"][2]
+        assert "torch.nn.utils.clip_grad_norm_" in torch_as_found.changed()
         loop(model, opt, steps=1, rec=rec)
     torch_as_found.check()
     with pytest.raises(ZeroDivisionError):
@@ -201,3 +244,25 @@ def test_nothing_keeps_a_closed_session_or_its_model(tmp_path):
     del session, model, opt
     gc.collect()
     assert [r() for r in gone] == [None, None]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a known bug, kept as it was (traces unchanged): each after_import finder answers for its "
+    "module alone, so of several patches waiting for one module only the last registered goes in "
+    "(DeepSpeedEngine's set_gradient_accumulation_boundary, not its backward nor step, under zero-edit "
+    "recording, which starts before the script imports deepspeed)",
+)
+def test_several_patches_waiting_for_one_module_all_go_in(tmp_path, monkeypatch):
+    (tmp_path / "_waited_for.py").write_text("class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _patches.made() == []  # no recording open: undo() below takes out these two alone
+    try:
+        _patches.after_import("_waited_for", lambda m: _patches.replace(m.A, "f", lambda self: 10))
+        _patches.after_import("_waited_for", lambda m: _patches.replace(m.A, "g", lambda self: 20))
+        import _waited_for
+
+        assert (_waited_for.A().f(), _waited_for.A().g()) == (10, 20)
+    finally:
+        _patches.undo()
+        sys.modules.pop("_waited_for", None)

@@ -18,7 +18,7 @@ from test_schema import check_trace
 import ddp_verify_trace
 from _world import run_world
 from ddp_verify_trace import TraceRecorder, _schema, _stream
-from ddp_verify_trace._sampling import Summaries, sample_positions
+from ddp_verify_trace._positions import Summaries, sample_positions
 from ddp_verify_trace.recorder import Recorder
 
 

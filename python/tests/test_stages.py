@@ -1,4 +1,4 @@
-"""Stage facts (`_stages.py`): what each micro-batch went through on its way to the applied
+"""Stage facts (`_stages/`): what each micro-batch went through on its way to the applied
 gradient, as the trace holds it; the expected values are the loop's own numbers."""
 import pytest
 import torch
@@ -8,7 +8,9 @@ from safetensors import safe_open
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_verify_trace
-from ddp_verify_trace import _schema, _stages
+from ddp_verify_trace import _schema
+from ddp_verify_trace._stages.fingerprint import fingerprint
+from ddp_verify_trace._stages.loss import peel
 from _world import run_world
 
 FIELD = {f: i for i, f in enumerate(_schema.BATCH_FIELDS)}
@@ -25,22 +27,22 @@ def rows(t, s):
 
 def test_a_fingerprint_follows_the_first_input_bit_for_bit():
     x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
-    fp = lambda *a, **k: int(_stages.fingerprint(a, k))  # noqa: E731
+    fp = lambda *a, **k: int(fingerprint(a, k))  # noqa: E731
     assert fp(x) == fp(x.clone()) == fp((x, torch.ones(2)))  # the first tensor only
     y = x.clone()
     y[3, 2] = y[3, 2].nextafter(torch.tensor(9.0))
     assert fp(y) != fp(x) and fp(x.flip(0)) != fp(x) and fp(x.reshape(3, 4)) != fp(x)
     assert fp(input_ids=torch.arange(5)) != fp(input_ids=torch.arange(1, 6))
-    assert _stages.fingerprint((3, "a"), {}) is None
+    assert fingerprint((3, "a"), {}) is None
 
 
 def test_constant_factors_are_peeled_off_the_root():
     w = torch.ones(3, requires_grad=True)
     loss = (w * 2).sum()
-    assert float(_stages.peel(loss / 4)) == 0.25
-    assert float(_stages.peel((loss / 4) * 2)) == 0.5
-    assert abs(float(_stages.peel(loss / torch.tensor(3.0))) - 1 / 3) < 1e-12
-    assert _stages.peel(loss) == 1.0 and _stages.peel(loss * w.sum()) == 1.0  # no constant on top
+    assert float(peel(loss / 4)) == 0.25
+    assert float(peel((loss / 4) * 2)) == 0.5
+    assert abs(float(peel(loss / torch.tensor(3.0))) - 1 / 3) < 1e-12
+    assert peel(loss) == 1.0 and peel(loss * w.sum()) == 1.0  # no constant on top
 
 
 def _loop(model, opt, k, steps, wrap=None):

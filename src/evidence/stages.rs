@@ -1,4 +1,4 @@
-//! Stage facts as a trace holds them (the recorder's `_stages.py`): per step, every rank's
+//! Stage facts as a trace holds them (the recorder's `_stages/`): per step, every rank's
 //! micro-batches on their way from samples to backward (`batches.<s>`, rows of
 //! [`BATCH_FIELDS`]), each parameter's local gradient summed over backwards and ranks before
 //! any reduction (`local.<s>.<p>`), and the step calls a framework's optimizer wrapper took

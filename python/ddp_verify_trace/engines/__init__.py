@@ -2,14 +2,15 @@
 
 `ENGINES` is the registry, asked in order: the first whose `find` claims the run is its
 engine, `Ddp` (one process, or DDP) last, claiming whatever is left. Each engine's torch
-patches go in with the first recording and come out with the last (`_watch`).
+patches go in with the first recording and come out with the last (`_patches`).
 
 Adding an engine: a module here with a subclass of `base.Engine`, and its line below."""
 from __future__ import annotations
 
 import torch
 
-from .base import Engine, Patches
+from .._patches import Patches
+from .base import Engine
 from .ddp import Ddp
 from .deepspeed import DeepSpeed
 from .fsdp2 import Fsdp2
@@ -20,7 +21,7 @@ ENGINES: list[type[Engine]] = [
     Ddp,  # the rest: whole parameters on every rank
 ]
 
-__all__ = ["ENGINES", "Engine", "Patches", "find", "patch", "setting_up"]
+__all__ = ["ENGINES", "Engine", "find", "patch", "setting_up"]
 
 
 def find(optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine:

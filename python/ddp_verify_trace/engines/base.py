@@ -1,7 +1,7 @@
 """What every engine tells the recorder: the one interface between the recording core and the
 ways gradients are synchronised (DDP, FSDP2, DeepSpeed ZeRO, ...).
 
-The core (`recorder.Recorder`, `hook.Session`) names no engine: it asks the engine found for
+The core (`recorder.Recorder`, `session.Session`) names no engine: it asks the engine found for
 the run at each point of a step where engines differ. The defaults here are a run whose
 parameters hold their whole gradient in `.grad` on every rank, after any reduction (one
 process, or DDP); an engine overrides what it does otherwise.
@@ -12,11 +12,12 @@ generated `_schema.py` carries (see docs/architecture.md, "Adding an engine").
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .._sampling import Sampling, Summaries
+from .._patches import Patches
+from .._positions import Sampling, Summaries
 
 # A parameter's name and the parameter, as the trace names it.
 Named = list[tuple[str, torch.nn.Parameter]]
@@ -25,24 +26,6 @@ Named = list[tuple[str, torch.nn.Parameter]]
 Gathered = dict[str, tuple[torch.Tensor, torch.Tensor]]
 # Per parameter whose final weight the engine gathered: (final, peaks, summaries or None).
 Finals = dict[str, tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]]
-
-
-class Patches:
-    """How an engine or framework patches torch: every patch comes out when the last
-    recording closes (`_watch`), and each hook reaches the open watches."""
-
-    def __init__(
-        self,
-        replace: Callable[[Any, str, Callable[..., Any]], None],
-        after_import: Callable[[str, Callable[[Any], None]], None],
-        watches: Callable[[], list[Any]],
-    ) -> None:
-        # replace(owner, name, replacement): owner.name = replacement, `__wrapped__` the original.
-        self.replace = replace
-        # after_import(module, then): then(module) now where imported, else once it is.
-        self.after_import = after_import
-        # The open watches (`_watch.Watch`), at the time of the call.
-        self.watches = watches
 
 
 class Engine:

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from .. import _schema
-from .base import Engine, Patches
+from .._patches import Patches
+from .base import Engine
 
 
 class Ddp(Engine):

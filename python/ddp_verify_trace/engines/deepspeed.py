@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from .. import _collectives, _schema
-from .._sampling import Sampling
+from .._positions import Sampling
 from .._tensors import DTYPES
 from .base import Engine, Named
 
@@ -109,7 +109,7 @@ class Zero:
     and the full fp32 weights, gathered from the ranks' partitions where it partitions them."""
 
     # Read in the inner optimizer's step hooks; "post" sees the same gradient as "pre" (the
-    # optimizer leaves it) and is where hook.py reads every other optimizer's.
+    # optimizer leaves it) and is where session.py reads every other optimizer's.
     when = "post"
 
     def __init__(self, engine: Any, stage: int) -> None:

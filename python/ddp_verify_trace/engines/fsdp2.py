@@ -28,9 +28,10 @@ import torch
 import torch.distributed as dist
 
 from .. import _collectives, _schema
-from .._sampling import Sampling, Summaries
+from .._patches import Patches
+from .._positions import Sampling, Summaries
 from .._tensors import host
-from .base import Engine, Finals, Gathered, Named, Patches
+from .base import Engine, Finals, Gathered, Named
 
 # FSDP2's module whose parameter groups end each backward.
 _GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"

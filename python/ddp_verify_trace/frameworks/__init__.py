@@ -4,16 +4,14 @@
 `FRAMEWORKS` is the registry, outermost first: Transformers' Trainer steps through
 Accelerate, and the framework a header names is the user's, the outermost one calling.
 Callbacks (`DDPVerifyCallback`, `DDPVerifyLightningCallback` and their deprecated aliases
-`TrainerCallback`, `LightningCallback`) are built on first use: this package imports without
-any framework.
+`TrainerCallback`, `LightningCallback`) are built on first use (`callbacks.py`): this package
+imports without any framework.
 
 Adding a framework: a module here with a subclass of `base.Framework`, and its line below."""
 from __future__ import annotations
 
-from types import FrameType
-from typing import Any
-
-from ..engines.base import Patches
+from .. import _owners
+from .._patches import Patches
 from .accelerate import Accelerate
 from .base import Framework
 from .colossalai import ColossalAi
@@ -23,23 +21,10 @@ from .transformers import Transformers
 
 FRAMEWORKS: list[Framework] = [Transformers(), Lightning(), ColossalAi(), Accelerate(), DeepSpeed()]
 # Called by none of them.
-PLAIN = "plain"
-
-_BUILT: dict[str, type] = {}
-
-
-def calling(frame: FrameType | None) -> str:
-    """Which framework called optimizer.step(), from the calling frames outward from
-    `frame`: it decides where clipping and loss division happen, so causes can name the
-    right fix."""
-    seen: set[str] = set()
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        for fw in FRAMEWORKS:
-            if fw.owns(module):
-                seen.add(fw.name)
-        frame = frame.f_back
-    return next((fw.name for fw in FRAMEWORKS if fw.name in seen), PLAIN)
+PLAIN = _owners.PLAIN
+# Which frames are whose (`_owners`): each framework's packages, in the registry's order.
+for _fw in FRAMEWORKS:
+    _owners.register(_fw.name, _fw.modules)
 
 
 def patch(patches: Patches) -> None:
@@ -48,35 +33,5 @@ def patch(patches: Patches) -> None:
         fw.patch(patches)
 
 
-def _session(path: Any, kwargs: dict[str, Any]) -> Any:
-    """record()'s session for a callback: its arguments checked now, the recording started
-    when training begins."""
-    from .. import _header, _sample
-    from ..hook import Session
-
-    meta = _header(kwargs.pop("acc_steps", None), kwargs.pop("steps_per_epoch", None))
-    # As record(): sample= not given takes DDP_VERIFY_SAMPLE, else "auto".
-    sample = _sample(kwargs.pop("sample", None))
-    return Session(path, meta=meta, sample=sample, **kwargs)
-
-
-def _missing(fw: Framework, name: str) -> type:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise ImportError(f"ddp_verify_trace.{name} needs {fw.modules[0]} (pip install {fw.modules[0]})")
-
-    return type(name, (), {"__init__": refuse})
-
-
-def __getattr__(name: str) -> Any:
-    for fw in FRAMEWORKS:
-        if name in fw.callback_names:
-            own = fw.callback_names[0]
-            if own not in _BUILT:
-                built = fw.callback(_session) or _missing(fw, own)
-                built.__module__, built.__qualname__ = __name__, own
-                _BUILT[own] = built
-            return _BUILT[own]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+# The callbacks' names under `ddp_verify_trace` (built by `callbacks.py`).
 CALLBACKS = tuple(n for fw in FRAMEWORKS for n in fw.callback_names)

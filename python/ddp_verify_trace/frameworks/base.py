@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..engines.base import Patches
+from .. import _owners
+from .._patches import Patches
 
 # (module, class, method): a framework's API a script hands its loss to (first argument).
 Api = tuple[str, str, str]
@@ -31,9 +32,6 @@ class Framework:
     # The names its callback is exported under from `ddp_verify_trace` (the first is the
     # class's own; the rest deprecated aliases).
     callback_names: tuple[str, ...] = ()
-
-    def owns(self, module: str) -> bool:
-        return any(module == m or module.startswith(m + ".") for m in self.modules)
 
     def callback(self, session: SessionMaker) -> type | None:
         """The callback class a user passes to the framework, recording from the start of
@@ -68,23 +66,20 @@ def _api_patch(patches: Patches, framework: str, cls: str, method: str) -> Calla
         original = getattr(owner, method)
 
         def api(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-            from .._stages import caller
-
             watches = patches.watches()
-            outermost = [w for w in watches if not w.batches.in_api]
             try:
-                who = caller(sys._getframe(1))
-                for w in outermost:
-                    w.batches.handed(loss, framework, who)
+                who = _owners.caller(sys._getframe(1))
+                for w in watches:
+                    w.handed(loss, framework, who)
             except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                 pass
             for w in watches:
-                w.batches.in_api += 1
+                w.api_entered()
             try:
                 return original(self, loss, *args, **kwargs)
             finally:
                 for w in watches:
-                    w.batches.in_api -= 1
+                    w.api_left()
 
         patches.replace(owner, method, api)
 
@@ -122,11 +117,9 @@ def _boundary_patch(patches: Patches, cls: str, method: str) -> Callable[[Any], 
             watches = patches.watches()
             if watches:
                 try:
-                    from .._stages import caller
-
-                    who = caller(sys._getframe(1))
+                    who = _owners.caller(sys._getframe(1))
                     for w in watches:
-                        w.boundary_by = who
+                        w.boundary_marked(who)
                 except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                     pass
             return original(self, *args, **kwargs)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import _schema
-from ..engines.base import Patches
+from .._patches import Patches
 from .base import Framework, SessionMaker
 
 

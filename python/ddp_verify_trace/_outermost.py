@@ -16,7 +16,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import _stages
+from . import _owners
+from ._stages.fingerprint import fingerprint
+from ._stages.loss import forward_loss, normaliser
 
 
 class Outer:
@@ -50,9 +52,9 @@ class Outer:
         try:
             if self.learning:
                 self._seen.add(module)
-            fp = _stages.fingerprint(args, kwargs)
-            norm = _stages.normaliser(kwargs)
-            who = _stages.caller(frame) if norm is not None else None
+            fp = fingerprint(args, kwargs)
+            norm = normaliser(kwargs)
+            who = _owners.caller(frame) if norm is not None else None
             for watch in watches:
                 watch.batches.forward(fp, norm, who)
                 watch.hook_local(module)
@@ -65,7 +67,7 @@ class Outer:
         self.depth -= 1
         if trained and out is not None:
             try:
-                loss = _stages.forward_loss(out)
+                loss = forward_loss(out)
                 for watch in self._watches():
                     watch.batches.returned(loss)
             except Exception:  # noqa: BLE001 - a fact not taken; training goes on

@@ -7,7 +7,7 @@ run the last micro-batch's backward and the clipping inside optimizer.step(), af
 pre-hook; the optimizers leave `.grad` as they applied it. The weights' peaks are taken in
 the pre-hook, before the step moves them.
 
-A session changes nothing in torch or Python that it does not undo: the patches of `_watch`,
+A session changes nothing in torch or Python that it does not undo: the patches (`_patches`),
 the step hooks, the tensor hooks, an exit handler, and from its first step a sys.excepthook
 are all taken out when it closes, is abandoned, or the interpreter exits with it open.
 
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _schema, _watch, engines, frameworks
+from . import _owners, _schema, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample
 from ._detect import owner, unwrap
 from ._magnitudes import add_backward
@@ -101,7 +101,7 @@ class Session:
         self._state = "started"
         # Before training: the first epoch's set_epoch, clips, DDP forwards and skipped steps
         # are seen, and the first step's clips and forwards are counted from here.
-        self._watch = _watch.open_watch()
+        self._watch = _torch_patches.open_watch()
         self._watch.on_skip = self._skipped
         self._watch.on_optimizer = self._hook_early
         self._handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
@@ -189,7 +189,7 @@ class Session:
 
     def _begin(self, optimizer: torch.optim.Optimizer) -> None:
         meta = {
-            _schema.Key.FRAMEWORK: frameworks.calling(sys._getframe(1)),
+            _schema.Key.FRAMEWORK: _owners.framework(sys._getframe(1)),
             _schema.Key.RECORDED_BY: "optimizer step hooks",
             **self._meta,
         }

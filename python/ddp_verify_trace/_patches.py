@@ -1,0 +1,141 @@
+"""Every patch the recorder makes goes through here: one registry of them, and `Patches`, the
+one interface engines, frameworks and torch's own watch (`_torch_patches`) patch through.
+
+A patch replaces an attribute (`replace`), or waits for a module to be imported first
+(`after_import`: a library the recorder must never import itself). The patches go in when
+the first recording opens and `undo` takes every one out when the last one closes: torch is
+left with the very objects it had, except where something else patched over them since (left
+alone, the patch under it passing every call through). The registry says what was patched
+(`made`: this round's patches; `places`: every place patched in this process, with what was
+found there), so a test can hold torch as found without a list of its own."""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from typing import Any, Callable
+
+
+class Patch:
+    """One attribute replaced: where, what was there, and ours."""
+
+    def __init__(self, owner: Any, name: str, original: Any, replacement: Any) -> None:
+        self.owner, self.name, self.original, self.replacement = owner, name, original, replacement
+        self.given_back = False  # put back by `undo`: at the last close, or sooner where asked
+
+    def undo(self) -> None:
+        # Only our own patch, and only where nothing patched over it since.
+        if getattr(self.owner, self.name) is self.replacement:
+            setattr(self.owner, self.name, self.original)
+            self.given_back = True
+
+
+# This round's patches, in the order made; everything `undo` runs, last first (patches,
+# import finders, hooks and state that go with them).
+_MADE: list[Patch] = []
+_UNDO: list[Callable[[], None]] = []
+# Every place patched in this process: (owner, name, the object found there the first time).
+_PLACES: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+
+
+def replace(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
+    """`owner.name` replaced until the last recording closes; returns what puts it back sooner."""
+    original = getattr(owner, name)
+    replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    replacement.__doc__ = original.__doc__
+    setattr(owner, name, replacement)
+    patch = Patch(owner, name, original, replacement)
+    _PLACES.setdefault((id(owner), name), (owner, name, original))
+    _MADE.append(patch)
+    _UNDO.append(patch.undo)
+    return patch.undo
+
+
+def on_undo(then: Callable[[], None]) -> None:
+    """`then()` with the patches' undoing (a hook's removal, state that goes with a patch)."""
+    _UNDO.append(then)
+
+
+def undo() -> None:
+    """Takes out everything patched, last first."""
+    while _UNDO:
+        _UNDO.pop()()
+    _MADE.clear()
+
+
+def made() -> list[Patch]:
+    """This round's patches (since the first recording opened), in the order made."""
+    return list(_MADE)
+
+
+def places() -> list[tuple[Any, str, Any]]:
+    """Every place patched in this process so far: (owner, name, what was found there first)."""
+    return list(_PLACES.values())
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once `name` is imported (by anyone, after this was installed)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        _drop_finder(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            try:
+                self.then(module)
+            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
+                pass
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _drop_finder(finder: Any) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+
+
+def after_import(name: str, then: Callable[[Any], None]) -> None:
+    """`then(module)` now where `name` is imported already, else once it is (by anyone):
+    a module the recorder must never import itself (an engine's, in another engine's run)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+        return
+    finder = _AfterImport(name, then)
+    sys.meta_path.insert(0, finder)
+    _UNDO.append(lambda: _drop_finder(finder))
+
+
+def waiting() -> list[str]:
+    """The modules whose import a patch still waits for (finders in `sys.meta_path`)."""
+    return [f.name for f in sys.meta_path if isinstance(f, _AfterImport)]
+
+
+class Patches:
+    """How an engine, a framework or torch's own watch patches: through the registry (out
+    when the last recording closes), each hook reaching the open watches."""
+
+    def __init__(self, watches: Callable[[], list[Any]]) -> None:
+        # The open watches (`_watch.Watch`), at the time of the call.
+        self.watches = watches
+
+    @staticmethod
+    def replace(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
+        """owner.name = replacement, `__wrapped__` the original; returns its undo."""
+        return replace(owner, name, replacement)
+
+    @staticmethod
+    def after_import(name: str, then: Callable[[Any], None]) -> None:
+        """then(module) now where imported, else once it is."""
+        after_import(name, then)

@@ -1,0 +1,92 @@
+"""The fingerprint of a micro-batch's samples: a number that changes with the first tensor
+input of its outermost module calls (the bits, shape and order of what the model saw)."""
+from __future__ import annotations
+
+import ctypes
+import zlib
+from typing import Any
+
+import torch
+
+_MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # as int64
+
+
+def _first(value: Any, depth: int = 0) -> torch.Tensor | None:
+    """The first tensor in args and kwargs that can be fingerprinted, in order (dicts by
+    key order, as passed); None where there is none."""
+    if isinstance(value, torch.Tensor):
+        if value.layout == torch.strided and value.numel() and not value.is_complex():
+            return value
+        return None
+    if depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            t = _first(v, depth + 1)
+            if t is not None:
+                return t
+    elif depth < 4 and isinstance(value, dict):
+        for k in value:
+            if k != "num_items_in_batch":
+                t = _first(value[k], depth + 1)
+                if t is not None:
+                    return t
+    return None
+
+
+_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | int | None:
+    """A number that changes with the first tensor input's bits, shape or order: on the host
+    a CRC-32 of its bytes with its shape's hash above it (a Python int: no torch operation,
+    the forward's cost on a small model), elsewhere a 0-d int64 tensor on the input's device
+    (its values' bit patterns weighted by position: no device sync per micro-batch); None
+    where no tensor was passed. Both legs of a run fingerprint alike (one device kind). The
+    first tensor only: wrappers pass more than the model sees (Lightning's DDP wrapper the
+    whole batch with its labels, the model the inputs alone), and the samples come first
+    (input_ids, images). Called once per micro-batch, between a forward's kernels: as few
+    Python steps as can be (no detach: nothing here records a graph)."""
+    t = _first(args)
+    if t is None:
+        t = _first(kwargs)
+        if t is None:
+            return None
+    # The shape mixed in (a torch.Size hashes as its tuple of ints, alike in every process).
+    shape = hash(t.shape) & 0x7FFFFFFFFFFF
+    if t.is_cpu:
+        crc = _host_crc(t)
+        if crc is not None:
+            return crc | (shape & 0xFFFFF) << 32
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    elif flat.is_floating_point():
+        flat = flat.view(_INTS[flat.element_size()])
+    weights = _weights(flat.numel(), flat.device)
+    return (flat.to(torch.int64) * weights).sum() + shape
+
+
+def _host_crc(t: torch.Tensor) -> int | None:
+    """CRC-32 of a host tensor's bytes in order, read in place through ctypes (torch does
+    not require NumPy, nor does the recorder: `_stream._bytes`); None where it cannot be."""
+    try:
+        if not t.is_contiguous():
+            t = t.detach().contiguous()
+        size = t.numel() * t.element_size()
+        return zlib.crc32((ctypes.c_char * size).from_address(t.data_ptr()))
+    except Exception:  # noqa: BLE001 - a tensor without plain memory: the torch way
+        return None
+
+
+_WEIGHTS: dict[tuple[int, Any], torch.Tensor] = {}
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    """Position weights for `n` elements, kept for the few input sizes a run has (a bounded
+    cache: varying sequence lengths make a few dozen)."""
+    key = (n, device)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        if len(_WEIGHTS) > 64:
+            _WEIGHTS.clear()
+        w = _WEIGHTS[key] = torch.arange(n, device=device, dtype=torch.int64).mul_(_MIX).add_(1)
+    return w

@@ -1,0 +1,66 @@
+"""The loss on its way to backward: the normaliser a forward was passed, the loss it
+returned, and the constant factors that scaled it before backward (peeled off the graph)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def normaliser(kwargs: dict[str, Any]) -> Any:
+    """The `num_items_in_batch` a forward was passed (Transformers' Trainer), else None."""
+    n = kwargs.get("num_items_in_batch")
+    return n if isinstance(n, (int, float, torch.Tensor)) else None
+
+
+def forward_loss(out: Any) -> torch.Tensor | None:
+    """The scalar loss a forward returned (a tensor, or a ModelOutput's or dict's `loss`)."""
+    loss = out if isinstance(out, torch.Tensor) else None
+    if loss is None:
+        try:
+            loss = out["loss"] if isinstance(out, dict) or hasattr(out, "keys") else getattr(out, "loss", None)
+        except (KeyError, TypeError, IndexError):
+            loss = None
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+        return loss.detach()
+    return None
+
+
+def peel(root: torch.Tensor) -> Any:
+    """The product of the constant scalar factors at the top of `root`'s graph (x * c, x / c,
+    c * x): what scaled the loss before backward. 1.0 where none; a float where every factor
+    is on the host (a Python number's is), else a tensor (no device sync per micro-batch)."""
+    factor: Any = 1.0
+    node = root.grad_fn
+    for _ in range(16):
+        if node is None:
+            break
+        kind = type(node).__name__  # node.name() costs the backward more (measured)
+        if kind not in ("MulBackward0", "DivBackward0"):
+            break
+        nexts = node.next_functions
+        live = [i for i, (f, _) in enumerate(nexts) if f is not None]
+        if len(live) != 1:
+            break
+        try:
+            if kind == "DivBackward0":
+                if live != [0]:
+                    break
+                c = node._saved_other
+            else:
+                c = node._saved_other if live == [0] else node._saved_self
+            if not isinstance(c, torch.Tensor) or c.numel() != 1:
+                break
+        except RuntimeError:  # saved tensors freed (a graph already run): nothing to peel
+            break
+        v: Any = c.item() if c.is_cpu else c.detach().double()
+        factor = _divide(factor, v) if kind == "DivBackward0" else factor * v
+        node = nexts[live[0]][0]
+    return factor
+
+
+def _divide(a: Any, b: Any) -> Any:
+    try:
+        return a / b
+    except ZeroDivisionError:  # as a tensor divides: inf, -inf or nan
+        return float(torch.tensor(a, dtype=torch.float64) / b)

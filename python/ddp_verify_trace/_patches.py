@@ -74,10 +74,13 @@ def places() -> list[tuple[Any, str, Any]]:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once `name` is imported (by anyone, after this was installed)."""
+    """Calls each of `thens` with the module once `name` is imported (by anyone, after this
+    was installed): one finder a module, as the first finder to answer for it is the only one
+    asked."""
 
-    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
-        self.name, self.then = name, then
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.thens: list[Callable[[Any], None]] = []
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name:
@@ -87,14 +90,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
-        run = loader.exec_module
+        run, thens = loader.exec_module, self.thens
 
         def exec_module(module: Any) -> None:
             run(module)
-            try:
-                self.then(module)
-            except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
-                pass
+            for then in thens:
+                try:
+                    then(module)
+                except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
+                    pass
 
         loader.exec_module = exec_module
         return spec
@@ -107,14 +111,18 @@ def _drop_finder(finder: Any) -> None:
 
 def after_import(name: str, then: Callable[[Any], None]) -> None:
     """`then(module)` now where `name` is imported already, else once it is (by anyone):
-    a module the recorder must never import itself (an engine's, in another engine's run)."""
+    a module the recorder must never import itself (an engine's, in another engine's run).
+    Several for one module all run, in the order given."""
     module = sys.modules.get(name)
     if module is not None:
         then(module)
         return
-    finder = _AfterImport(name, then)
-    sys.meta_path.insert(0, finder)
-    _UNDO.append(lambda: _drop_finder(finder))
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+        _UNDO.append(lambda: _drop_finder(finder))
+    finder.thens.append(then)
 
 
 def waiting() -> list[str]:

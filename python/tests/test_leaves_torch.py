@@ -246,13 +246,6 @@ def test_nothing_keeps_a_closed_session_or_its_model(tmp_path):
     assert [r() for r in gone] == [None, None]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a known bug, kept as it was (traces unchanged): each after_import finder answers for its "
-    "module alone, so of several patches waiting for one module only the last registered goes in "
-    "(DeepSpeedEngine's set_gradient_accumulation_boundary, not its backward nor step, under zero-edit "
-    "recording, which starts before the script imports deepspeed)",
-)
 def test_several_patches_waiting_for_one_module_all_go_in(tmp_path, monkeypatch):
     (tmp_path / "_waited_for.py").write_text("class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -197,6 +197,26 @@ fn without(options: &[String], valued: &[&str], flags: &[&str]) -> Vec<String> {
     out
 }
 
+/// The words with each `{name}` of `fills` put in (by name, without braces).
+pub fn filled(words: &[String], fills: &[(String, String)]) -> Vec<String> {
+    let fill = |a: &String| fills.iter().fold(a.clone(), |a, (k, v)| a.replace(&format!("{{{k}}}"), v));
+    words.iter().map(fill).collect()
+}
+
+/// Words as one POSIX shell line: the command that reruns a case.
+pub fn shell_words(words: &[String]) -> String {
+    words.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ")
+}
+
+/// A word as a POSIX shell reads it back.
+fn quote(a: &str) -> String {
+    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%{}".contains(c));
+    match plain {
+        true => a.to_string(),
+        false => format!("'{}'", a.replace('\'', r"'\''")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +281,15 @@ mod tests {
         let l = parse(&words("torchrun --nnodes=3:3 --rdzv-backend=c10d --rdzv-endpoint=h:1 train.py")).unwrap();
         assert_eq!((l.nodes, l.node_rank), (3, None));
         assert_eq!(argv(&l, 1).join(" "), "torchrun --standalone --nproc_per_node 1 train.py");
+    }
+
+    #[test]
+    fn words_with_spaces_or_quotes_are_quoted() {
+        assert_eq!(quote("--lr"), "--lr");
+        assert_eq!(quote("{acc_steps}"), "{acc_steps}");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        let fills = [("n".to_string(), "6".to_string())];
+        assert_eq!(filled(&["--n={n}".into(), "{k}".into()], &fills), ["--n=6", "{k}"]);
     }
 }

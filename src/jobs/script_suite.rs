@@ -51,13 +51,11 @@ pub fn command(suite: &ScriptSuite) -> Result<Exit> {
 /// The case as one command: `ddp-verify --acc-steps K --gpus W --batch-size B -- COMMAND`,
 /// its fills put in.
 fn rerun(command: &[String], o: &crate::spec::ScriptOptions) -> String {
-    let filled = command.iter().map(|a| o.fills.iter().fold(a.clone(), |a, (k, v)| a.replace(&format!("{{{k}}}"), v)));
-    let words: Vec<String> = filled.collect();
     format!(
         "ddp-verify --acc-steps {} --gpus {} --batch-size {} -- {}",
         o.acc_steps,
         o.gpus,
         o.batch_size,
-        super::explore_script::shell_words(&words)
+        super::launcher::shell_words(&super::launcher::filled(command, &o.fills))
     )
 }

@@ -9,8 +9,8 @@ mod summary;
 
 pub use draw::Draw;
 pub use regressions::{append_line, check_regressions, is_script_line};
+pub use summary::suite_case;
 use summary::{rerun_command, text, words};
-pub use summary::{shell_words, suite_case};
 
 use std::collections::HashMap;
 use std::io::IsTerminal as _;

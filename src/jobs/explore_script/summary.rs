@@ -2,6 +2,7 @@
 //! runnable command and as a suite case, and the quoting both need.
 
 use super::{Case, Draw, Ended, Found};
+use crate::jobs::launcher::{filled, shell_words};
 use crate::spec::ScriptExplore;
 
 pub(super) fn words(e: &Ended) -> String {
@@ -22,14 +23,8 @@ pub(super) fn rerun_command(x: &ScriptExplore, d: &Draw) -> String {
         argv.extend(["--batch-size".into(), b.to_string()]);
     }
     argv.push("--".into());
-    let fills = d.fills();
-    argv.extend(x.command.iter().map(|a| fills.iter().fold(a.clone(), |a, (k, v)| a.replace(&format!("{{{k}}}"), v))));
+    argv.extend(filled(&x.command, &d.fills()));
     shell_words(&argv)
-}
-
-/// Words as one POSIX shell line.
-pub fn shell_words(words: &[String]) -> String {
-    words.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ")
 }
 
 /// The configuration as a `[[case]]` table of a script's suite (docs/explore-script.md).
@@ -47,15 +42,6 @@ pub fn suite_case(command: &[String], d: &Draw) -> String {
         s.push_str(&format!("fills = {{ {} }}\n", fills.join(", ")));
     }
     s
-}
-
-/// A word as a POSIX shell reads it back.
-fn quote(a: &str) -> String {
-    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%{}".contains(c));
-    match plain {
-        true => a.to_string(),
-        false => format!("'{}'", a.replace('\'', r"'\''")),
-    }
 }
 
 pub(super) fn text(f: &Found) -> String {
@@ -138,13 +124,5 @@ mod tests {
         assert_eq!(words, command);
         assert_eq!((case["acc-steps"].as_integer(), case["gpus"].as_integer()), (Some(4), Some(2)));
         assert_eq!(case["fills"]["data_size"].as_str(), Some("7"));
-    }
-
-    #[test]
-    fn words_with_spaces_or_quotes_are_quoted() {
-        assert_eq!(quote("--lr"), "--lr");
-        assert_eq!(quote("{acc_steps}"), "{acc_steps}");
-        assert_eq!(quote("a b"), "'a b'");
-        assert_eq!(quote("it's"), r"'it'\''s'");
     }
 }

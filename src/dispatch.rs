@@ -32,7 +32,7 @@ pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
             })
         }
         Some(Command::Explore(args)) if !args.script.is_empty() => {
-            lower::explore_script(args).and_then(|o| match validate_only() {
+            lower::explore::script(args).and_then(|o| match validate_only() {
                 true => Ok(Exit::Equivalent),
                 false => jobs::explore_script::command(&o),
             })

@@ -47,7 +47,7 @@ fn run(cli: Cli) -> Result<Exit> {
             jobs::suite::command(&suite)
         }
         Some(Command::Explore(args)) => {
-            let options = lower::explore(&args)?;
+            let options = lower::explore::models(&args)?;
             kernels::apply(options.kernels, ddp_verify::spec::DeviceKind::Cpu)?;
             if validate_only() {
                 return Ok(Exit::Equivalent);

@@ -1,12 +1,95 @@
-//! `explore -- COMMAND`'s flags: the command read as the zero-edit check reads it, the
-//! placeholders it takes, and its axes, checked before any case runs.
+//! `explore`'s flags, for both subjects: our own models' (with libtorch) and a user's
+//! command's (`explore -- COMMAND`: the command read as the zero-edit check reads it, the
+//! placeholders it takes, and its axes), checked before any rank or case starts.
+
+#[cfg(feature = "libtorch")]
+use std::path::Path;
 
 use ddp_verify_cli::ExploreArgs;
+#[cfg(feature = "libtorch")]
+use ddp_verify_cli::{defaults, values::Pick};
 
 use super::checked_overrides;
 use crate::error::{Error, Result};
 use crate::evidence::SAVED_FILES;
 use crate::spec::{Axis, CompareOptions, ScriptExplore, ScriptOptions, Takes};
+#[cfg(feature = "libtorch")]
+use crate::spec::{Bug, ExploreOptions, ModelKind};
+
+/// `explore`'s flags. Every check happens here, before any rank starts.
+#[cfg(feature = "libtorch")]
+pub fn models(args: &ExploreArgs) -> Result<ExploreOptions> {
+    let cases = args.cases.unwrap_or(defaults::EXPLORE_CASES);
+    if cases == 0 {
+        return Err(Error::bad_flag("--cases", "must be at least 1", "pass e.g. --cases 100"));
+    }
+    if let Some(flag) = script_only_explore_flag(args) {
+        return Err(Error::bad_flag(
+            flag,
+            "is for exploring your own command",
+            "give your training command after -- (explore ... -- python train.py ARGS), or drop it",
+        ));
+    }
+    if args.max_gpus == 0 {
+        return Err(Error::bad_flag("--max-gpus", "must be at least 1", "pass e.g. --max-gpus 3"));
+    }
+    let bugs = match args.inject {
+        None => vec![None],
+        Some(Pick::All) => Bug::ALL.into_iter().map(Some).collect(),
+        Some(Pick::One(bug)) => vec![Some(bug)],
+    };
+    // Read and writable before any rank starts: a finding must not be lost at the end.
+    crate::jobs::explore::read_regressions(Some(&args.regressions))?;
+    crate::outputs::check_dir(
+        "--regressions",
+        args.regressions.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")),
+        true,
+    )?;
+    if args.regressions.is_dir() {
+        return Err(Error::bad_file(
+            &args.regressions,
+            "--regressions names a directory, not a file",
+            "pass a file path",
+        ));
+    }
+    let tolerance = checked_overrides(&args.tolerance)?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
+    });
+    let drawn = [ModelKind::Linear, ModelKind::ResnetTiny, ModelKind::TinyLm];
+    let models = match args.model {
+        Pick::All => drawn.to_vec(),
+        Pick::One(m) if drawn.contains(&m) => vec![m],
+        Pick::One(other) => {
+            return Err(Error::bad_flag(
+                "--model",
+                format!("explore draws linear, resnet-tiny or tiny-lm configurations, not '{other}'"),
+                "pass --model linear, resnet-tiny, tiny-lm or all",
+            ))
+        }
+    };
+    // `--inject all` passes over each bug on the models that can carry it; one named must fit.
+    let named = args.inject != Some(Pick::All);
+    if let Some(b) = bugs.iter().flatten().find(|b| named && !models.iter().any(|&m| b.applies_to(m))) {
+        return Err(Error::bad_flag(
+            "--inject",
+            format!("{} applies to none of the models drawn ({})", b.name(), args.model),
+            "pass --model tiny-lm for the token-count bugs, linear or resnet-tiny for no-loss-scale and double-scale",
+        ));
+    }
+    Ok(ExploreOptions {
+        models,
+        cases,
+        max_gpus: args.max_gpus,
+        seed,
+        bugs,
+        tolerance,
+        regressions: Some(args.regressions.clone()),
+        progress: crate::dist::world::progress_wanted(),
+        json: args.json,
+        kernels: super::kernel_mode(&args.kernels, None)?,
+    })
+}
 
 /// The placeholders ddp-verify fills itself; `--axis` may not take these names.
 const FILLED: [&str; 8] = ["acc_steps", "local_acc_steps", "gpus", "world", "batch", "leg", "data_size", "seed"];
@@ -14,7 +97,7 @@ const FILLED: [&str; 8] = ["acc_steps", "local_acc_steps", "gpus", "world", "bat
 /// `explore -- COMMAND`'s flags: the command as the zero-edit check reads it, for one
 /// machine, taking K (else nothing explored would reach it), and each axis a placeholder of
 /// its own that the command takes.
-pub fn explore_script(args: &ExploreArgs) -> Result<ScriptExplore> {
+pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
     let cases = args.cases.unwrap_or(ddp_verify_cli::defaults::EXPLORE_SCRIPT_CASES);
     if cases == 0 {
         return Err(Error::bad_flag("--cases", "must be at least 1", "pass e.g. --cases 20"));
@@ -125,7 +208,8 @@ fn axis(text: &str, takes: &dyn Fn(&str) -> bool) -> Result<Axis> {
 }
 
 /// The first flag given to `explore` that only a command after `--` takes.
-pub fn script_only_explore_flag(args: &ExploreArgs) -> Option<&'static str> {
+#[cfg(feature = "libtorch")]
+fn script_only_explore_flag(args: &ExploreArgs) -> Option<&'static str> {
     match () {
         _ if !args.axis.is_empty() => Some("--axis"),
         _ if args.max_time.is_some() => Some("--max-time"),

@@ -1,12 +1,17 @@
-//! `suite FILE.toml`'s file: its `[[case]]` tables, each named once, and the cases of a
-//! user's own script (`command = [...]`), which need no libtorch: the wheel's gate runs them.
+//! `suite FILE.toml`: its `[[case]]` tables, each named once; the cases of a user's own
+//! script (`command = [...]`), which need no libtorch (the wheel's gate runs them), and our
+//! own models' cases, lowered as the main command is (with libtorch).
 
 use std::path::{Path, PathBuf};
 
 use ddp_verify_cli::{parse_case, CaseValue, SuiteArgs};
 
+#[cfg(feature = "libtorch")]
+use crate::dist::world;
 use crate::error::{Error, Result};
 use crate::spec::{ScriptCase, ScriptSuite};
+#[cfg(feature = "libtorch")]
+use crate::spec::{Suite, SuiteCase};
 
 const FIX: &str = "see examples/suite.toml";
 
@@ -57,6 +62,75 @@ pub fn case_value(v: &toml::Value) -> std::result::Result<CaseValue, (String, St
             ))
         }
     })
+}
+
+#[cfg(feature = "libtorch")]
+/// Keys a suite case may not set: the suite writes one report for all cases, and only checks.
+const SUITE_OWNS: [(&str, &str); 5] = [
+    ("report", "the suite writes one report for every case: pass --report to ddp-verify suite"),
+    ("report-file", "the suite writes one report for every case: pass --report-file to ddp-verify suite"),
+    ("plot", "a suite draws no plots: rerun the case alone with --plot"),
+    ("bless", "a suite only checks: bless with a single run"),
+    ("timeout", "the suite has one deadline for all its cases: pass --timeout to ddp-verify suite"),
+];
+
+#[cfg(feature = "libtorch")]
+/// `suite FILE.toml`: every case read, lowered like the command line and preflighted, so
+/// an invalid case stops the suite before any rank starts, naming the case and the key.
+pub fn suite(args: &SuiteArgs) -> Result<Suite> {
+    let file = &args.file;
+    let mut cases: Vec<SuiteCase> = Vec::new();
+    for (name, table) in suite_tables(file)? {
+        let refuse = |key: &str, problem: String, fix: String| {
+            Error::bad_file(file, format!("case '{name}', key {key}: {problem}"), fix)
+        };
+        let mut keys = Vec::new();
+        for (key, value) in table.iter().filter(|(k, _)| *k != "name") {
+            if key == "command" || key == "fills" {
+                let problem =
+                    "belongs to a case of your own script; this suite's other cases train ddp-verify's models";
+                return Err(refuse(key, problem.into(), "put your scripts' cases in a suite file of their own".into()));
+            }
+            if let Some((_, why)) = SUITE_OWNS.iter().find(|(k, _)| k == key) {
+                return Err(refuse(key, "not allowed in a suite".into(), why.to_string()));
+            }
+            keys.push((key.clone(), case_value(value).map_err(|p| refuse(key, p.0, p.1))?));
+        }
+        let mut run = parse_case(&keys).map_err(|e| {
+            let key = e.key.unwrap_or_else(|| "-".into());
+            refuse(&key, e.problem, "see ddp-verify --help for the flag's values".into())
+        })?;
+        // The suite's --kernels is every case's, unless the case names its own.
+        run.kernels.kernels = run.kernels.kernels.or(args.kernels.kernels);
+        let config = super::verification(&run).map_err(|e| in_case(file, &name, e))?;
+        cases.push(SuiteCase { name, config });
+    }
+    // One process computes every case: one kernel mode, pinned before any case's preflight
+    // reads a tensor.
+    let mode = match args.kernels.kernels {
+        Some(k) => k,
+        None => cases.first().map(|c| c.config.kernels).unwrap_or_default(),
+    };
+    if let Some(c) = cases.iter().find(|c| c.config.kernels != mode) {
+        return Err(Error::bad_file(
+            file,
+            format!(
+                "case '{}' computes with {} kernels, the suite with {}",
+                c.name,
+                c.config.kernels.name(),
+                mode.name()
+            ),
+            "give every case the same kernels (their goldens' mode), or run them as separate suites",
+        ));
+    }
+    let device = cases.first().map(|c| c.config.train.run.device).unwrap_or_default();
+    crate::dist::kernels::apply(mode, device)?;
+    for case in &cases {
+        crate::jobs::preflight(&case.config).map_err(|e| in_case(file, &case.name, e))?;
+    }
+    let reports = super::reports(&args.reports)?;
+    crate::report::check_targets(&reports, None, args.force)?;
+    Ok(Suite { file: file.clone(), cases, reports, timeout_s: args.timeout, progress: world::progress_wanted() })
 }
 
 /// Whether the file's cases are a user's script's (any has a `command`). An unreadable file
@@ -171,7 +245,7 @@ pub fn script_suite(args: &SuiteArgs) -> Result<ScriptSuite> {
 }
 
 /// A case's refusal, naming the file, the case and its key.
-pub(super) fn in_case(file: &Path, name: &str, e: Error) -> Error {
+fn in_case(file: &Path, name: &str, e: Error) -> Error {
     match e {
         Error::BadFlag { flag, problem, fix } => {
             Error::bad_file(file, format!("case '{name}', key {}: {problem}", flag.trim_start_matches("--")), fix)

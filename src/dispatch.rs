@@ -34,7 +34,7 @@ pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
         Some(Command::Explore(args)) if !args.script.is_empty() => {
             lower::explore::script(args).and_then(|o| match validate_only() {
                 true => Ok(Exit::Equivalent),
-                false => jobs::explore_script::command(&o),
+                false => jobs::explore::script::command(&o),
             })
         }
         None if !cli.run.script.is_empty() => lower::script(&cli.run).and_then(|o| match validate_only() {

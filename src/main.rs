@@ -52,7 +52,7 @@ fn run(cli: Cli) -> Result<Exit> {
             if validate_only() {
                 return Ok(Exit::Equivalent);
             }
-            jobs::explore::command(&options)
+            jobs::explore::models::command(&options)
         }
         // The main job (compare, split and `-- COMMAND` were run above).
         _ => {

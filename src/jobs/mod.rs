@@ -1,13 +1,11 @@
 //! The commands, each a short walk down the stages: `verify` (the main job), `explore`
-//! (many random configurations on ranks started once), `split` (the sampling plan), and
-//! `devices` (what --device can use).
+//! (many random configurations, of our models on ranks started once or of a user's script),
+//! `split` (the sampling plan), and `devices` (what --device can use).
 
 pub mod compare;
 #[cfg(feature = "libtorch")]
 mod devices;
-#[cfg(feature = "libtorch")]
 pub mod explore;
-pub mod explore_script;
 mod failure;
 pub mod launcher;
 #[cfg(feature = "libtorch")]
@@ -17,7 +15,6 @@ mod preflight;
 mod progress;
 pub mod script;
 pub mod script_suite;
-mod shrink;
 #[cfg(feature = "libtorch")]
 pub mod suite;
 #[cfg(feature = "libtorch")]

@@ -2,9 +2,6 @@
 //! command's (`explore -- COMMAND`: the command read as the zero-edit check reads it, the
 //! placeholders it takes, and its axes), checked before any rank or case starts.
 
-#[cfg(feature = "libtorch")]
-use std::path::Path;
-
 use ddp_verify_cli::ExploreArgs;
 #[cfg(feature = "libtorch")]
 use ddp_verify_cli::{defaults, values::Pick};
@@ -12,7 +9,7 @@ use ddp_verify_cli::{defaults, values::Pick};
 use super::checked_overrides;
 use crate::error::{Error, Result};
 use crate::evidence::SAVED_FILES;
-use crate::spec::{Axis, CompareOptions, ScriptExplore, ScriptOptions, Takes};
+use crate::spec::{Axis, CompareOptions, Exploration, ScriptExplore, ScriptOptions, Takes};
 #[cfg(feature = "libtorch")]
 use crate::spec::{Bug, ExploreOptions, ModelKind};
 
@@ -39,19 +36,7 @@ pub fn models(args: &ExploreArgs) -> Result<ExploreOptions> {
         Some(Pick::One(bug)) => vec![Some(bug)],
     };
     // Read and writable before any rank starts: a finding must not be lost at the end.
-    crate::jobs::explore::read_regressions(Some(&args.regressions))?;
-    crate::outputs::check_dir(
-        "--regressions",
-        args.regressions.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")),
-        true,
-    )?;
-    if args.regressions.is_dir() {
-        return Err(Error::bad_file(
-            &args.regressions,
-            "--regressions names a directory, not a file",
-            "pass a file path",
-        ));
-    }
+    crate::jobs::explore::check_regressions(&args.regressions)?;
     let tolerance = checked_overrides(&args.tolerance)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
@@ -77,16 +62,13 @@ pub fn models(args: &ExploreArgs) -> Result<ExploreOptions> {
             "pass --model tiny-lm for the token-count bugs, linear or resnet-tiny for no-loss-scale and double-scale",
         ));
     }
+    let (max_gpus, regressions, json) = (args.max_gpus, args.regressions.clone(), args.json);
     Ok(ExploreOptions {
+        exploration: Exploration { cases, seed, max_gpus, regressions, json },
         models,
-        cases,
-        max_gpus: args.max_gpus,
-        seed,
         bugs,
         tolerance,
-        regressions: Some(args.regressions.clone()),
         progress: crate::dist::world::progress_wanted(),
-        json: args.json,
         kernels: super::kernel_mode(&args.kernels, None)?,
     })
 }
@@ -138,7 +120,7 @@ pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
     if let Some(dup) = axes.iter().enumerate().find(|(i, a)| axes[..*i].iter().any(|b| b.name == a.name)) {
         return Err(Error::bad_flag("--axis", format!("{} is given twice", dup.1.name), "give each axis once"));
     }
-    crate::jobs::explore_script::check_regressions(&args.regressions)?;
+    crate::jobs::explore::check_regressions(&args.regressions)?;
     let tolerance = checked_overrides(&args.tolerance)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() as u64)
@@ -163,17 +145,14 @@ pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
         fills: Vec::new(),
         quiet: true,
     };
+    let (max_gpus, regressions, json) = (args.max_gpus, args.regressions.clone(), args.json);
     Ok(ScriptExplore {
+        exploration: Exploration { cases, seed, max_gpus, regressions, json },
         script,
         command: args.script.clone(),
-        cases,
-        seed,
-        max_gpus: args.max_gpus,
         max_time: args.max_time,
         takes: Takes { batch: takes_any("{batch}"), data_size: takes_any("{data_size}"), seed: takes_any("{seed}") },
         axes,
-        regressions: args.regressions.clone(),
-        json: args.json,
     })
 }
 

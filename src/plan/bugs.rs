@@ -171,7 +171,7 @@ pub fn micro_batches_hold(cfg: &TrainConfig, bug: Option<Bug>, least: usize) -> 
 
 /// What a bug misuses, which a configuration must have for the bug to act at all:
 /// `--inject` refuses a configuration without it (`plan::checks`), and explore gives it to
-/// the configurations it draws (`jobs::explore::plant`).
+/// the configurations it draws (`jobs::explore::models::plant`).
 pub struct Need {
     /// Whether a configuration has it.
     pub has: fn(&TrainConfig) -> bool,

@@ -8,6 +8,7 @@ mod config;
 mod device;
 #[cfg(feature = "libtorch")]
 mod dtype;
+mod explore;
 mod kernels;
 mod launcher;
 mod model;
@@ -30,14 +31,12 @@ pub use ddp_verify_cli::values::{
 pub use device::accumulation_device;
 #[cfg(feature = "libtorch")]
 pub use dtype::TchKind;
+pub use explore::{Axis, Draw, Exploration, ExploreOptions, ScriptExplore, Takes};
 pub use kernels::{KernelFacts, Machine, Platform};
 pub use launcher::{Launcher, LauncherKind};
 pub use model::{LinearConfig, LmConfig, ModelConfig, ResnetConfig};
 pub use optim::OptimConfig;
-pub use options::{
-    Axis, CompareOptions, ExploreOptions, ScriptCase, ScriptExplore, ScriptOptions, ScriptSuite, Suite, SuiteCase,
-    Takes,
-};
+pub use options::{CompareOptions, ScriptCase, ScriptOptions, ScriptSuite, Suite, SuiteCase};
 pub use precision::{AmpConfig, Precision, OVERFLOW_FACTOR};
 pub use report::ReportTarget;
 pub use run::RunShape;

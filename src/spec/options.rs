@@ -1,9 +1,9 @@
-//! What the commands other than a verification take, validated once by `lower.rs`:
-//! `compare`'s, `explore`'s and `suite`'s options.
+//! What the commands other than a verification take, validated once by `lower`:
+//! `compare`'s, `suite`'s and a user's script's options (`explore`'s are in `explore.rs`).
 
 use std::path::PathBuf;
 
-use super::{Bug, Config, KernelMode, ModelKind, ReportTarget, ToleranceOverrides};
+use super::{Config, ReportTarget, ToleranceOverrides};
 
 /// `compare A B`.
 #[derive(Clone)]
@@ -16,27 +16,6 @@ pub struct CompareOptions {
     pub reports: Vec<ReportTarget>,
     pub plot: Option<PathBuf>,
     pub strict_buffers: bool,
-}
-
-/// `explore`.
-pub struct ExploreOptions {
-    pub cases: usize,
-    pub max_gpus: usize,
-    /// The models configurations are drawn for (linear, resnet-tiny).
-    pub models: Vec<ModelKind>,
-    pub seed: u64,
-    /// One pass per entry; `None` is the honest run.
-    pub bugs: Vec<Option<Bug>>,
-    /// --max-ulps/--rtol/--atol, if given; else each case is held to its derived bounds.
-    pub tolerance: ToleranceOverrides,
-    /// Minimal failing configurations, replayed first and appended to (proptest's idea of
-    /// persisted regressions, stored as the configs themselves).
-    pub regressions: Option<PathBuf>,
-    pub progress: bool,
-    /// Print the report as JSON instead of text.
-    pub json: bool,
-    /// The CPU kernels every case computes with.
-    pub kernels: KernelMode,
 }
 
 /// `suite FILE.toml`: named verifications for a CI gate.
@@ -86,39 +65,6 @@ pub struct ScriptOptions {
     pub fills: Vec<(String, String)>,
     /// No progress lines (explore prints one per case).
     pub quiet: bool,
-}
-
-/// `explore -- COMMAND`: configurations drawn for a user's script, each run as
-/// `ddp-verify -- COMMAND` runs it.
-pub struct ScriptExplore {
-    /// What every case shares (its K, W, B, output folder and fills are each case's).
-    pub script: ScriptOptions,
-    /// The command as given, placeholders and all: what a regression is kept under.
-    pub command: Vec<String>,
-    pub cases: usize,
-    pub seed: u64,
-    pub max_gpus: usize,
-    pub max_time: Option<f64>,
-    /// The placeholders the command takes: only those are drawn.
-    pub takes: Takes,
-    pub axes: Vec<Axis>,
-    pub regressions: PathBuf,
-    pub json: bool,
-}
-
-/// Which of the drawn placeholders a command takes.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Takes {
-    pub batch: bool,
-    pub data_size: bool,
-    pub seed: bool,
-}
-
-/// `--axis NAME=V1,V2,...`: a user's own placeholder and its values, the first the simplest.
-#[derive(Clone, Debug)]
-pub struct Axis {
-    pub name: String,
-    pub values: Vec<String>,
 }
 
 /// `suite FILE.toml` whose cases run a user's script: each as `ddp-verify -- COMMAND`.

@@ -264,7 +264,7 @@ mod command_round_trip {
         /// planted bug included.
         #[test]
         fn a_printed_command_lowers_to_the_config_it_was_printed_from(
-            cfg in ddp_verify::jobs::explore::strategy(
+            cfg in ddp_verify::jobs::explore::models::strategy(
                 3,
                 &[ddp_verify::spec::ModelKind::Linear, ddp_verify::spec::ModelKind::ResnetTiny, ddp_verify::spec::ModelKind::TinyLm],
             ),
@@ -272,7 +272,7 @@ mod command_round_trip {
         ) {
             use ddp_verify_cli::{Cli, Parser};
             let (mut cfg, model) = (cfg.clone(), cfg.model.kind);
-            ddp_verify::jobs::explore::plant(&mut cfg, bug.filter(|b| b.applies_to(model)));
+            ddp_verify::jobs::explore::models::plant(&mut cfg, bug.filter(|b| b.applies_to(model)));
             let command = cfg.command();
             let cli = Cli::try_parse_from(command.split_whitespace().chain(["--device", "cpu"]))
                 .map_err(|e| TestCaseError::fail(format!("{command}: {e}")))?;

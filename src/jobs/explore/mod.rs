@@ -1,294 +1,150 @@
-//! `ddp-verify explore`: random configurations through both runs on ranks started once,
-//! each failure shrunk by proptest to a minimal reproducing command, and planted bugs
-//! tallied against the configurations they can change.
+//! `ddp-verify explore`: configurations drawn by proptest, each run, and the worst shrunk to
+//! the smallest that still shows it. Two subjects, one skeleton ([`search`]), in the manner
+//! of hyperfine's `Executor`: our own models ([`models`], with libtorch: ranks started once,
+//! every planted bug tallied pass by pass) and a user's script ([`script`], every build: each
+//! case run as `-- COMMAND` runs it, stopping at the first failure). The skeleton replays the
+//! failures the regressions file keeps, seeds proptest's runner from --seed, draws, shrinks
+//! within the subject's budget and keeps the failure; a subject says what a case is, how it
+//! is drawn and run, and what a run showed.
 
+#[cfg(feature = "libtorch")]
+pub mod models;
 mod regressions;
-mod runner;
-mod strategy;
-mod summary;
+pub mod script;
+mod shrink;
 
-use regressions::append_regression;
-pub use regressions::read_regressions;
-use runner::{classify, Case, Finding, Runner};
-pub use strategy::{amp_strategy, linear_strategy, optim_strategy, plant, resnet_strategy, strategy, tiny_lm_strategy};
+pub use regressions::{check_regressions, Line, ScriptLine};
+pub use shrink::budget;
 
-use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::time::Instant;
+use std::path::PathBuf;
 
-use proptest::prelude::*;
-use proptest::strategy::ValueTree;
+use proptest::strategy::{BoxedStrategy, Strategy as _, ValueTree as _};
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
 
-use super::pool::RankPool;
-use super::shrink::shrink;
-use crate::dist::{world as launch, Collective as _};
-use crate::error::{Error, Exit, Result};
-use crate::judge::{Agreement, Diagnosis};
-pub use crate::spec::ExploreOptions;
-use crate::spec::{Bug, ModelKind, TrainConfig};
+use crate::error::{Error, Result};
+use crate::spec::Exploration;
 
-/// What one bug (or the honest run) did over all cases.
-#[derive(Debug, Default, serde::Serialize)]
-pub struct Tally {
-    pub bug: Option<Bug>,
-    pub cases: usize,
+/// What explore explores: its cases, how one is drawn and run, and what a run shows.
+pub trait Subject {
+    /// One configuration: drawn, run, shrunk, kept in the regressions file.
+    type Case: Clone + std::fmt::Debug;
+    /// What one run of a case showed; shrinking keeps a candidate that shows the same.
+    type Finding: Clone + PartialEq;
+    /// Most runs spent shrinking one finding (each candidate is a run): one of [`budget`]'s.
+    const SHRINK_RUNS: usize;
+    /// Random valid cases (proptest's, so they shrink and replay).
+    fn strategy(&self) -> BoxedStrategy<Self::Case>;
+    /// The cases this subject replays from the regressions file's lines, in file order.
+    fn replays(&self, lines: Vec<Line>) -> Vec<Self::Case>;
+    /// The ranks a case needs: a regression needing more than --max-gpus is skipped.
+    fn gpus(case: &Self::Case) -> usize;
+    /// Runs one case (a shrinking run is not one of the cases drawn).
+    fn run(&mut self, case: &Self::Case, stage: Stage) -> Result<Self::Finding>;
+    /// How much a finding is worth showing and shrinking: 0 not at all; the first of the
+    /// most worth is kept.
+    fn worth(&self, finding: &Self::Finding) -> u8;
+    /// Whether drawing ends at this finding (a script's first failure).
+    fn stops(&self, finding: &Self::Finding) -> bool;
+    /// The regressions file's line for a failure worth replaying next time, if it is one.
+    fn regression(&self, case: &Self::Case, finding: &Self::Finding) -> Option<Line>;
+    /// The `ddp-verify` command that checks this one case again.
+    fn rerun_command(&self, case: &Self::Case) -> String;
+    /// Whether the time given is spent (--max-time): no more draws, no more shrinking.
+    fn out_of_time(&self) -> bool {
+        false
+    }
+}
+
+/// Why a case runs: `done` of `of` replays or draws, or a candidate while shrinking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Replay { done: usize, of: usize },
+    Draw { done: usize, of: usize },
+    Shrink,
+}
+
+/// What the skeleton did for one subject.
+pub struct Explored<C, F> {
+    /// Regressions replayed, and those skipped for needing more ranks than --max-gpus.
     pub replayed: usize,
-    /// Regressions that need more ranks than --max-gpus started.
-    pub skipped_regressions: usize,
-    pub not_equivalent: usize,
-    /// Honest draws whose training blew up (NaN or Inf in both runs): nothing can be proven
-    /// from them, so they count neither way.
-    pub blew_up: usize,
-    /// Draws whose kernels gave other bits for the same micro-batch (`train::repeat_check`):
-    /// no verdict, never a pass nor a false alarm.
-    pub no_verdict: usize,
-    /// Draws under a float16 loss scaler whose every step was skipped by both runs or left
-    /// unjudged by float16's range: nothing judged, so they count neither way.
-    pub unjudged: usize,
-    /// Cases of a ResNet among `cases`.
-    pub resnet_cases: usize,
-    /// Honest runs: the largest fraction of its allowance any case used (under 1 passes).
-    pub max_used: f64,
-    /// Planted bugs: the smallest factor by which a caught case exceeded its allowance.
-    pub min_margin: Option<f64>,
-    pub reasons: BTreeMap<&'static str, usize>,
-    pub changes_math: usize,
-    /// Configurations the bug only reorders (the same sums, other rounding), and on how
-    /// many of them the gate fired anyway.
-    pub reordered: usize,
-    pub reordered_fired: usize,
-    pub caught: usize,
-    pub missed: usize,
-    pub false_alarms: usize,
-    /// The shrunk case worth showing: a failure, a miss or false alarm, or else the
-    /// smallest config the bug was caught on.
-    pub example: Option<Example>,
+    pub skipped: usize,
+    pub drawn: usize,
+    pub stopped_by_max_time: bool,
+    /// The case most worth showing: replayed, or drawn and shrunk.
+    pub worst: Option<Worst<C, F>>,
 }
 
-#[derive(Debug, serde::Serialize)]
-pub struct Example {
-    pub what: &'static str,
-    pub config: TrainConfig,
-    pub diagnosis: Option<Diagnosis>,
+/// A case worth showing and what it showed.
+pub struct Worst<C, F> {
+    pub case: C,
+    pub finding: F,
+    /// From the regressions file: not shrunk, and kept there already.
+    pub replayed: bool,
+    /// The regressions file, where this run appended the case to it.
+    pub kept_in: Option<PathBuf>,
+    pub rerun: String,
 }
 
-#[derive(Debug, Default, serde::Serialize)]
-pub struct Timing {
-    pub total: f64,
-    pub start: Option<f64>,
-    pub ddp: f64,
-    pub comm: f64,
-    pub accumulation: f64,
-    pub compare: f64,
-    pub evaluations: usize,
-}
-
-/// What explore found; `--json` prints it as it is.
-#[derive(serde::Serialize)]
-pub struct ExploreReport {
-    pub seed: u64,
-    pub cases: usize,
-    pub max_gpus: usize,
-    /// The models configurations are drawn for (linear, resnet-tiny).
-    pub models: Vec<ModelKind>,
-    pub tallies: Vec<Tally>,
-    pub timing: Timing,
-}
-
-/// `ddp-verify explore`: outside an MPI world, starts `max_gpus` ranks once by running this
-/// same command again under mpirun; inside one, rank 0 explores and prints while the other
-/// ranks serve its jobs. Returns the exit code.
-pub fn command(opts: &ExploreOptions) -> Result<Exit> {
-    if !launch::inside_mpi_world() {
-        return launch::relaunch(opts.max_gpus, std::env::args_os().skip(1), None);
-    }
-    let rank = launch::init_rank()?;
-    launch::fault_hooks(rank.comm.rank());
-    let pool = RankPool::new(rank.world());
-    if opts.max_gpus > pool.size() {
-        return Err(Error::bad_flag(
-            "--max-gpus",
-            format!("{} ranks are needed but mpirun started {}", opts.max_gpus, pool.size()),
-            format!("pass --max-gpus {} or start mpirun -np {}", pool.size(), opts.max_gpus),
-        ));
-    }
-    if !pool.is_leader() {
-        // A rank that fails stops every rank at once, instead of leaving rank 0 waiting.
-        rank.fail_all(pool.follow())?;
-        return Ok(Exit::Equivalent);
-    }
-    let report = rank.fail_all(explore(opts, &pool))?;
-    pool.stop();
-    if opts.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("the report serialises"));
-    } else {
-        print!("{}", report.to_text());
-    }
-    Ok(match (report.passed(), report.tallies.iter().any(|t| t.no_verdict > 0)) {
-        (false, _) => Exit::NotEquivalent,
-        (true, true) => Exit::NoVerdict,
-        (true, false) => Exit::Equivalent,
-    })
-}
-
-/// Rank 0's side of explore; the other ranks run `pool.follow()`.
-pub fn explore(opts: &ExploreOptions, pool: &RankPool) -> Result<ExploreReport> {
-    let started = Instant::now();
-    let mut runner = Runner { pool, kernels: opts.kernels, tol: opts.tolerance, timing: Timing::default() };
-    let mut tallies = Vec::new();
-    for (pass, &bug) in opts.bugs.iter().enumerate() {
-        // Each bug on the drawn models that can carry it; none, no pass.
-        let models: Vec<ModelKind> =
-            opts.models.iter().copied().filter(|&m| bug.is_none_or(|b| b.applies_to(m))).collect();
-        if models.is_empty() {
-            continue;
-        }
-        let strat = strategy(opts.max_gpus, &models);
-        tallies.push(explore_one(opts, &mut runner, &strat, bug, pass)?);
-    }
-    let mut timing = runner.timing;
-    timing.total = started.elapsed().as_secs_f64();
-    timing.start = launch::seconds_since_launch().map(|s| (s - timing.total).max(0.0));
-    timing.comm = pool.comm_seconds();
-    if opts.progress {
-        eprint!("\r{:60}\r", "");
-    }
-    Ok(ExploreReport {
-        seed: opts.seed,
-        cases: opts.cases,
-        max_gpus: opts.max_gpus,
-        models: opts.models.clone(),
-        tallies,
-        timing,
-    })
-}
-
-fn explore_one<S: Strategy<Value = TrainConfig>>(
-    opts: &ExploreOptions,
-    runner: &mut Runner,
-    strat: &S,
-    bug: Option<Bug>,
-    pass: usize,
-) -> Result<Tally> {
-    let mut tally = Tally { bug, ..Tally::default() };
-    let record = |tally: &mut Tally, cfg: &TrainConfig, case: &Case| {
-        let outcome = classify(bug, cfg, case);
-        tally.cases += 1;
-        tally.resnet_cases += usize::from(cfg.model.kind.is_resnet());
-        if outcome == Finding::BlewUp {
-            tally.blew_up += 1;
-            return outcome;
-        }
-        if outcome == Finding::NoVerdict {
-            tally.no_verdict += 1;
-            return outcome;
-        }
-        if outcome == Finding::Unjudged {
-            tally.unjudged += 1;
-            return outcome;
-        }
-        if bug.is_none() {
-            tally.max_used = tally.max_used.max(case.used);
-        }
-        if case.verdict == Agreement::Diverged {
-            tally.not_equivalent += 1;
-            let reason = case.diagnosis.as_ref().map_or("unexplained", |d| d.reason.name());
-            *tally.reasons.entry(reason).or_default() += 1;
-        }
-        if let Some(b) = bug {
-            tally.changes_math += usize::from(crate::plan::bugs::changes_math(b, cfg));
-        }
-        match outcome {
-            Finding::Caught => {
-                tally.caught += 1;
-                tally.min_margin = Some(tally.min_margin.map_or(case.used, |m| m.min(case.used)));
-            }
-            Finding::Missed => tally.missed += 1,
-            Finding::FalseAlarm => tally.false_alarms += 1,
-            Finding::Reordered => {
-                tally.reordered += 1;
-                tally.reordered_fired += usize::from(case.verdict == Agreement::Diverged);
-            }
-            _ => {}
-        }
-        outcome
-    };
-
-    if bug.is_none() {
-        let (fit, too_big): (Vec<_>, Vec<_>) =
-            read_regressions(opts.regressions.as_ref())?.into_iter().partition(|c| c.shape.gpus <= opts.max_gpus);
-        tally.skipped_regressions = too_big.len();
-        for cfg in fit {
-            let case = runner.evaluate(&cfg)?;
-            tally.replayed += 1;
-            if record(&mut tally, &cfg, &case) == Finding::Failure && tally.example.is_none() {
-                tally.example = Some(Example { what: "replayed failure", config: cfg, diagnosis: case.diagnosis });
-            }
-        }
-    }
-
+/// proptest's runner seeded from --seed as every explore seeds it (ChaCha, the seed's eight
+/// bytes little-endian then zeros): the same seed draws the same cases.
+pub fn seeded(seed: u64) -> TestRunner {
     let mut rng_seed = [0u8; 32];
-    rng_seed[..8].copy_from_slice(&opts.seed.to_le_bytes());
-    let mut test_runner =
-        TestRunner::new_with_rng(RunnerConfig::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &rng_seed));
-    // The tree to shrink and what it showed; a problem outranks a plain catch.
-    let mut keep: Option<(S::Tree, Finding)> = None;
-    for i in 0..opts.cases {
-        let tree = strat.new_tree(&mut test_runner).map_err(|e| {
+    rng_seed[..8].copy_from_slice(&seed.to_le_bytes());
+    TestRunner::new_with_rng(RunnerConfig::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &rng_seed))
+}
+
+/// The kept failures first (a fixed one passes; one that still fails is the worst, and a
+/// subject that stops at a failure draws nothing), then `cases` draws (until the subject
+/// stops or its time is spent), then the draw most worth showing shrunk and, if a failure,
+/// kept in the regressions file.
+pub fn search<S: Subject>(subject: &mut S, x: &Exploration) -> Result<Explored<S::Case, S::Finding>> {
+    let (fit, too_big): (Vec<_>, Vec<_>) =
+        subject.replays(regressions::read(&x.regressions)?).into_iter().partition(|c| S::gpus(c) <= x.max_gpus);
+    let mut worst = None;
+    for (i, case) in fit.iter().enumerate() {
+        let finding = subject.run(case, Stage::Replay { done: i + 1, of: fit.len() })?;
+        if worst.is_none() && subject.worth(&finding) > 0 {
+            let rerun = subject.rerun_command(case);
+            worst = Some(Worst { case: case.clone(), finding, replayed: true, kept_in: None, rerun });
+        }
+    }
+    let mut explored =
+        Explored { replayed: fit.len(), skipped: too_big.len(), drawn: 0, stopped_by_max_time: false, worst };
+    if explored.worst.as_ref().is_some_and(|w| subject.stops(&w.finding)) {
+        return Ok(explored);
+    }
+    let strategy = subject.strategy();
+    let mut runner = seeded(x.seed);
+    // The tree most worth shrinking and what it showed.
+    let mut best = None;
+    while explored.drawn < x.cases {
+        if subject.out_of_time() {
+            explored.stopped_by_max_time = true;
+            break;
+        }
+        let tree = strategy.new_tree(&mut runner).map_err(|e| {
             Error::bad_flag("--max-gpus", format!("no valid configuration could be drawn ({e})"), "raise --max-gpus")
         })?;
-        let mut cfg = tree.current();
-        plant(&mut cfg, bug);
-        let case = runner.evaluate(&cfg)?;
-        let outcome = record(&mut tally, &cfg, &case);
-        let rank = |o: Finding| match o {
-            Finding::Fine | Finding::BlewUp | Finding::Unjudged | Finding::Reordered | Finding::NoVerdict => 0,
-            Finding::Caught => 1,
-            _ => 2,
-        };
-        if rank(outcome) > keep.as_ref().map_or(0, |(_, o)| rank(*o)) {
-            keep = Some((tree, outcome));
+        explored.drawn += 1;
+        let finding = subject.run(&tree.current(), Stage::Draw { done: explored.drawn, of: x.cases })?;
+        let stops = subject.stops(&finding);
+        if subject.worth(&finding) > best.as_ref().map_or(0, |(_, f)| subject.worth(f)) {
+            best = Some((tree, finding));
         }
-        if opts.progress {
-            progress(pass, bug, i + 1, opts.cases, tally.not_equivalent);
+        if stops {
+            break;
         }
     }
-    if let Some((mut tree, outcome)) = keep {
-        if tally.example.is_none() {
-            let config = shrink(&mut tree, 512, |c| {
-                let mut c = c.clone();
-                plant(&mut c, bug);
-                Ok(classify(bug, &c, &runner.evaluate(&c)?) == outcome)
-            })?;
-            let mut config = config;
-            plant(&mut config, bug);
-            let diagnosis = runner.evaluate(&config)?.diagnosis;
-            if outcome == Finding::Failure {
-                append_regression(opts.regressions.as_ref(), &config)?;
-            }
-            let what = match outcome {
-                Finding::Failure => "not equivalent",
-                Finding::Caught => "smallest config caught",
-                Finding::Missed => "MISSED",
-                _ => "FALSE ALARM",
-            };
-            tally.example = Some(Example { what, config, diagnosis });
-        }
-    }
-    Ok(tally)
-}
-
-/// A one-line bar on stderr, redrawn in place (only when the launcher saw a terminal).
-fn progress(pass: usize, bug: Option<Bug>, done: usize, total: usize, failed: usize) {
-    const WIDTH: usize = 30;
-    let filled = WIDTH * done / total.max(1);
-    let label = bug.map_or("honest runs", Bug::name);
-    eprint!(
-        "\r[{}{}] {done}/{total} pass {} ({label}), {failed} not equivalent   ",
-        "#".repeat(filled),
-        ".".repeat(WIDTH - filled),
-        pass + 1
-    );
-    let _ = std::io::stderr().flush();
+    let Some((mut tree, finding)) = best.filter(|_| explored.worst.is_none()) else { return Ok(explored) };
+    let case = shrink::shrink(&mut tree, S::SHRINK_RUNS, |c| {
+        Ok(!subject.out_of_time() && subject.run(c, Stage::Shrink)? == finding)
+    })?;
+    explored.stopped_by_max_time |= subject.out_of_time();
+    let kept_in = match subject.regression(&case, &finding) {
+        Some(line) => regressions::append(&x.regressions, &line)?.then(|| x.regressions.clone()),
+        None => None,
+    };
+    let rerun = subject.rerun_command(&case);
+    explored.worst = Some(Worst { case, finding, replayed: false, kept_in, rerun });
+    Ok(explored)
 }

@@ -3,49 +3,9 @@
 //! value. proptest shrinks a draw towards fewer ranks, a smaller K, B and N, and the first
 //! value of each axis.
 
-use std::collections::BTreeMap;
-
 use proptest::prelude::*;
 
-use crate::spec::{Axis, Takes};
-
-/// One configuration of a user's command.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Draw {
-    pub gpus: usize,
-    pub acc_steps: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_size: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    /// Each axis's value, by name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub axes: BTreeMap<String, String>,
-}
-
-impl Draw {
-    /// The placeholders this draw fills beyond K, W and B, by name.
-    pub fn fills(&self) -> Vec<(String, String)> {
-        let mut f: Vec<(String, String)> = self.axes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        f.extend(self.data_size.map(|n| ("data_size".to_string(), n.to_string())));
-        f.extend(self.seed.map(|s| ("seed".to_string(), s.to_string())));
-        f
-    }
-
-    /// In a few words, for progress lines: "W=2 K=4 B=1 N=11 lr=0.1".
-    pub fn short(&self) -> String {
-        let mut s = format!("W={} K={}", self.gpus, self.acc_steps);
-        s.extend(self.batch.map(|b| format!(" B={b}")));
-        s.extend(self.data_size.map(|n| format!(" N={n}")));
-        s.extend(self.seed.map(|n| format!(" seed={n}")));
-        for (k, v) in &self.axes {
-            s.push_str(&format!(" {k}={v}"));
-        }
-        s
-    }
-}
+use crate::spec::{Axis, Draw, Takes};
 
 /// Most micro-batches per rank per step, B and whole steps of samples drawn.
 const MAX_LOCAL: usize = 3;

@@ -1,9 +1,9 @@
 //! What explore tells: a line per case, the summary with the smallest failure as a
 //! runnable command and as a suite case, and the quoting both need.
 
-use super::{Case, Draw, Ended, Found};
+use super::{Case, Ended, Found};
 use crate::jobs::launcher::{filled, shell_words};
-use crate::spec::ScriptExplore;
+use crate::spec::{Draw, ScriptExplore};
 
 pub(super) fn words(e: &Ended) -> String {
     match e {

@@ -6,8 +6,8 @@
 //! nothing but the flags may run on every rank (they fail alike everywhere);
 //! [`crate::jobs::preflight`] checks what depends on the machine (files, memory, the CI
 //! variable) in one process only, before any training. The stages below receive plain,
-//! valid data. Only what needs libtorch is built with it: our models' verification, their
-//! suites and explore, and the kernel mode (a golden's vendor).
+//! valid data. Only what needs libtorch is built with it: our models' verification and
+//! suites (the device resolved, goldens' kernels), and the kernel mode (a golden's vendor).
 
 use ddp_verify_cli::{ReportArgs, SplitShape, ToleranceArgs};
 

@@ -7,6 +7,8 @@
 //! within the subject's budget and keeps the failure; a subject says what a case is, how it
 //! is drawn and run, and what a run showed.
 
+#[cfg(test)]
+mod mock;
 #[cfg(feature = "libtorch")]
 pub mod models;
 mod regressions;

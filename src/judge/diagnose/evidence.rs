@@ -46,13 +46,6 @@ impl<'a> Evidence<'a> {
         &self.c.right
     }
 
-    pub fn label(&self, side: Side) -> &str {
-        match side {
-            Side::Left => self.left(),
-            Side::Right => self.right(),
-        }
-    }
-
     /// Both legs, left first.
     pub fn sides(&self) -> [(Side, &'a Trace); 2] {
         [(Side::Left, self.a), (Side::Right, self.b)]

@@ -9,44 +9,17 @@ mod update;
 
 use super::annotate::KnownFix;
 use super::owner::Owner;
-use super::parting::{Numbers, Parting};
+use super::parting::Parting;
 use super::source::Words;
 use crate::evidence::Framework;
 
-/// What to say of `p`, owned by `owner`.
+/// What to say of `p`, owned by `owner`: the one family that has words for its mechanism.
 pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> String {
-    use Numbers as N;
-    match &p.numbers {
-        N::OneProcess
-        | N::DealtUnevenly(_)
-        | N::UnreducedTail { .. }
-        | N::SteppedEarly { .. }
-        | N::StepCount(_)
-        | N::EngineBoundary { .. }
-        | N::Unsynced { .. }
-        | N::RanksDiffer { .. }
-        | N::Reduction { .. } => ran::advice(p, owner, w),
-        N::DifferentInputs { .. }
-        | N::NormaliserPerRank { .. }
-        | N::LossDiffers { .. }
-        | N::ZeroedInWindow { .. }
-        | N::ScaledInBackward { .. }
-        | N::Scaling { .. }
-        | N::LocalDiffers { .. }
-        | N::Lost { .. } => stages::advice(p, owner, w),
-        N::LrSchedule { .. }
-        | N::LossScaler(_)
-        | N::NonFinite(_)
-        | N::ClipCount { .. }
-        | N::DropoutKeys
-        | N::DropoutOn { .. }
-        | N::Buffers
-        | N::OptimizerStep { .. }
-        | N::Chaos { .. }
-        | N::ExplicitTolerance { .. }
-        | N::NotKept => update::advice(p, w),
-        _ => shape::advice(p, w),
-    }
+    ran::advice(p, owner, w)
+        .or_else(|| stages::advice(p, owner, w))
+        .or_else(|| update::advice(p, w))
+        .or_else(|| shape::advice(p, w))
+        .unwrap_or_else(|| format!("the runs part here ({})", p.mechanism.name()))
 }
 
 /// A known upstream fix, said after the cause it annotates.

@@ -7,12 +7,12 @@ use crate::judge::diagnose::owner::Owner;
 use crate::judge::diagnose::parting::{Numbers, Parting, Scaled, Side};
 use crate::judge::diagnose::source::Words;
 
-pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> String {
+pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
     let (a, b) = (w.left, w.right);
     let label = w.label(p.leg.unwrap_or(Side::Right));
     let s = step(p);
     let upgrade = || format!("the library's, not your script: upgrade {}", owner.name());
-    match &p.numbers {
+    let words = match &p.numbers {
         Numbers::DifferentInputs { missing, differ, total } => {
             let which = match missing {
                 Some((rank, nth)) => {
@@ -117,8 +117,9 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> String {
                 upgrade()
             )
         }
-        _ => unreachable!("advise::stages is asked only of its own mechanisms"),
-    }
+        _ => return None,
+    };
+    Some(words)
 }
 
 /// Which way the loss was scaled wrong and who must change: a division on top of a

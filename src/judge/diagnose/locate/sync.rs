@@ -4,7 +4,7 @@
 use crate::evidence::{DdpForward, Leg, Trace};
 use crate::judge::diagnose::measure::legs::engine_accumulates;
 use crate::judge::diagnose::parting::{Numbers, Parting, Side, Synced};
-use crate::judge::diagnose::{Evidence, Stage};
+use crate::judge::diagnose::{Evidence, Source as _, Stage};
 
 /// A trace meant as DDP's (its `leg` header, or its name) written by a world of 1, beside
 /// another one-process trace: the "DDP" leg never started its W processes.
@@ -14,7 +14,7 @@ pub fn one_process(ev: &Evidence) -> Option<Parting> {
         return None;
     }
     let meant = |label: &str, t: &Trace| t.header.leg.map_or(label.contains("ddp"), |leg| leg == Leg::Ddp);
-    let side = ev.sides().into_iter().find(|&(side, t)| meant(ev.label(side), t))?.0;
+    let side = ev.sides().into_iter().find(|&(side, t)| meant(ev.words().label(side), t))?.0;
     Some(Parting::new(None, Some(Stage::Reduction), Some(side), Numbers::OneProcess))
 }
 

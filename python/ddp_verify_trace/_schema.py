@@ -11,6 +11,8 @@ SAMPLE_SIZE = 1024
 SAMPLE_FROM_PARAMETERS = 4000000
 # How a recording stopped by an exception says so on stderr (ddp-verify quotes the line)
 STOPPED = "ddp_verify_trace: recording stopped"
+# The control run's nudge: each step's gradients moved by this fraction of each tensor's largest |g|
+PERTURB_ENV = "DDP_VERIFY_PERTURB"
 
 # key: (value type, allowed values or None, required)
 HEADER = {
@@ -51,6 +53,7 @@ HEADER = {
     "sampler_dropped": ("count", None, False),
     "loader_dropped": ("count", None, False),
     "short_batches": ("count", None, False),
+    "perturbed": ("number", None, False),
     "warnings": ("text", None, False),
     "betas": ("numbers", None, False),
     "eps": ("number", None, False),
@@ -64,6 +67,8 @@ HEADER = {
 OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize",)
 # The columns of a batches.<step> row (stage facts), in order
 BATCH_FIELDS = ("rank", "fingerprint", "forward", "peeled", "root", "handed", "normaliser",)
+# The columns of a groups.<step> row (one per param group of every optimizer; NaN: no such setting)
+GROUP_FIELDS = ("optimizer", "group", "params", "lr", "weight_decay", "beta1", "beta2", "eps", "momentum",)
 
 
 class Key:
@@ -106,6 +111,7 @@ class Key:
     SAMPLER_DROPPED = "sampler_dropped"
     LOADER_DROPPED = "loader_dropped"
     SHORT_BATCHES = "short_batches"
+    PERTURBED = "perturbed"
     WARNINGS = "warnings"
     BETAS = "betas"
     EPS = "eps"
@@ -199,6 +205,9 @@ TENSORS = {
     "local": ("local.{step}.{param}", "f64", "one"),
     "step_calls": ("step_calls.{step}", "i64", "one"),
     "zeroed": ("zeroed.{step}", "i64", "one"),
+    "groups": ("groups.{step}", "f64", "vector"),
+    "rank_weights": ("rank_weights.{step}.{param}", "i64", "vector"),
+    "rank_final": ("rank_final.{param}", "i64", "vector"),
     "loss_scale": ("loss_scale.{step}", "finite", "one"),
     "found_inf": ("found_inf.{step}", "finite", "one"),
     "unscales": ("unscales.{step}", "finite", "one"),
@@ -231,6 +240,9 @@ class Tensor:
     LOCAL = "local"
     STEP_CALLS = "step_calls"
     ZEROED = "zeroed"
+    GROUPS = "groups"
+    RANK_WEIGHTS = "rank_weights"
+    RANK_FINAL = "rank_final"
     LOSS_SCALE = "loss_scale"
     FOUND_INF = "found_inf"
     UNSCALES = "unscales"

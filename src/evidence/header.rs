@@ -176,6 +176,8 @@ header! {
             "samples per epoch the loaders' drop_last left out of their last batch, over all ranks";
         short_batches: usize = SHORT_BATCHES "short_batches" optional
             "micro-batches per epoch shorter than the loader's batch size, over all ranks";
+        perturbed: f64 = PERTURBED "perturbed" optional
+            "a control run: each step's gradients nudged by this fraction of each tensor's largest |g| (DDP_VERIFY_PERTURB)";
         warnings: String = WARNINGS "warnings" optional
             "what the recorder could not record (training went on), one per line";
         optimizer.betas: Vec<f64> = BETAS "betas" setting "Adam's coefficients of its running averages";

@@ -167,9 +167,25 @@ struct Reading {
     summaries: BTreeMap<usize, Summaries>,
     final_summaries: Summaries,
     stages: BTreeMap<usize, super::StageStep>,
+    groups: BTreeMap<usize, Vec<super::Group>>,
+    /// Per parameter, whether the ranks' final weights differ, and the first rank apart.
+    rank_finals: BTreeMap<String, usize>,
+}
+
+/// The first rank whose checksum is not rank 0's.
+fn apart(bits: &[i64]) -> Option<usize> {
+    bits.iter().position(|b| *b != bits[0])
 }
 
 impl Reading {
+    /// Keeps the earliest drift: by step, then a gradient before a weight.
+    fn drift(&mut self, drift: RankDrift) {
+        let key = |d: &RankDrift| (d.step, d.tensor.to_string());
+        if self.rank_drift.as_ref().is_none_or(|d| key(&drift) < key(d)) {
+            self.rank_drift = Some(drift);
+        }
+    }
+
     fn add(&mut self, n: &schema::Name, name: &str, t: Values) -> std::result::Result<(), String> {
         let (s, p) = (n.step, n.param.to_string());
         // Read flattened: a one-element tensor may have any shape ([1], [1, 1]). Parameters'
@@ -195,14 +211,25 @@ impl Reading {
             K::Comm => _ = self.comm.insert(s, (first() as i64, second() as i64)),
             K::Seconds => _ = self.seconds.insert(s, first()),
             K::RankBits => {
-                let bits = t.to_i64();
-                if let Some(rank) = bits.iter().position(|b| *b != bits[0]) {
-                    let drift = RankDrift { step: s, rank, tensor: RankHeld::Grad(p) };
-                    let key = |d: &RankDrift| (d.step, d.tensor.to_string());
-                    if self.rank_drift.as_ref().is_none_or(|d| key(&drift) < key(d)) {
-                        self.rank_drift = Some(drift);
-                    }
+                if let Some(rank) = apart(&t.to_i64()) {
+                    self.drift(RankDrift { step: s, rank, tensor: RankHeld::Grad(p) });
                 }
+            }
+            // Weights as step s found them: step s - 1's update parted them (a gradient
+            // apart at that step is the earlier fact, and sorts first).
+            K::RankWeights => {
+                if let Some(rank) = apart(&t.to_i64()) {
+                    self.drift(RankDrift { step: s.saturating_sub(1), rank, tensor: RankHeld::Param(p) });
+                }
+            }
+            K::RankFinal => {
+                if let Some(rank) = apart(&t.to_i64()) {
+                    self.rank_finals.insert(p, rank);
+                }
+            }
+            K::Groups => {
+                let rows = super::groups::rows(&all).ok_or_else(|| format!("tensor {name}: {}", n.kind.about))?;
+                self.groups.insert(s, rows);
             }
             K::LossScale => _ = self.scaler[0].insert(s, first()),
             K::FoundInf => _ = self.scaler[1].insert(s, first()),
@@ -256,6 +283,10 @@ impl Reading {
         if let Some(s) = self.scales.keys().find(|s| !self.steps.contains_key(s)) {
             return Err(format!("scale.{s}.* has no grads.{s}.* beside it"));
         }
+        // Final weights apart between ranks: the last step's update parted them.
+        for (p, rank) in std::mem::take(&mut self.rank_finals) {
+            self.drift(RankDrift { step: n.saturating_sub(1), rank, tensor: RankHeld::Param(p) });
+        }
         let mut steps = std::mem::take(&mut self.steps);
         covers("scale.<step>.*", &self.scales, n)?;
         covers("lr.<step>", &self.lrs, n)?;
@@ -285,6 +316,10 @@ impl Reading {
             comm: (0..n).map(|s| self.comm.get(&s).copied()).collect(),
             seconds: (0..n).map(|s| self.seconds.get(&s).copied()).collect(),
             rank_drift: self.rank_drift,
+            groups: match self.groups.is_empty() {
+                true => Vec::new(),
+                false => (0..n).map(|s| self.groups.remove(&s).unwrap_or_default()).collect(),
+            },
             dropout_keys: Vec::new(),
             scaler,
             stages: match self.stages.is_empty() {

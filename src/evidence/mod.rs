@@ -3,6 +3,7 @@
 //! the goldens real PyTorch recorded.
 
 pub mod golden;
+mod groups;
 mod header;
 mod keys;
 mod load;
@@ -18,6 +19,7 @@ pub(crate) mod words;
 mod writer;
 
 pub use golden::Golden;
+pub use groups::Group;
 pub use header::{
     DdpForward, Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
 };

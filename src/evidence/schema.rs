@@ -18,6 +18,17 @@ pub use ddp_verify_cli::defaults::{SAMPLE_FROM_PARAMETERS, SAMPLE_SIZE};
 /// training going on); ddp-verify finds and quotes that line from a leg's log.
 pub const STOPPED: &str = "ddp_verify_trace: recording stopped";
 
+/// The environment variable that makes a leg the control run (`jobs::control`): its value,
+/// a fraction of each gradient tensor's largest magnitude, is the size of the seeded nudge
+/// the recorder adds to every element of each step's gradients.
+pub const PERTURB_ENV: &str = "DDP_VERIFY_PERTURB";
+
+/// The columns of a `groups.<step>` row: one row per param group of every optimizer the
+/// recorder saw step (the optimizer's index in the order first seen, the group's index, its
+/// parameter count, then its settings; NaN where the group has no such setting).
+pub const GROUP_FIELDS: [&str; 9] =
+    ["optimizer", "group", "params", "lr", "weight_decay", "beta1", "beta2", "eps", "momentum"];
+
 /// Every header key, in the order of its line in `header!` (which reports and `_schema.py`'s
 /// `HEADER` follow).
 pub fn keys() -> impl Iterator<Item = Key> {
@@ -112,6 +123,9 @@ pub enum Kind {
     Local,
     StepCalls,
     Zeroed,
+    Groups,
+    RankWeights,
+    RankFinal,
 }
 
 /// One kind of tensor: how it is named and what it holds.
@@ -165,6 +179,23 @@ pub const TENSORS: &[TensorKind] = &[
     kind(Kind::Local, "local", L::StepParam, E::F64, Shape::One, "local gradients' sum over backwards and ranks"),
     kind(Kind::StepCalls, "step_calls", L::Step, E::I64, Shape::One, "step calls through a framework's wrapper"),
     kind(Kind::Zeroed, "zeroed", L::Step, E::I64, Shape::One, "zero_grad calls after a backward of the step"),
+    kind(
+        Kind::Groups,
+        "groups",
+        L::Step,
+        E::F64,
+        Shape::Vector,
+        "every optimizer's param groups, rows of GROUP_FIELDS",
+    ),
+    kind(
+        Kind::RankWeights,
+        "rank_weights",
+        L::StepParam,
+        E::I64,
+        Shape::Vector,
+        "each rank's weight checksum entering step s",
+    ),
+    kind(Kind::RankFinal, "rank_final", L::Param, E::I64, Shape::Vector, "each rank's checksum of the final weight"),
     kind(Kind::LossScale, "loss_scale", L::Step, E::Finite, Shape::One, "the loss scaler's scale"),
     kind(Kind::FoundInf, "found_inf", L::Step, E::Finite, Shape::One, "1 where the scaler skipped"),
     kind(Kind::Unscales, "unscales", L::Step, E::Finite, Shape::One, "unscale_ calls (ours)"),
@@ -297,6 +328,11 @@ pub fn python_module() -> String {
     let _ = writeln!(out, "SAMPLE_SIZE = {SAMPLE_SIZE}\nSAMPLE_FROM_PARAMETERS = {SAMPLE_FROM_PARAMETERS}");
     let _ = writeln!(out, "# How a recording stopped by an exception says so on stderr (ddp-verify quotes the line)");
     let _ = writeln!(out, "STOPPED = {STOPPED:?}");
+    let _ = writeln!(
+        out,
+        "# The control run's nudge: each step's gradients moved by this fraction of each tensor's largest |g|"
+    );
+    let _ = writeln!(out, "PERTURB_ENV = {PERTURB_ENV:?}");
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
     for k in keys() {
         let allowed = match k.value {
@@ -312,6 +348,11 @@ pub fn python_module() -> String {
         out,
         "# The columns of a batches.<step> row (stage facts), in order\nBATCH_FIELDS = ({},)",
         list(&super::BATCH_FIELDS)
+    );
+    let _ = writeln!(
+        out,
+        "# The columns of a groups.<step> row (one per param group of every optimizer; NaN: no such setting)\nGROUP_FIELDS = ({},)",
+        list(&GROUP_FIELDS)
     );
     // A class of string constants, after two blank lines and `comment` (if any).
     let class =

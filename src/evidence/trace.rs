@@ -108,6 +108,9 @@ pub struct StepFacts {
     /// rank 0 (DDP all-reduces into identical gradients, so a difference is a gradient not
     /// synchronised).
     pub rank_drift: Option<RankDrift>,
+    /// The recorder's: per step, every optimizer's param groups and their settings (empty
+    /// where not recorded; a step's list empty where that step's was not).
+    pub groups: Vec<Vec<super::Group>>,
     /// tiny-lm with dropout, ours: per step, a digest of the keys its masks were drawn from
     /// (`plan::dropout::digest`; all ranks' summed in DDP). Runs that key masks alike agree.
     pub dropout_keys: Vec<f64>,

@@ -17,6 +17,9 @@ pub struct Legs {
     /// Which of accumulation and DDP was recorded sampled (lining up samples a whole trace at
     /// the other's positions); our own runs are never sampled.
     pub sampled: [bool; 2],
+    /// The control run: the accumulation leg again, its gradients nudged
+    /// (`judge::control`), where one ran or was given.
+    pub control: Option<Trace>,
 }
 
 /// One big batch of each step's samples, with the accumulation leg as it is held against it.
@@ -30,7 +33,7 @@ pub struct BigLeg {
 impl Legs {
     /// Two traces recorded elsewhere, and a big batch's where given: loaded, named alike,
     /// sampled alike and lined up; else the first mismatch, exit 2.
-    pub fn load(paths: &[PathBuf; 2], big: Option<&Path>) -> Result<Legs> {
+    pub fn load(paths: &[PathBuf; 2], big: Option<&Path>, control: Option<&Path>) -> Result<Legs> {
         let [pa, pb] = paths;
         let (mut a, mut b) = (Trace::load(pa)?, Trace::load(pb)?);
         strip_ddp_prefix(&mut a, &b);
@@ -42,7 +45,11 @@ impl Legs {
             Some(path) => Some(big_leg(&a, path, pa)?),
             None => None,
         };
-        Ok(Legs { accumulation: a, ddp: b, big, sampled })
+        let control = match control {
+            Some(path) => Some(big_leg(&a, path, pa)?.trace),
+            None => None,
+        };
+        Ok(Legs { accumulation: a, ddp: b, big, sampled, control })
     }
 }
 

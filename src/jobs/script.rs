@@ -13,6 +13,7 @@ use crate::spec::ScriptOptions;
 
 /// One leg: its name (the trace's `leg` header), processes, micro-batches per process, and
 /// the batch size each micro-batch has.
+#[derive(Clone, Copy)]
 struct Leg {
     name: &'static str,
     world: usize,
@@ -22,6 +23,9 @@ struct Leg {
 
 /// The big-batch trace, beside the two `--save-trace` names.
 pub const BIG_BATCH_FILE: &str = "big-batch.safetensors";
+
+/// The control run's trace (`judge::control`), where one ran.
+pub const CONTROL_FILE: &str = "control.safetensors";
 
 pub fn command(o: &ScriptOptions) -> Result<Exit> {
     match run(o)? {
@@ -64,7 +68,7 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
         if o.node_rank > 0 {
             // This node's share of the DDP leg is all it runs; node 0 judges.
             let (leg, trace) = &legs[1];
-            run_leg(o, leg, autoload, trace, None)?;
+            run_leg(o, leg, autoload, trace, None, None)?;
             return Ok(None);
         }
         // The nodes meet in the DDP leg first: the others wait in its rendezvous, not
@@ -73,13 +77,32 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
     }
     let mut steps = None;
     for (leg, trace) in &legs {
-        let made = run_leg(o, leg, autoload, trace, steps)?;
+        let made = run_leg(o, leg, autoload, trace, steps, None)?;
         steps = steps.or(made);
     }
+    let outcome = super::compare::judge_traces(&compare)?;
+    // Runs that part after step 0 with no recorded fact apart: the accumulation leg again,
+    // nudged, measures whether rounding explains it (`judge::control`).
+    let outcome = match outcome.control_wanted {
+        Some(scale) => {
+            let (leg, _) = legs.iter().find(|(l, _)| l.name == "accumulation").expect("the accumulation leg");
+            let control = o.out.join(CONTROL_FILE);
+            if !o.quiet {
+                eprintln!(
+                    "ddp-verify: the runs part after step 0 with no recorded fact apart: running a control (the \
+                     accumulation leg, its gradients nudged by {scale:.1e}) to tell rounding from a bug"
+                );
+            }
+            run_leg(o, &Leg { name: "control", ..*leg }, autoload, &control, steps, Some(scale))?;
+            compare.control = Some(control);
+            super::compare::judge_traces(&compare)?
+        }
+        None => outcome,
+    };
     if !o.quiet {
         eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
     }
-    super::compare::judge_traces(&compare).map(Some)
+    Ok(Some(outcome))
 }
 
 /// Whether the command can be told to run one big batch per step: it takes {batch}, and K
@@ -123,7 +146,15 @@ fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
 }
 
 /// Runs one leg, with its progress line; the optimizer steps it made, where recorded.
-fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Option<usize>) -> Result<Option<usize>> {
+/// `nudge`: the control run's (`judge::control`).
+fn run_leg(
+    o: &ScriptOptions,
+    leg: &Leg,
+    autoload: &Path,
+    trace: &Path,
+    of: Option<usize>,
+    nudge: Option<f64>,
+) -> Result<Option<usize>> {
     let argv = leg_command(o, leg);
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
@@ -135,13 +166,17 @@ fn run_leg(o: &ScriptOptions, leg: &Leg, autoload: &Path, trace: &Path, of: Opti
     });
     cmd.env("PYTHONPATH", path)
         .env("DDP_VERIFY_TRACE", trace)
-        .env("DDP_VERIFY_LEG", leg.name)
+        // The control is the accumulation leg again, and its trace says so.
+        .env("DDP_VERIFY_LEG", if nudge.is_some() { "accumulation" } else { leg.name })
         .env("DDP_VERIFY_ACC_STEPS", o.acc_steps.to_string())
         .env("DDP_VERIFY_LOCAL_ACC_STEPS", leg.local_acc_steps.to_string())
         .env("DDP_VERIFY_WORLD", o.gpus.to_string())
         .env("DDP_VERIFY_BATCH", leg.batch.to_string());
     if let Some(n) = &o.sample {
         cmd.env("DDP_VERIFY_SAMPLE", n);
+    }
+    if let Some(x) = nudge {
+        cmd.env(crate::evidence::schema::PERTURB_ENV, format!("{x:e}"));
     }
     if std::env::var_os("OMP_NUM_THREADS").is_none() {
         cmd.env("OMP_NUM_THREADS", "1");

@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use super::control::{self, Proof};
+use super::diagnose::{restated, ControlPath, Evidence, Pair, Tier};
 use super::{
     adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement,
     BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome, Parting, Reason, SampledPair, Subject,
@@ -37,18 +39,21 @@ struct Bench {
     /// Each step was fed to the comparers as it came: the legs keep their steps for the
     /// diagnosis and the reports, and only their ends are left to compare.
     streamed: bool,
+    /// The final weights were held to the fixed tolerance under an optimizer that may
+    /// amplify rounding past it (no bound carried): apart there, only a control can tell.
+    finals_unbounded: bool,
 }
 
 /// Judges `legs` by `terms`: every comparison finished; then a divergence's likely cause, or
 /// beside an equivalence its caution (a factor clipping hides, needless synchronisation);
 /// and each leg's cost of synchronising, where recorded.
 pub fn judge(legs: Legs, terms: Terms) -> Outcome {
-    let Legs { mut accumulation, ddp, mut big, sampled } = legs;
+    let Legs { mut accumulation, ddp, mut big, sampled, control } = legs;
     let bench = match terms {
         Terms::Run(judging) => judging.bench(),
         Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), opts, sampled),
     };
-    let Bench { subject, runs, buffers, big: big_cmp, golden, context, streamed } = bench;
+    let Bench { subject, runs, buffers, big: big_cmp, golden, context, streamed, finals_unbounded } = bench;
     let ends = |t: &Trace| streamed.then(|| t.without_steps());
     let (acc_end, ddp_end) = (ends(&accumulation), ends(&ddp));
     let (acc_end, ddp_end) = (acc_end.as_ref().unwrap_or(&accumulation), ddp_end.as_ref().unwrap_or(&ddp));
@@ -70,7 +75,31 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         _ => None,
     };
     let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
-    let (diagnosis, amplified) = amplified_rounding(diagnosis, &mut runs, &context);
+    let wanted = match context.ours() {
+        true => None,
+        false => control::wanted(diagnosis.as_ref(), &runs, &accumulation, &ddp, finals_unbounded, context.eps),
+    };
+    let (diagnosis, amplified, control_wanted) = match (wanted, control.as_ref()) {
+        (None, _) => (diagnosis, None, None),
+        (Some(scale), None) => (unproven(&accumulation, &ddp, &runs, &context, ControlPath::None), None, Some(scale)),
+        (Some(_), Some(ctrl)) => match control::prove(&accumulation, &ddp, ctrl, &runs) {
+            Proof::Rounding(numbers) => {
+                runs.verdict = Agreement::WithinTolerance;
+                let p = Parting::new(None, None, None, numbers);
+                (None, Some(cautioned(&p, &runs.left, &runs.right)), None)
+            }
+            Proof::Left { step, path } => {
+                // What rounding explains (a tolerance tighter than rounding) is refuted now.
+                let named = diagnosis.filter(|d| d.reason != Reason::Unexplained && d.tier != Some(Tier::Rounding));
+                let d = match (named, step) {
+                    // A cause the pipeline named, now proven more than rounding.
+                    (Some(d), Some(_)) => Some(d),
+                    _ => unproven(&accumulation, &ddp, &runs, &context, path),
+                };
+                (d, None, None)
+            }
+        },
+    };
     let costs = costs([&runs.left, &runs.right], &accumulation, &ddp);
     let caution = match diagnosis {
         Some(_) => None,
@@ -91,35 +120,26 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         no_verdict: None,
         caution,
         costs,
+        control_wanted,
     }
 }
 
-/// Most a user's later step may part by, as a multiple of the dtype's epsilon, and still
-/// be rounding the steps before amplified: chaos measured about 1e3 a step in float32 on our
-/// deep nets, and a bug that changes the math moves a gradient by far more (1e-2 and up).
-const AMPLIFIED_EPS: f64 = 1e3;
-
-/// A user's free-running runs that agree at step 0 and part later only as amplified
-/// rounding does (the chaos rule named it: no recorded fact differs, the difference grows
-/// step by step and stays within 1000 epsilons) while their final weights agree within the
-/// allowance carried through the optimizer: equivalent, with a caution saying so. Their
-/// later steps' gradients are taken at weights already apart by rounding, which a fixed
-/// tolerance of one step's rounding cannot allow for (our own runs are lockstep instead).
-fn amplified_rounding(
-    d: Option<Diagnosis>,
-    runs: &mut Comparison,
-    cx: &Context,
-) -> (Option<Diagnosis>, Option<Diagnosis>) {
-    let chaos = d.as_ref().is_some_and(|d| d.reason == Reason::Chaos);
-    let worst = runs.steps.iter().map(|s| s.max_rel).fold(0.0, f64::max);
-    let small = worst <= (AMPLIFIED_EPS * cx.eps).min(1e-2);
-    if !chaos || cx.ours() || !small || runs.finals.verdict == Agreement::Diverged {
-        return (d, None);
-    }
-    runs.verdict = Agreement::WithinTolerance;
-    let growth = runs.steps.iter().map(|g| g.max_rel).collect();
-    let p = Parting::new(None, None, None, Numbers::AmplifiedRounding { growth, ceiling: AMPLIFIED_EPS });
-    (None, Some(cautioned(&p, &runs.left, &runs.right)))
+/// The cause where no recorded fact differs and rounding was not proven: the pipeline's
+/// unexplained difference, with what the control said (or that none ran).
+fn unproven(a: &Trace, b: &Trace, runs: &Comparison, cx: &Context, path: ControlPath) -> Option<Diagnosis> {
+    let ev = Evidence::new(a, b, runs, cx, Pair::Runs);
+    let first = runs.steps.iter().position(|s| s.verdict == Agreement::Diverged);
+    let group = first.map_or(&runs.finals, |s| &runs.steps[s]);
+    let mut tensors: Vec<(String, f64)> = group
+        .tensors
+        .iter()
+        .filter(|t| t.verdict == Agreement::Diverged)
+        .map(|t| (t.name.clone(), t.worst_fraction))
+        .collect();
+    tensors.sort_by(|x, y| y.1.total_cmp(&x.1));
+    tensors.truncate(3);
+    let p = Parting::new(first, None, None, Numbers::Unexplained { tensors, control: Some(path) });
+    Some(restated(&p, &ev, Tier::Shape))
 }
 
 /// A big batch that parts from accumulation where DDP does not, in a run whose one process
@@ -165,14 +185,15 @@ fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareO
     let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
     // Under AdamW the final weights are held to what its steps make of each step's allowance.
     let finals_carried = adamw_finals(a, b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds);
-    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, finals_carried.is_ok(), a, b);
+    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, finals_carried.is_ok());
+    let finals_unbounded = finals_carried.is_err() && !finals_judged(a, b);
     // Accumulation against a big-batch trace: one process, one batch of each step's samples.
     // A mismatch there while DDP agrees is a normalisation both runs share (a per-micro-batch
     // mean over samples or tokens of varying count).
     let big = big.map(|leg| {
         let (acc, trace) = (&mut leg.accumulation, &leg.trace);
         let carried = adamw_finals(acc, trace, &tolerance, dtype).map(|bounds| acc.allowances.finals = bounds);
-        (traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok(), acc, trace), false)
+        (traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok()), false)
     });
     let pair = TracePair {
         paths: opts.paths.clone(),
@@ -193,13 +214,15 @@ fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareO
         golden: None,
         context: Context::of_traces(a, b),
         streamed: false,
+        finals_unbounded,
     }
 }
 
 /// Two traces' comparer: the final weights held to AdamW's carried bound (`carried`, set as
-/// `a`'s allowances), else judged only where the optimizer does not amplify rounding.
-fn traces_comparer(labels: [&str; 2], tolerance: &Tolerance, carried: bool, a: &Trace, b: &Trace) -> Comparer {
-    Comparer::new(labels[0], labels[1], tolerance, None).derived(carried).finals_judged(carried || finals_judged(a, b))
+/// `a`'s allowances), else to the fixed tolerance (where the optimizer may amplify rounding
+/// past it, a control decides: `control::wanted`).
+fn traces_comparer(labels: [&str; 2], tolerance: &Tolerance, carried: bool) -> Comparer {
+    Comparer::new(labels[0], labels[1], tolerance, None).derived(carried)
 }
 
 /// Users' runs train on their own: the free-running tolerance of their dtype, or of the
@@ -306,7 +329,7 @@ impl Judging {
             },
             trace,
         });
-        judge(Legs { accumulation, ddp, big, sampled: [false; 2] }, Terms::Run(Box::new(self)))
+        judge(Legs { accumulation, ddp, big, sampled: [false; 2], control: None }, Terms::Run(Box::new(self)))
     }
 
     /// Our own runs' terms: by the configuration (its plan says what each step held).
@@ -319,6 +342,7 @@ impl Judging {
             big: self.big.map(|cmp| (cmp, true)),
             golden: self.golden,
             streamed: true,
+            finals_unbounded: false,
         }
     }
 }
@@ -335,39 +359,50 @@ impl Outcome {
 mod tests {
     use super::*;
     use crate::evidence::{Engine, RunKind, TraceHeader, Values};
-    use crate::judge::diagnose::Origin;
     use crate::judge::Reason;
     use crate::spec::TrainConfig;
 
-    /// A user's runs that part after step 0 by rounding grown step by step, final weights
-    /// together: equivalent with a caution. The same growth past 1000 epsilons, or in our
-    /// own runs, stays not equivalent.
+    /// A user's runs that agree at step 0 and part later with no recorded fact apart: NOT
+    /// EQUIVALENT until a control run measures rounding's reach (the nudge asked for is step
+    /// 0's distance, at least an epsilon); with a control that parts as far, equivalent with
+    /// a caution; with one that parts far less, not, from the step DDP left its path.
     #[test]
-    fn amplified_rounding_in_a_users_runs_is_a_caution() {
-        let t = |steps: &[&[f32]]| Trace {
+    fn rounding_is_proven_by_a_control_run_not_assumed() {
+        let t = |steps: &[[f32; 2]]| Trace {
             header: TraceHeader { run: Some(RunKind::Single), world_size: Some(1), ..TraceHeader::default() },
             steps: steps.iter().map(|g| vec![("w".to_string(), Values::f32s(g.to_vec()))]).collect(),
             finals: vec![("w".into(), Values::f32s(vec![0.1, 0.2]))],
             ..Trace::default()
         };
-        let apart = |rel: f32| [1.0 + rel, 2.0];
-        let a = t(&[&[1.0, 2.0], &[1.0, 2.0], &[1.0, 2.0]]);
-        let judged = |rels: [f32; 3], origin: Origin| {
-            let mut b = t(&[&apart(rels[0]), &apart(rels[1]), &apart(rels[2])]);
+        let apart = |rels: [f32; 3]| rels.map(|r| [2.0 * (1.0 + r), 2.0]);
+        let a = || t(&[[2.0, 2.0]; 3]);
+        let b = || {
+            let mut b = t(&apart([0.0, 4e-6, 2e-5]));
             (b.header.run, b.header.world_size) = (Some(RunKind::Ddp), Some(2));
-            let mut c = crate::judge::compare("accumulation", &a, "ddp", &b, &Tolerance::default());
-            let cx = Context { origin, chaos_possible: true, ..Context::of_traces(&a, &b) };
-            let d = diagnose(&a, &b, &c, &cx);
-            let (d, caution) = amplified_rounding(d, &mut c, &cx);
-            (c.verdict, d.map(|d| d.reason), caution.map(|c| c.reason))
+            b
         };
-        let rounding = [0.0, 4e-6, 2e-5];
-        assert_eq!(
-            judged(rounding, Origin::Recorded { framework: None }),
-            (Agreement::WithinTolerance, None, Some(Reason::Chaos))
-        );
-        assert_eq!(judged([0.0, 4e-6, 5e-4], Origin::Recorded { framework: None }).0, Agreement::Diverged);
-        assert_eq!(judged(rounding, Origin::Ours).0, Agreement::Diverged);
+        let judged = |control: Option<Trace>| {
+            traces(Legs { accumulation: a(), ddp: b(), big: None, sampled: [false; 2], control })
+        };
+        let alone = judged(None);
+        assert_eq!(alone.runs.verdict, Agreement::Diverged);
+        assert_eq!(alone.diagnosis.as_ref().map(|d| d.reason), Some(Reason::Unexplained));
+        assert!(alone.diagnosis.unwrap().detail.contains("no control run"));
+        // Step 0 agrees bit for bit: the nudge is float32's epsilon, 1.19e-7, rounded up.
+        assert!(alone.control_wanted.is_some_and(|x| (x - 1.2e-7).abs() < 1e-12), "{:?}", alone.control_wanted);
+        let nudged = |rels: [f32; 3]| {
+            let mut c = t(&apart(rels));
+            c.header.perturbed = Some(1.2e-7);
+            c
+        };
+        let proven = judged(Some(nudged([1e-7, 3e-6, 1e-5])));
+        assert_eq!(proven.runs.verdict, Agreement::WithinTolerance);
+        assert_eq!((proven.diagnosis, proven.caution.map(|c| c.reason)), (None, Some(Reason::Chaos)));
+        let left = judged(Some(nudged([1e-7, 2e-7, 4e-7])));
+        assert_eq!(left.runs.verdict, Agreement::Diverged);
+        let d = left.diagnosis.expect("a cause");
+        assert_eq!(d.reason, Reason::Unexplained);
+        assert!(d.detail.contains("from step 1") && d.detail.contains("not rounding"), "{}", d.detail);
     }
 
     /// Two steps of one parameter, both runs clipped at every step from norms one factor
@@ -384,7 +419,7 @@ mod tests {
         ddp.header.engine = Some(Engine::Ddp);
         ddp.facts.ddp_sync = vec![vec![true, true]; 2];
         ddp.facts.comm = vec![Some((2, 4_000)); 2];
-        Legs { accumulation: trace(RunKind::Accumulation, 2.0), ddp, big: None, sampled: [false; 2] }
+        Legs { accumulation: trace(RunKind::Accumulation, 2.0), ddp, big: None, sampled: [false; 2], control: None }
     }
 
     fn own(legs: Legs) -> Outcome {
@@ -398,6 +433,7 @@ mod tests {
         let opts = CompareOptions {
             paths: [PathBuf::from("acc.safetensors"), PathBuf::from("ddp.safetensors")],
             big: None,
+            control: None,
             tolerance: ToleranceOverrides::default(),
             reports: Vec::new(),
             plot: None,

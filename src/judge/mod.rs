@@ -4,6 +4,7 @@
 
 mod carried;
 mod comparer;
+mod control;
 mod cost;
 mod diagnose;
 mod elementwise;

@@ -63,6 +63,10 @@ impl SampledPair {
 }
 
 pub struct Outcome {
+    /// A user's runs that part as amplified rounding might, judged NOT EQUIVALENT until a
+    /// control run says otherwise: the nudge it needs (`judge::control`). The job that can
+    /// run one does, and judges again with it.
+    pub control_wanted: Option<f64>,
     pub subject: Subject,
     pub accumulation: Trace,
     pub ddp: Trace,

@@ -39,12 +39,22 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
             ));
         }
     }
+    if let Some(control) = &args.control {
+        if !control.is_file() {
+            return Err(Error::bad_file(
+                control,
+                format!("trace {}", crate::error::what_is(control)),
+                "pass --control FILE.safetensors (the accumulation run recorded again with DDP_VERIFY_PERTURB set)",
+            ));
+        }
+    }
     let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
     Ok(CompareOptions {
         paths,
         big: args.big_batch.clone(),
+        control: args.control.clone(),
         tolerance,
         reports,
         plot: args.plot.clone(),

@@ -132,6 +132,7 @@ pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
         compare: CompareOptions {
             paths: [SAVED_FILES[0].into(), SAVED_FILES[1].into()],
             big: None,
+            control: None,
             tolerance,
             reports: Vec::new(),
             plot: None,

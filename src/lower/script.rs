@@ -68,6 +68,7 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
         compare: CompareOptions {
             paths,
             big: None,
+            control: None,
             tolerance,
             reports,
             plot: args.plot.clone(),

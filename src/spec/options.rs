@@ -12,6 +12,10 @@ pub struct CompareOptions {
     pub paths: [PathBuf; 2],
     /// A big-batch trace, judged against the accumulation one.
     pub big: Option<PathBuf>,
+    /// A control trace: the accumulation run recorded again with its gradients nudged
+    /// (`DDP_VERIFY_PERTURB`), which proves or refutes rounding where the runs part after
+    /// step 0 with no recorded fact apart.
+    pub control: Option<PathBuf>,
     pub tolerance: ToleranceOverrides,
     pub reports: Vec<ReportTarget>,
     pub plot: Option<PathBuf>,

@@ -335,6 +335,11 @@ pub struct CompareArgs {
     /// also judged against it (a per-micro-batch mean shows only there).
     #[arg(long, value_name = "FILE")]
     pub big_batch: Option<PathBuf>,
+    /// A control trace: the accumulation run recorded again with DDP_VERIFY_PERTURB=X (the
+    /// nudge a NOT EQUIVALENT report asks for). Runs that part after step 0 with no recorded
+    /// fact apart are equivalent only within its measure of rounding.
+    #[arg(long, value_name = "FILE")]
+    pub control: Option<PathBuf>,
     #[command(flatten)]
     pub tolerance: ToleranceArgs,
     #[command(flatten)]

@@ -32,7 +32,7 @@ pub use annotate::KnownFix;
 pub use context::{Context, Loss, Origin, ShortWindow};
 pub use evidence::{Evidence, Pair};
 pub use owner::Owner;
-pub use parting::{Numbers, Parting};
+pub use parting::{ControlPath, Numbers, Parting};
 pub use source::{Source, Tier, Words};
 pub use words::{Reason, Stage};
 
@@ -48,6 +48,10 @@ pub struct Diagnosis {
     /// report), for users' recorded runs.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub located: Option<Located>,
+    /// The tier that named it (None: a caution): whether a recorded fact decided, or only
+    /// what the numbers suggest (`judge::control` asks).
+    #[serde(skip)]
+    pub tier: Option<Tier>,
 }
 
 impl Diagnosis {
@@ -85,12 +89,19 @@ impl Tier {
 /// where nothing parts. `locates`: the cause carries its stage and owner (users' recorded
 /// runs; ours name their flags instead).
 pub fn name(src: &dyn Source, locates: bool) -> Option<Diagnosis> {
-    let (parting, owner) = Tier::ALL.into_iter().find_map(|tier| {
+    let (tier, parting, owner) = Tier::ALL.into_iter().find_map(|tier| {
         let p = src.locate(tier)?;
         let owner = own::own(&p, src);
-        tier.keeps(&owner).then_some((p, owner))
+        tier.keeps(&owner).then_some((tier, p, owner))
     })?;
-    Some(said(&parting, owner, &src.words(), locates))
+    Some(Diagnosis { tier: Some(tier), ..said(&parting, owner, &src.words(), locates) })
+}
+
+/// `p` said as the cause in place of what the pipeline named, at `tier` (the control run
+/// found a difference the pipeline could only guess at, or none could be proven rounding).
+pub fn restated(p: &Parting, src: &dyn Source, tier: Tier) -> Diagnosis {
+    let owner = own::own(p, src);
+    Diagnosis { tier: Some(tier), ..said(p, owner, &src.words(), true) }
 }
 
 fn said(p: &Parting, owner: Owner, w: &Words, locates: bool) -> Diagnosis {
@@ -103,7 +114,7 @@ fn said(p: &Parting, owner: Owner, w: &Words, locates: bool) -> Diagnosis {
         true => p.stage.map(|stage| Located { stage, owner, known_fix }),
         false => None,
     };
-    Diagnosis { reason: p.reason(), detail, located }
+    Diagnosis { reason: p.reason(), detail, located, tier: None }
 }
 
 /// The likely cause of a divergence between accumulation `a` and DDP `b`; None where they

@@ -6,7 +6,7 @@ use super::measure::legs::{engine_accumulates, ran_backward};
 use super::owner::Owner;
 use super::parting::{Numbers, Parting, Scaled, Side};
 use super::source::Source;
-use crate::evidence::{Framework, Trace};
+use crate::evidence::{DdpForward, Framework, Trace};
 
 /// The owner of `p`: the leg it points at (else the right one, the DDP leg) read for who
 /// did what there.
@@ -47,12 +47,16 @@ fn dealer(t: &Trace) -> Owner {
 }
 
 /// Whose code reduces a run's gradients: its engine's library, DeepSpeed where the loss went
-/// through its engine.backward in one process (no engine named), else torch's DDP.
+/// through its engine.backward in one process (no engine named), the script where several
+/// ranks ran and no DistributedDataParallel forward did (it all-reduced by hand), else
+/// torch's DDP.
 fn reducer(t: &Trace) -> Owner {
+    let by_hand = t.header.ddp_forward == Some(DdpForward::None) && t.header.world_size.unwrap_or(1) > 1;
     match (t.header.engine, t.header.loss_api) {
         (None, Some(Framework::DeepSpeed)) => {
             Owner::library(t, "deepspeed", "ZeRO's gradient accumulation and reduction")
         }
+        (None, _) if by_hand => Owner::Script,
         (e, _) => Owner::of_engine(t, e),
     }
 }

@@ -103,6 +103,18 @@ pub enum Scaled {
     Own { sc: f64, k: f64, dev: f64, handed: Framework },
 }
 
+/// Where DDP left the path a control run's rounding took, or why the control could not say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlPath {
+    /// DDP's distance from accumulation there, and the control's (the largest over tensors
+    /// of max|Δ| / max|value|), against the margin allowed.
+    Left { ddp: f64, control: f64, margin: f64 },
+    /// The control run did not repeat the accumulation run it nudged (why, in words).
+    NotAControl(String),
+    /// No control ran (traces compared as given).
+    None,
+}
+
 /// The pace of one learning-rate schedule against the other's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pace {
@@ -203,6 +215,28 @@ pub enum Numbers {
         layers: String,
     },
     Buffers,
+    /// Optimizer `optimizer`'s param group `group` was told another `setting` in each run
+    /// (each value in words; "unset" where a run's group has none).
+    Setting {
+        optimizer: usize,
+        group: usize,
+        setting: String,
+        left: String,
+        right: String,
+    },
+    /// The runs' optimizers hold other param groups: `left` and `right` groups in all.
+    GroupsDiffer {
+        left: usize,
+        right: usize,
+    },
+    /// The runs part beyond rounding's reach with no recorded fact apart: where they left
+    /// rounding's path (a step, or the final weights where `step` is None), the tensors
+    /// that part most there (name, fraction of the allowance used), and the control's
+    /// measure where one ran.
+    Unexplained {
+        tensors: Vec<(String, f64)>,
+        control: Option<ControlPath>,
+    },
     /// `carried`: a bound was carried through the optimizer (ours, or derived).
     OptimizerStep {
         carried: bool,
@@ -258,10 +292,14 @@ pub enum Numbers {
         megabytes: Option<f64>,
         times: Vec<(String, f64)>,
     },
-    /// Each step's largest relative difference, all within `ceiling` epsilons.
+    /// Rounding amplified, proven by the control run: each step's distance of DDP and of
+    /// the control from accumulation, and the final weights' (last), DDP within `margin`
+    /// times the control's throughout.
     AmplifiedRounding {
-        growth: Vec<f64>,
-        ceiling: f64,
+        ddp: Vec<f64>,
+        control: Vec<f64>,
+        margin: f64,
+        scale: f64,
     },
     ShortBatches {
         shorts: usize,
@@ -315,6 +353,9 @@ impl Numbers {
             N::DropoutOn { .. } => (M::DropoutOn, R::DropoutMasks),
             N::Buffers => (M::Buffers, R::Buffers),
             N::OptimizerStep { .. } => (M::OptimizerStep, R::OptimizerStep),
+            N::Setting { .. } => (M::SettingDiffers, R::OptimizerSettings),
+            N::GroupsDiffer { .. } => (M::GroupsDiffer, R::OptimizerSettings),
+            N::Unexplained { .. } => (M::Unexplained, R::Unexplained),
             N::Chaos { .. } => (M::Chaos, R::Chaos),
             N::ExplicitTolerance { .. } => (M::ExplicitTolerance, R::ExplicitTolerance),
             N::NotKept => (M::NotKept, R::DifferentGradients),

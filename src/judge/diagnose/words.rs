@@ -38,6 +38,8 @@ words! {
         NeedlessSync = "needless synchronisation",
         ZeroedInWindow = "gradients zeroed in the window",
         UnevenData = "data dealt unevenly",
+        OptimizerSettings = "optimizer settings",
+        Unexplained = "unexplained difference",
     }
 }
 
@@ -92,10 +94,13 @@ words! {
         DropoutOn = "dropout on",
         Buffers = "buffers",
         OptimizerStep = "optimizer step",
+        SettingDiffers = "optimizer setting differs",
+        GroupsDiffer = "param groups differ",
         // What rounding and the comparison explain.
         Chaos = "chaos",
         ExplicitTolerance = "explicit tolerance",
         NotKept = "gradients not kept",
+        Unexplained = "unexplained",
         // The shape of the first differing step.
         Stale = "stale gradients",
         ClippedFactor = "factor clipped in one run",

@@ -71,8 +71,10 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
         Numbers::RanksDiffer { rank, tensor } => engine_reduces(
             format!(
                 "after step {s} DDP rank {rank} held another {tensor} than rank 0: the ranks no longer train one \
-                 model; a parameter left out of the all-reduce (a hand-written all-reduce that skips one, a \
-                 parameter registered after DDP wrapped the model) steps with each rank's own gradient"
+                 model. Either a parameter left out of the all-reduce (a hand-written all-reduce that skips one, a \
+                 parameter registered after DDP wrapped the model) steps with each rank's own gradient, or the \
+                 ranks update alike gradients differently (an optimizer built with other settings on some rank, a \
+                 weight changed by hand on one rank)"
             ),
             owner,
         ),

@@ -109,13 +109,14 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                  gives the same gradients with one reduction per step{timed}"
             )
         }
-        Numbers::AmplifiedRounding { growth, ceiling } => format!(
-            "the gradients agree at step 0 and part later by rounding amplified step by step (max rel {}, within \
-             {ceiling:.0} times the dtype's epsilon), no recorded fact differs, and the final weights agree within \
-             the allowance carried through the optimizer: counted as rounding. Each later step's gradient is taken \
-             at weights already apart by rounding; to hold every step to one step's rounding, record fewer steps or \
-             train in float64",
-            growth_words(growth)
+        Numbers::AmplifiedRounding { ddp, control, margin, scale } => format!(
+            "the gradients agree at step 0 and part later, with no recorded fact apart, as this model amplifies \
+             rounding: a control run (accumulation again, each step's gradients nudged by {scale:.0e} of each \
+             tensor's largest value, about what the reduction's order changed at step 0) parted from accumulation \
+             by {} per step and in the final weights, and DDP by {}, within {margin:.0}x the control throughout: \
+             counted as rounding. To hold every step to one step's rounding, record fewer steps or train in float64",
+            growth_words(control),
+            growth_words(ddp)
         ),
         Numbers::ShortBatches { shorts } => format!(
             "the big batch parts from accumulation, which DDP agrees with: the one-process run averaged {shorts} short \

@@ -2,7 +2,7 @@
 //! clips, dropout, the optimizer's step), and for what rounding and the comparison explain.
 
 use super::step;
-use crate::judge::diagnose::parting::{Numbers, Parting, Side};
+use crate::judge::diagnose::parting::{ControlPath, Numbers, Parting, Side};
 use crate::judge::diagnose::source::Words;
 use crate::judge::{LrMismatch, ScalerEvent};
 
@@ -96,6 +96,57 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
              agreement: the runs' optimizers differ (their settings, their state, or a step applied to other \
              parameters)"
                 .into()
+        }
+        Numbers::Setting { optimizer, group, setting, left, right } => {
+            let whose = match optimizer {
+                0 => format!("param group {group}"),
+                k => format!("optimizer {k}'s param group {group}"),
+            };
+            let at = p.step.map_or("".into(), |s| format!(" at step {s}"));
+            let why = match setting.as_str() {
+                "lr" => {
+                    "its learning rate was scheduled otherwise (a scheduler of that group stepped per micro-batch \
+                         or per process, or its length counted from one rank's share); tick every group's schedule \
+                         once per optimizer step"
+                }
+                "params" => "the group holds other parameters in each run (a layer frozen or added on one side only)",
+                _ => {
+                    "a setting computed from what differs between one process and W ranks (the per-process batch, \
+                      the rank, the micro-batches per process) or set on some ranks only; give every run the same \
+                      optimizer settings"
+                }
+            };
+            format!("{whose} was told {setting} = {left} in {l} and {right} in {r}{at}: {why}")
+        }
+        Numbers::GroupsDiffer { left, right } => format!(
+            "{l}'s optimizers hold {left} param group(s) and {r}'s {right} at step {s}: the runs do not update the \
+             same parameters the same way; build the same optimizers and groups in every run"
+        ),
+        Numbers::Unexplained { tensors, control } => {
+            let at = match p.step {
+                Some(s) => format!("from step {s}"),
+                None => "in the final weights, though every step's gradients agree,".into(),
+            };
+            let most: Vec<String> = tensors.iter().map(|(n, f)| format!("{n} ({f:.1}x the allowance)")).collect();
+            let most = match most.is_empty() {
+                true => String::new(),
+                false => format!(" (most: {})", most.join(", ")),
+            };
+            let proof = match control {
+                Some(ControlPath::Left { ddp, control, margin }) => format!(
+                    "; a control run (accumulation again, its gradients nudged by rounding's size) parted by {control:.1e} \
+                     there and {r} by {ddp:.1e}, more than {margin:.0}x the control: not rounding"
+                ),
+                Some(ControlPath::NotAControl(why)) => format!("; no control could tell rounding from a bug: {why}"),
+                Some(ControlPath::None) | None => "; not proven to be rounding: no control run measured how far this \
+                     model amplifies it (ddp-verify -- COMMAND runs one; compare takes it as --control)"
+                    .into(),
+            };
+            format!(
+                "{l} and {r} part beyond rounding {at}{most}, and no recorded fact differs: look for what the \
+                 script does per process, per rank or per micro-batch to those tensors (an update, a normaliser, \
+                 a copy of the weights){proof}"
+            )
         }
         Numbers::Chaos { growth } => {
             let fix = match w.ours {

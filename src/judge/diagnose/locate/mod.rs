@@ -32,14 +32,25 @@ fn runs(tier: Tier) -> &'static [Locator] {
         Tier::Structure => &[samples::uneven_data, sync::unreduced_tail, steps::step_count, steps::engine_boundary],
         Tier::Synchronisation => &[sync::rank_drift, sync::configured_divide],
         Tier::LibraryStage | Tier::ScriptStage => &[walked],
-        Tier::Recorded => {
-            &[update::lr_schedule, update::loss_scaler, rounding::non_finite, update::clip_count, dropout::keys]
-        }
+        Tier::Recorded => &[
+            update::lr_schedule,
+            update::settings,
+            update::loss_scaler,
+            rounding::non_finite,
+            update::clip_count,
+            dropout::keys,
+        ],
         Tier::Dropout => &[dropout::on],
         Tier::AfterGradients => &[update::after_the_gradients],
         Tier::Rounding => &[rounding::chaos, rounding::explicit_tolerance, rounding::not_kept],
         Tier::Unseen => &[steps::stale, shape::clipped_factor],
-        Tier::Shape => &[shape::one_factor, samples::token_count_per_rank, samples::epoch, samples::different_samples],
+        Tier::Shape => &[
+            shape::one_factor,
+            samples::token_count_per_rank,
+            samples::epoch,
+            samples::different_samples,
+            shape::unexplained,
+        ],
     }
 }
 

@@ -15,12 +15,13 @@ pub fn non_finite(ev: &Evidence) -> Option<Parting> {
     Some(Parting::new(ev.first, None, None, Numbers::NonFinite(p.clone())))
 }
 
-/// A free-running deep net whose first step agrees to rounding and whose first differing
-/// step is still small: the signature of chaos, not of a bug (a wrong split or scale shows
-/// at step 0; recorded facts are asked first).
+/// Our own free-running deep net whose first step agrees to rounding and whose first
+/// differing step is still small: the signature of chaos, measured on our models (a wrong
+/// split or scale shows at step 0; recorded facts are asked first). A user's runs are never
+/// called chaos here: only a control run proves their rounding (`judge::control`).
 pub fn chaos(ev: &Evidence) -> Option<Parting> {
     let (c, cx) = (ev.c, ev.cx);
-    if !cx.chaos_possible || c.steps.first()?.verdict == Agreement::Diverged {
+    if !cx.ours() || !cx.chaos_possible || c.steps.first()?.verdict == Agreement::Diverged {
         return None;
     }
     let s = ev.first?;

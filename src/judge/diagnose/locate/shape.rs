@@ -4,8 +4,9 @@
 
 use crate::evidence::Trace;
 use crate::judge::diagnose::measure::factor::{fitted_ratio, is_whole, whole_at, NORM_REL};
-use crate::judge::diagnose::parting::{Numbers, Parting, Side};
+use crate::judge::diagnose::parting::{ControlPath, Numbers, Parting, Side};
 use crate::judge::diagnose::{Evidence, Stage};
+use crate::judge::Agreement;
 
 /// The right run's gradients are one factor of the left's: whole (n or 1/n, the fingerprint
 /// of dividing by K, W or K/W in the wrong place), or of any size.
@@ -33,4 +34,25 @@ pub fn clipped_factor(ev: &Evidence) -> Option<Parting> {
     let (side, norm) = if kb < 1.0 { (Side::Right, cb?) } else { (Side::Left, ca?) };
     let numbers = Numbers::ClippedFactor { ratio, before, whole: is_whole(before, NORM_REL), norm };
     Some(Parting::new(Some(s), Some(Stage::Scaling), Some(side), numbers))
+}
+
+/// Nothing recorded and no shape explains the difference: the first differing step (else
+/// the final weights) and its tensors that part most, for the user to look at. Never called
+/// rounding here: that takes a control run's proof (`judge::control`).
+pub fn unexplained(ev: &Evidence) -> Option<Parting> {
+    let c = ev.c;
+    let group = match ev.first {
+        Some(s) => c.steps.get(s)?,
+        None if c.finals.verdict == Agreement::Diverged => &c.finals,
+        None => return None,
+    };
+    let mut tensors: Vec<(String, f64)> = group
+        .tensors
+        .iter()
+        .filter(|t| t.verdict == Agreement::Diverged)
+        .map(|t| (t.name.clone(), t.worst_fraction))
+        .collect();
+    tensors.sort_by(|x, y| y.1.total_cmp(&x.1));
+    tensors.truncate(3);
+    Some(Parting::new(ev.first, None, None, Numbers::Unexplained { tensors, control: Some(ControlPath::None) }))
 }

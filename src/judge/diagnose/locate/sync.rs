@@ -29,7 +29,8 @@ pub fn rank_drift(ev: &Evidence) -> Option<Parting> {
     let (side, t) = if ev.a.facts.rank_drift.is_some() { (Side::Left, ev.a) } else { (Side::Right, ev.b) };
     let engine = [ev.b, ev.a].into_iter().any(|t| engine_accumulates(t) && t.header.world_size.unwrap_or(1) > 1);
     let Some(param) = d.unsynced_grad() else {
-        let stage = if engine { Stage::Reduction } else { Stage::LocalGradient };
+        // The ranks' gradients agreed (a gradient apart sorts first): their updates parted.
+        let stage = if engine { Stage::Reduction } else { Stage::Update };
         let numbers = Numbers::RanksDiffer { rank: d.rank, tensor: d.tensor.clone() };
         return Some(Parting::new(Some(d.step), Some(stage), Some(side), numbers));
     };

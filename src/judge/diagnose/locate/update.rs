@@ -1,6 +1,7 @@
 //! The update: learning rates each step applied, the loss scaler's record, clip counts, and
 //! what the optimizer made of gradients that agree.
 
+use crate::evidence::{Engine, OptimizerRecord};
 use crate::judge::diagnose::parting::{Numbers, Pace, Parting};
 use crate::judge::diagnose::{Evidence, Stage};
 use crate::judge::Agreement;
@@ -66,4 +67,98 @@ pub fn after_the_gradients(ev: &Evidence) -> Option<Parting> {
     }
     let carried = ev.cx.ours() || ev.c.derived;
     Some(Parting::new(None, Some(Stage::Update), None, Numbers::OptimizerStep { carried }))
+}
+
+/// The runs' optimizers were told different updates: a setting of some param group at some
+/// step (a second group's warm-up ticked per micro-batch, a weight decay derived from the
+/// process's batch), another number of groups, or, where no step's groups were recorded,
+/// the first group's settings in the headers. A recorded fact: it decides before any
+/// difference in the numbers is weighed.
+pub fn settings(ev: &Evidence) -> Option<Parting> {
+    let (a, b) = (&ev.a.facts.groups, &ev.b.facts.groups);
+    // A group's parameter count is the script's where the engine does not flatten or shard.
+    let counted = [ev.a, ev.b].iter().all(|t| t.header.engine.is_none_or(|e| e == Engine::Ddp));
+    for (s, (x, y)) in a.iter().zip(b).enumerate().filter(|(_, (x, y))| !x.is_empty() && !y.is_empty()) {
+        let apart =
+            x.len() != y.len() || x.iter().zip(y).any(|(g, h)| (g.optimizer, g.group) != (h.optimizer, h.group));
+        if apart {
+            return Some(Parting::new(
+                Some(s),
+                Some(Stage::Update),
+                None,
+                Numbers::GroupsDiffer { left: x.len(), right: y.len() },
+            ));
+        }
+        for (g, h) in x.iter().zip(y) {
+            let differing = g
+                .settings()
+                .into_iter()
+                .zip(h.settings())
+                .find(|((name, u), (_, v))| (counted || *name != "params") && differ(*u, *v));
+            if let Some(((name, u), (_, v))) = differing {
+                let numbers = Numbers::Setting {
+                    optimizer: g.optimizer,
+                    group: g.group,
+                    setting: name.to_string(),
+                    left: shown(u),
+                    right: shown(v),
+                };
+                return Some(Parting::new(Some(s), Some(Stage::Update), None, numbers));
+            }
+        }
+    }
+    if !a.is_empty() && !b.is_empty() {
+        return None;
+    }
+    header_setting(&ev.a.header.optimizer, &ev.b.header.optimizer)
+        .map(|numbers| Parting::new(None, Some(Stage::Update), None, numbers))
+}
+
+/// Two recorded values of one setting that are not the same training's: both set and apart
+/// (beyond the last bits a schedule's arithmetic may round), or set in one run only.
+fn differ(u: Option<f64>, v: Option<f64>) -> bool {
+    match (u, v) {
+        (Some(x), Some(y)) => (x - y).abs() > 1e-12 * x.abs().max(y.abs()),
+        (None, None) => false,
+        _ => true,
+    }
+}
+
+fn shown(v: Option<f64>) -> String {
+    v.map_or("unset".into(), |x| format!("{x:.6e}"))
+}
+
+/// The first group's settings as the headers give them, where both give one and they differ.
+fn header_setting(x: &OptimizerRecord, y: &OptimizerRecord) -> Option<Numbers> {
+    let setting = |name: &str, left: String, right: String| Numbers::Setting {
+        optimizer: 0,
+        group: 0,
+        setting: name.to_string(),
+        left,
+        right,
+    };
+    if let (Some(k), Some(l)) = (&x.kind, &y.kind) {
+        if k != l {
+            return Some(setting("optimizer", k.name().to_string(), l.name().to_string()));
+        }
+    }
+    fn both<T: PartialEq + std::fmt::Debug>(
+        name: &str,
+        x: &Option<T>,
+        y: &Option<T>,
+    ) -> Option<(String, String, String)> {
+        match (x, y) {
+            (Some(u), Some(v)) if u != v => Some((name.to_string(), format!("{u:?}"), format!("{v:?}"))),
+            _ => None,
+        }
+    }
+    let apart = both("weight_decay", &x.weight_decay, &y.weight_decay)
+        .or_else(|| both("betas", &x.betas, &y.betas))
+        .or_else(|| both("eps", &x.eps, &y.eps))
+        .or_else(|| both("momentum", &x.momentum, &y.momentum))
+        .or_else(|| both("dampening", &x.dampening, &y.dampening))
+        .or_else(|| both("amsgrad", &x.amsgrad, &y.amsgrad))
+        .or_else(|| both("nesterov", &x.nesterov, &y.nesterov))
+        .or_else(|| both("maximize", &x.maximize, &y.maximize))?;
+    Some(setting(&apart.0, apart.1, apart.2))
 }

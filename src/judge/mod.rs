@@ -16,6 +16,7 @@ mod ulps;
 
 pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
+pub use control::MARGIN as CONTROL_MARGIN;
 pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
     big_batch as diagnose_big_batch, caution, cautioned, diagnose, Context, Diagnosis, Loss, Numbers, Origin, Parting,

@@ -234,11 +234,11 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         Ok(()) => "final weights: each step's allowance carried through AdamW (its betas, eps and learning rates \
                    as recorded), never less than the fixed tolerance"
             .to_string(),
-        Err(why) if o.runs.finals.not_judged == Some(crate::judge::NotJudged::Optimizer) => format!(
-            "final weights: not judged (no bound carried through the optimizer: {why}; one that divides by a running \
-             magnitude, as Adam's √v, turns a zero gradient's rounding noise into full steps); the gradients are"
+        Err(why) => format!(
+            "final weights: the fixed tolerance (no bound carried through the optimizer: {why}); where they part \
+             beyond it under an optimizer that may amplify rounding (one that divides by a running magnitude, as \
+             Adam's √v, turns a zero gradient's rounding noise into full steps), a control run decides"
         ),
-        Err(why) => format!("final weights: the fixed tolerance (no bound carried through the optimizer: {why})"),
     });
     lines.push(format!(
         "measured at: gradients, {}; final weights, {}",

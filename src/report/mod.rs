@@ -159,6 +159,13 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     let bound = bound_words(o);
     let all = o.comparisons();
     let worst = all.iter().flat_map(|c| c.steps.iter().chain([&c.finals])).map(|g| g.max_ulps).max().unwrap_or(0);
+    if o.caution.as_ref().is_some_and(|c| c.reason == crate::judge::Reason::Chaos) {
+        return format!(
+            "EQUIVALENT: step 0 within {bound}; later steps and the final weights part only as far as rounding \
+             amplified, proven by a control run (within {:.0}x its distance)",
+            crate::judge::CONTROL_MARGIN
+        );
+    }
     if o.agreement() != Agreement::Diverged {
         let used = all.iter().map(|c| c.worst_fraction).fold(0.0, f64::max);
         let parted = all.iter().find_map(|c| c.range_parted.as_ref());

@@ -25,6 +25,7 @@
 //! | resnet | the ResNets against torchvision, and through the binary |
 //! | sampler | the DistributedSampler port and properties of the split |
 //! | shipped | bugs that shipped in real libraries: verdict, stage and owner on both versions |
+//! | subtle | small real bugs in a plain DDP loop (weight decay, schedules, EMA, clipping, ...) beside honest twins |
 //! | suite | named cases for a CI gate |
 //! | tiny_lm | the language model, token-level loss and the big batch |
 //! | torch_optim | the optimizer step op for op against torch.optim and clip_grad_norm_ |
@@ -91,6 +92,8 @@ mod sampler;
 mod sharded;
 #[path = "it/shipped.rs"]
 mod shipped;
+#[path = "it/subtle.rs"]
+mod subtle;
 #[path = "it/suite.rs"]
 mod suite;
 #[path = "it/tiny_lm.rs"]

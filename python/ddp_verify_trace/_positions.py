@@ -161,3 +161,33 @@ class Sampling:
         """What a trace keeps of `t`, a tensor of parameter `name`: its positions' elements
         where it is sampled, else all of it."""
         return self.take(name, t) if name in self.positions else t
+
+
+def to_host(
+    sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]], summaries: torch.Tensor, dtype: torch.dtype
+) -> list[tuple[str, torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """The sampled parameters' small tensors on the host, in one copy from the device:
+    packed as float64 (which holds every float32, bfloat16 and float16 value exactly),
+    moved, split, and the samples and magnitudes cast back to the trace's dtype (a value
+    cast there rounds as it would have from where it was summed)."""
+    if not sampled:
+        return []
+    device = summaries.device
+    parts = [summaries.reshape(-1)]
+    for _, kept, scale in sampled:
+        parts += [kept.reshape(-1).to(device)] + ([] if scale is None else [scale.reshape(-1).to(device)])
+    # cat promotes every part to float64 in the one kernel.
+    wide = torch.cat(parts).cpu()
+    rows = wide[: summaries.numel()].view(-1, 3).clone()  # kept apart from the step's buffer
+    narrow = wide[summaries.numel() :].to(dtype)
+    out = []
+    at = 0
+    for i, (n, kept, scale) in enumerate(sampled):
+        values = narrow[at : at + kept.numel()]
+        at += kept.numel()
+        moved = None
+        if scale is not None:
+            moved = narrow[at : at + scale.numel()]
+            at += scale.numel()
+        out.append((n, values, moved, rows[i]))
+    return out

@@ -19,27 +19,25 @@ under CUDA, sends what it keeps of all of them to the host in one copy.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import torch
 
-from . import _collectives, _deal, _owners, _progress, _schema, _torch_patches, _watch, engines
+from . import _collectives, _deal, _extras, _groups, _owners, _perturb, _progress, _schema, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
-from ._detect import active_dropout, setting, unwrap
+from ._detect import active_dropout, unwrap
+from ._followed import Followed
 from ._magnitudes import Backwards
-from ._positions import Sampling, Summaries, numel
+from ._positions import Sampling, Summaries, numel, to_host
 from ._stages.exchange import Exchange, Packed, all_gather
 from ._stream import Stream, writable
 from ._tensors import DTYPES, bits, host, max_abs_into, owns_memory
 
 FORMAT = _schema.FORMAT
 K = _schema.Key
-# Optimizer settings the bound on final weights needs (AdamW carries a gradient's allowance).
-_SETTINGS = _schema.OPTIMIZER_SETTINGS
 
 
-class Recorder:
+class Recorder(Followed):
     """One run's record. `step()` takes the gradients as they are now; every rank calls it
     at every optimizer step, and `close()` at the end; rank 0 alone writes `path`.
     `sample`: N, "auto" or None (whole tensors): see `_positions.py`. `engine`: the run's,
@@ -62,27 +60,33 @@ class Recorder:
         self.path = check_path(path, overwrite)
         how = check_magnitudes(magnitudes)
         sample = check_sample(sample)
-        self._params = params or [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
-        if not self._params:
+        main = params or [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
+        if not main:
             raise ValueError("ddp_verify_trace: the model has no parameters that require grad; nothing to record")
-        self.engine = engine if engine is not None else engines.find(None, [p for _, p in self._params])
-        self._shapes = {n: self.engine.shape(p) for n, p in self._params}
-        dtypes = self.engine.dtypes(self._params)
+        self.engine = engine if engine is not None else engines.find(None, [p for _, p in main])
+        dtypes = self.engine.dtypes(main)
         if len(dtypes) > 1:
             raise ValueError(
                 f"ddp_verify_trace: the parameters mix dtypes ({', '.join(dtypes)}); a trace holds one float "
                 "dtype, so cast the model to one (model.to(dtype)) before recording"
             )
-        self._dtype = self.engine.dtype(self._params)
+        self._dtype = self.engine.dtype(main)
         if self._dtype not in DTYPES:
             raise ValueError(f"ddp_verify_trace: parameters are {self._dtype}; ddp-verify reads {', '.join(DTYPES.values())}")
+        # The module's other parameters (frozen ones) are followed too, where the engine's
+        # parameters hold their gradients (`_extras`); those of another dtype are left out.
+        rest, self._left_out = _extras.module_rest(self._module, main, self._dtype) if self.engine.whole_params else ([], [])
+        self._params = main + rest
+        # Whose final weights are written: those that train now, and any that gets a gradient.
+        self._trained = {n for n, p in self._params if p.requires_grad} | {n for n, _ in main}
+        self._shapes = {n: self.engine.shape(p) for n, p in self._params}
         self._meta = dict(meta or {})
-        numels = {n: numel(shape) for n, shape in self._shapes.items()}
+        numels = {n: numel(shape) for n, shape in self._shapes.items() if n in self._trained}
         total = sum(numels.values())
         self._meta[K.PARAMETERS] = str(total)
         if sample == "auto":
             sample = _schema.SAMPLE_SIZE if total > _schema.SAMPLE_FROM_PARAMETERS else None
-        if sample is not None and all(numels[n] <= sample for n, _ in self._params):
+        if sample is not None and all(v <= sample for v in numels.values()):
             sample = None  # nothing to sample: a whole trace, as any reader takes it
         self._sampling = Sampling(sample, self._shapes, {n: self.engine.device(p) for n, p in self._params})  # type: ignore[arg-type]
         self._summaries = Summaries()
@@ -110,7 +114,7 @@ class Recorder:
         self.state = "open"
         # Peaks start from the initial weights: SGD rounds a weight at the largest size it took.
         # A sampled parameter's at its positions only; where each rank keeps its own part, that.
-        self._peaks = {n: self._peak_part(n, p).abs() for n, p in self._params}
+        self._peaks = {n: self._peak_part(n, p).abs() for n, p in self._params if n in self._trained}
         self._last_step: float | None = None  # perf_counter at the previous step
         self._closed_at_destroy = False
         self._scratch: dict[str, torch.Tensor] = {}
@@ -121,7 +125,15 @@ class Recorder:
         self._nulled: dict[str, bool] = {}
         self._seen: set[str] = set()
         self._exchange = Exchange()
-        self._others: dict[int, str] = {}  # id -> class name of each other optimizer that stepped
+        module = {id(p) for p in self._module.parameters()}
+        self._others = _extras.Others({id(p) for _, p in self._params}, module, self._dtype, self.engine.whole_params)
+        # The weights' checksums as the step about to be recorded found them: (step, the
+        # names written, one int64 per followed parameter); at destroy, the final weights'.
+        self._weights: tuple[int, list[str], torch.Tensor] | None = None
+        self._rank_final: tuple[int, list[str], torch.Tensor] | None = None
+        self._perturb, bad = _perturb.scale()
+        self._warnings += [bad] if bad else []
+        self._nudged = -1  # the last step whose gradients were nudged
         # Last, once nothing above can refuse: what torch's patched calls see from now on
         # (a `record()` session's watch, opened when it started, or one of this recorder's own).
         self._own_watch = watch is None
@@ -130,7 +142,10 @@ class Recorder:
         local = self.engine.local_hooks and not (self._world == 1 and self.engine.local_is_applied)
         # Where both are wanted, this recorder's hooks also add the local sums for the watch.
         self._local = self._watch.local if hooked and local else None
-        self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._params] if hooked else []
+        # Magnitudes of the parameters that train now (a hook needs requires_grad); one
+        # unfrozen later has none, and its steps carry no `scale`.
+        self._measured = [(n, p) for n, p in self._params if p.requires_grad]
+        self._hooks = [p.register_hook(self._summer(n, p)) for n, p in self._measured] if hooked else []
         if local:
             self._watch.hook_local(self._module)
             if hooked:
@@ -141,6 +156,8 @@ class Recorder:
                 self._watch.local.clear()
         if self.engine.write_at_destroy:
             self._watch.on_destroy = self._on_destroy
+        elif self.engine.weights_replicated:
+            self._watch.on_destroy = self._final_checksums
 
     @property
     def _magnitudes(self) -> str | None:
@@ -181,10 +198,6 @@ class Recorder:
 
         return hook
 
-    def saw_other_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Another optimizer stepped: its parameters are not in this trace, and the report says so."""
-        self._others[id(optimizer)] = type(optimizer).__name__
-
     def take_sums(self, sums: dict[str, Any], counts: dict[str, int]) -> None:
         """Magnitudes gathered before this recorder existed (the zero-edit hook's), as
         `magnitudes=` said: see `Backwards.take_early`. Where no tensor hook sees backwards,
@@ -224,7 +237,10 @@ class Recorder:
     def _peaks_now(self) -> None:
         # Whole weights by device, for three foreach operations each (`max_abs_into`).
         plain: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._others.track_peaks()
         for n, p in self._params:
+            if n not in self._peaks:  # not trained (yet): a frozen base's peaks are not kept
+                continue
             part = self.engine.local_weight(n, p)
             if part is not None:
                 torch.maximum(self._peaks[n], part.abs(), out=self._peaks[n])
@@ -240,23 +256,6 @@ class Recorder:
         for group in plain.values():
             max_abs_into(group)
 
-    def _engine_facts(self, s: int, world: int, reduced: list[bool]) -> None:
-        """What synchronised the step's gradients and at what cost: the engine, its facts
-        (its divide factor), the compute dtype, the step's gradient collectives and bytes
-        (one rank's) and the seconds since the previous step."""
-        now = time.perf_counter()
-        if self._last_step is not None:
-            self._tensors[_schema.name("seconds", s)] = torch.tensor([now - self._last_step], dtype=torch.float64)
-        self._last_step = now
-        collectives, nbytes = self._watch.take_comm()
-        w = self._watch
-        if w.engine is not None and world > 1:
-            self._meta[K.ENGINE] = w.engine
-            self._tensors[_schema.name("comm", s)] = torch.tensor([collectives, nbytes], dtype=torch.int64)
-        self._meta.update(self.engine.step_facts(w, world, reduced))
-        if w.compute_dtype is not None and w.compute_dtype != self._dtype and w.compute_dtype in DTYPES:
-            self._meta[K.COMPUTE_DTYPE] = DTYPES[w.compute_dtype]
-
     def _on_destroy(self) -> None:
         """The process group is about to go: the trace is written now, while the engine can
         still gather (a later close() has nothing left to do)."""
@@ -271,14 +270,17 @@ class Recorder:
         grads: dict[str, torch.Tensor | None] | None,
         packed: Packed,
         largest: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """The step's one collective of its own, under several ranks: every rank's stage
         facts; its per-tensor magnitudes (`largest`, where taken: summed over ranks here
         instead of in an all_reduce of their own, whose round trip cost a small model's
         DDP step 12%, measured); and its checksum of every gradient where `grads` are to be
-        checked. Each part's bits as int64, side by side. Returns the checksums [W, P] and
-        the magnitudes averaged over ranks, as DDP averages gradients (None where not taken)."""
-        every = rank_bits = averaged = None
+        checked, and of every weight as the step found it (`weights`, `_take_weights`).
+        Each part's bits as int64, side by side. Returns the checksums [W, P], the
+        magnitudes averaged over ranks, as DDP averages gradients, and the weights'
+        checksums [W, len(weights)] (None where not taken)."""
+        every = rank_bits = averaged = rank_weights = None
         if world > 1:
             payload = packed.payload
             parts = [payload.view(torch.int64)]
@@ -287,6 +289,8 @@ class Recorder:
             if grads is not None:
                 zero = torch.zeros((), dtype=torch.int64, device=payload.device)
                 parts.append(torch.stack([bits(g).to(payload.device) if (g := grads[n]) is not None else zero for n, _ in self._params]))
+            if weights is not None:
+                parts.append(weights.to(payload.device))
             got = all_gather(torch.cat(parts) if len(parts) > 1 else parts[0], world)
             every, rest = got.split([payload.numel(), got.shape[1] - payload.numel()], dim=1)
             every = every.contiguous().view(torch.float64)
@@ -294,15 +298,18 @@ class Recorder:
                 mags, rest = rest.split([largest.numel(), rest.shape[1] - largest.numel()], dim=1)
                 averaged = mags.contiguous().view(torch.float64).sum(0).div_(world).to(largest.device, largest.dtype)
             if grads is not None:
-                rank_bits = rest
+                rank_bits, rest = rest.split([len(self._params), rest.shape[1] - len(self._params)], dim=1)
+            if weights is not None:
+                rank_weights = rest
         rows, sums = self._exchange.finish(packed, every, world)
         if rows.numel():
             self._tensors[_schema.name("batches", s)] = rows
         if sums[0]:  # a backward was seen on some rank
             # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
             for (n, _), v in zip(self._params, sums[1:].split(1)):
-                self._tensors[_schema.name("local", s, n)] = v
-        return rank_bits, averaged
+                if n in self._trained:  # not a frozen base's zeros
+                    self._tensors[_schema.name("local", s, n)] = v
+        return rank_bits, averaged, rank_weights
 
     def step(
         self,
@@ -311,14 +318,20 @@ class Recorder:
         *,
         grads: dict[str, torch.Tensor | None] | None = None,
         lrs: list[float] | None = None,
+        after: bool = False,
     ) -> None:
         """Records the gradients as they are now: the ones this optimizer step applies (or,
         `skipped`, the ones a GradScaler found inf/NaN in and did not apply). `grads`: each
         parameter's whole gradient as the step applied it, where the engine gathered them
         (`Engine.applied`; None or missing: not stepped), instead of reading them now;
         `lrs`: the learning rates per parameter group, where the optimizer's `param_groups`
-        do not say them all at the call (ZeRO narrows them)."""
+        do not say them all at the call (ZeRO narrows them). `after`: called once the
+        optimizer applied the step (its pre-hook ran `before_step`); else before it."""
         self.check_open("step()")
+        if not after:  # the weights as this step finds them; after, only as the pre-hook took them
+            self._take_weights()
+        if not skipped:  # a skipped step applies nothing: nothing to nudge
+            self._nudge_at_step(grads is not None, after)
         scale = self._watch.scale
         if scale is not None:
             self._tensors[_schema.name("loss_scale", self._steps)] = torch.tensor([scale], dtype=torch.float32)
@@ -329,8 +342,9 @@ class Recorder:
         _, world = rank_world()
         self._world = max(self._world, world)
         # Per-tensor magnitudes of several ranks go with the step's gather (`_gather`).
-        largest = self._backwards.local_largest(self._params) if world > 1 and self._magnitudes == "tensor" else None
-        sums: Any = self._backwards.reduced(world, self._params, self._sampling) if self._magnitudes and largest is None else {}
+        measured = self._measured
+        largest = self._backwards.local_largest(measured) if world > 1 and self._magnitudes == "tensor" and measured else None
+        sums: Any = self._backwards.reduced(world, measured, self._sampling) if self._magnitudes and largest is None else {}
         s = self._steps
         syncs = self._watch.take_syncs()
         micro = self.engine.backwards(self._backwards.take_counts(), syncs)
@@ -341,6 +355,7 @@ class Recorder:
                 lrs = [float(g["lr"]) for g in optimizer.param_groups]
             self._tensors[_schema.name("lr", s)] = torch.tensor(lrs, dtype=torch.float64)
             self._settings(optimizer)
+            self._groups(s, optimizer, lrs)
         calls, last = self._watch.take_clips()
         self._tensors[_schema.name("clips", s)] = torch.tensor([calls], dtype=torch.int64)
         if calls:
@@ -354,8 +369,18 @@ class Recorder:
             grads, gathered = {n: grads.get(n) for n, _ in self._params}, {}
         else:
             grads, gathered = self.engine.gradients(self._params, self._sampling, self._summaries)
+        for n, p in self._params:  # a parameter unfrozen since: followed to the end from now
+            if grads[n] is not None and n not in self._trained:
+                self._trained.add(n)
+                self._peaks[n] = self._peak_part(n, p).abs()
         checked = world > 1 and self.engine.rank_checksums(bool(self._sampling.positions))
-        rank_bits, averaged = self._gather(s, world, grads if checked else None, packed, largest)
+        weights = self._weights if self._weights is not None and self._weights[0] == s else None
+        rank_bits, averaged, rank_weights = self._gather(
+            s, world, grads if checked else None, packed, largest, weights[2] if weights else None
+        )
+        if rank_weights is not None and weights is not None and rank_world()[0] == 0:
+            self._keep_columns(rank_weights, weights[1], lambda n: _schema.name("rank_weights", s, n))
+        self._weights = None
         if averaged is not None:
             sums = averaged
         # Only rank 0 writes: the others take part in the collectives above and keep nothing,
@@ -412,7 +437,7 @@ class Recorder:
         count = sum(grads[n] is not None for n, _ in self._params if n in sampling and n not in gathered)
         summaries = self._summary_rows(count)
         if self._magnitudes == "tensor":  # one small tensor for all parameters, split at close
-            sums = dict(zip((n for n, _ in self._params), sums.to("cpu", self._dtype).unbind()))
+            sums = dict(zip((n for n, _ in self._measured), sums.to("cpu", self._dtype).unbind()))
         # Each parameter's checksums of every rank: one row each of one transposed copy.
         columns = rank_bits.t().contiguous().unbind(0) if rank_bits is not None else None
         for i, (n, p) in enumerate(self._params):
@@ -429,54 +454,29 @@ class Recorder:
             if n in sampling:
                 g = g.detach()
                 self._summaries(g, summaries[len(sampled)])
-                sampled.append((n, sampling.take(n, g), sums[n] if self._magnitudes else None))
+                sampled.append((n, sampling.take(n, g), sums.get(n) if self._magnitudes else None))
                 continue
             grad = (_schema.name("grads", s, n), g)
             (lent if self._nulled.get(n) and g is p.grad and owns_memory(g) else big).append(grad)
+            if n not in sums:  # unfrozen since the recording started: no hook measured it
+                continue
             if self._magnitudes == "element":
                 big.append((_schema.name("scale", s, n), sums[n].to(g.dtype)))
             elif self._magnitudes:
                 self._tensors[_schema.name("scale", s, n)] = sums[n]
-        for n, kept, scale, summary in self._to_host(sampled, summaries):
+        for n, kept, scale, summary in to_host(sampled, summaries, self._dtype):
             big.append((_schema.name("grads", s, n), kept))
             if scale is not None:
                 big.append((_schema.name("scale", s, n), scale))
             self._tensors[_schema.name("summary", s, n)] = summary
+        # The other optimizers' own parameters: their gradients as they are now, whole.
+        big += [(_schema.name("grads", s, n), g.detach()) for n, g in self._others.grads().items() if g is not None]
         self._open().put(big, lent)
         self._keep()
 
     def _summary_rows(self, count: int) -> torch.Tensor:
         """[count, 3] float64 where the engine's whole tensors are, a row per sampled tensor."""
         return torch.empty(count, 3, dtype=torch.float64, device=self.engine.device(self._params[0][1]))
-
-    def _to_host(
-        self, sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]], summaries: torch.Tensor
-    ) -> list[tuple[str, torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-        """The sampled parameters' small tensors on the host, in one copy from the device:
-        packed as float64 (which holds every float32, bfloat16 and float16 value exactly),
-        moved, split, and the samples and magnitudes cast back to the trace's dtype (a value
-        cast there rounds as it would have from where it was summed)."""
-        if not sampled:
-            return []
-        device = summaries.device
-        parts = [summaries.reshape(-1)]
-        for _, kept, scale in sampled:
-            parts += [kept.reshape(-1).to(device)] + ([] if scale is None else [scale.reshape(-1).to(device)])
-        # cat promotes every part to float64 in the one kernel.
-        wide = torch.cat(parts).cpu()
-        rows = wide[: summaries.numel()].view(-1, 3).clone()  # kept apart from the step's buffer
-        narrow = wide[summaries.numel() :].to(self._dtype)
-        out = []
-        at = 0
-        for i, (n, kept, scale) in enumerate(sampled):
-            values = narrow[at : at + kept.numel()]
-            at += kept.numel()
-            moved = None
-            if scale is not None:
-                moved = narrow[at : at + scale.numel()]
-                at += scale.numel()
-            out.append((n, values, moved, rows[i]))
-        return out
 
     def _open(self) -> Stream:
         if self._stream is None:
@@ -489,16 +489,6 @@ class Recorder:
         for name, t in self._tensors.items():
             stream.keep(name, t)
         self._tensors = {}
-
-    def _settings(self, optimizer: torch.optim.Optimizer) -> None:
-        if K.OPTIMIZER in self._meta:
-            return
-        group = optimizer.param_groups[0]
-        self._meta[K.OPTIMIZER] = type(optimizer).__name__
-        for key in _SETTINGS:
-            value = setting(group.get(key))
-            if value is not None:
-                self._meta[key] = value
 
     def close(self) -> None:
         """Records the final weights and buffers and writes the file (rank 0 only)."""
@@ -522,9 +512,11 @@ class Recorder:
         """The final weights, peaks and buffers into the tensors to write."""
         sampling, name = self._sampling, _schema.name
         sampled: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-        finals = self.engine.finals(self._params, self._peaks, sampling, self._summaries)  # collectives
-        summaries = self._summary_rows(len([n for n in sampling.positions if n not in finals]))
-        for n, p in self._params:
+        # Those that trained: a base frozen from start to end is not written.
+        params = [(n, p) for n, p in self._params if n in self._trained]
+        finals = self.engine.finals(params, self._peaks, sampling, self._summaries)  # collectives
+        summaries = self._summary_rows(len([n for n, _ in params if n in sampling and n not in finals]))
+        for n, p in params:
             if n in finals:
                 final, peak, summary = finals[n]
                 self._tensors[name("final", param=n)] = final
@@ -541,13 +533,23 @@ class Recorder:
                 continue
             self._tensors[name("peak", param=n)] = host(self._peaks[n])
             self._tensors[name("final", param=n)] = host(self.engine.weight(n, p))
-        for n, final, peak, summary in self._to_host(sampled, summaries):
+        for n, final, peak, summary in to_host(sampled, summaries, self._dtype):
             self._tensors[name("final", param=n)] = final
             self._tensors[name("peak", param=n)] = peak  # type: ignore[assignment]
             self._tensors[name("final_summary", param=n)] = summary
             self._tensors[name("positions", param=n)] = sampling.cpu[n]
             self._tensors[name("shape", param=n)] = torch.tensor(list(self._shapes[n]), dtype=torch.int64)
         self._summaries.clear()
+        self._others.track_peaks()
+        for n, p in self._others.params:
+            self._tensors[name("final", param=n)] = host(p)
+            self._tensors[name("peak", param=n)] = host(self._others.peaks[n])
+        got = self._rank_final
+        if got is not None and got[0] == self._steps:  # no step since destroy_process_group gathered them
+            self._keep_columns(got[2], got[1], lambda n: name("rank_final", param=n))
+        for n, p in self._left_out:
+            if p.grad is not None or p.requires_grad:
+                self._warn(f"parameter {n}: its dtype {p.dtype} is not the trace's {self._dtype}; not recorded")
         for n, b in self._module.named_buffers():
             if not writable(b.dtype):
                 self._warnings.append(f"buffer {n}: its dtype {b.dtype} is not one a trace holds; not recorded")
@@ -574,8 +576,8 @@ class Recorder:
         warnings = self._warnings + self.engine.warnings()
         if warnings:
             meta[K.WARNINGS] = "\n".join(warnings)
-        if self._others:
-            meta[K.UNRECORDED_OPTIMIZERS] = ", ".join(sorted(self._others.values()))
+        if self._others.unrecorded:
+            meta[K.UNRECORDED_OPTIMIZERS] = ", ".join(sorted(self._others.unrecorded.values()))
         return meta
 
     def finish(self, state: str) -> None:

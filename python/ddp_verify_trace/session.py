@@ -4,8 +4,9 @@ optimizer.step() (a plain loop, Trainer, Lightning, Accelerate, Colossal-AI).
 
 The gradient is taken in the step's post-hook: frameworks that pass a closure (Lightning)
 run the last micro-batch's backward and the clipping inside optimizer.step(), after the
-pre-hook; the optimizers leave `.grad` as they applied it. The weights' peaks are taken in
-the pre-hook, before the step moves them.
+pre-hook; the optimizers leave `.grad` as they applied it. The weights' peaks and checksums
+are taken in the pre-hook, before the step moves them, and the control run's nudge is made
+there (after a closure's backward, by wrapping the closure): see `Recorder.before_step`.
 
 A session changes nothing in torch or Python that it does not undo: the patches (`_patches`),
 the step hooks, the tensor hooks, an exit handler, and from its first step a sys.excepthook
@@ -149,13 +150,17 @@ class Session:
         add_backward(self._early, self._early_counts, key, grad, how)
 
     @_never_raises
-    def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if self._optimizer is None:
             if engines.setting_up(optimizer):  # an engine's own step while it is built: not training
-                return
+                return None
             self._begin(optimizer)
         if optimizer is self._optimizer and self.recorder is not None:
             self.recorder.settle()
+            # Before the optimizer applies the step: the weights as it finds them, and the
+            # control run's nudge (a closure handed to the step comes back wrapped).
+            return self.recorder.before_step(args, kwargs)
+        return None
 
     @_never_raises
     def _skipped(self, optimizer: torch.optim.Optimizer, scale: float) -> None:
@@ -183,7 +188,7 @@ class Session:
         if applied is None:
             return
         grads, lrs = applied
-        rec.step(optimizer, grads=grads, lrs=lrs)
+        rec.step(optimizer, grads=grads, lrs=lrs, after=True)
         rec.engine.after_step()
         rec.track_peaks(later=True)
 
@@ -193,7 +198,8 @@ class Session:
             _schema.Key.RECORDED_BY: "optimizer step hooks",
             **self._meta,
         }
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        every = [p for g in optimizer.param_groups for p in g["params"]]
+        params = [p for p in every if p.requires_grad]
         engine = engines.find(optimizer, params)
         # An engine whose optimizer steps tensors no module holds (flat partitions) says
         # which model they train; else the model is the one holding them.
@@ -201,7 +207,8 @@ class Session:
         if known is not None:
             model, named = known
         else:
-            model = unwrap(self._model) if self._model is not None else owner(params)
+            # Its frozen parameters too: the recorder follows those a later step unfreezes.
+            model = unwrap(self._model) if self._model is not None else owner(every)
             if model is None:
                 raise RuntimeError("ddp_verify_trace: no nn.Module holds the optimizer's parameters; pass model=")
             ids = {id(p) for p in params}

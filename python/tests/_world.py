@@ -22,4 +22,5 @@ def _member(rank, world, port, fn, args):
     try:
         fn(rank, world, *args)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # `fn` may have destroyed it itself
+            dist.destroy_process_group()

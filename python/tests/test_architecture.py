@@ -28,7 +28,7 @@ ROOT = "ddp_verify_trace"
 LAYERS = [
     # Leaves: the generated schema, and what needs nothing of the recorder but the schema.
     ("leaves", ["_schema", "_args", "_tensors", "_collectives", "_positions", "_magnitudes", "_stream",
-                "_progress", "_deal", "_detect"]),  # fmt: skip
+                "_progress", "_deal", "_detect", "_perturb", "_groups", "_extras"]),  # fmt: skip
     # Every patch goes through one registry, and `Patches`.
     ("patching", ["_patches"]),
     # Whose code made a call: one walk over frames, by the prefixes frameworks register.
@@ -42,7 +42,7 @@ LAYERS = [
     ("frameworks", ["frameworks.base", "frameworks.accelerate", "frameworks.colossalai", "frameworks.deepspeed",
                     "frameworks.lightning", "frameworks.transformers", "frameworks"]),  # fmt: skip
     ("torch's patches", ["_outermost", "_torch_patches"]),
-    ("recorder", ["recorder"]),
+    ("recorder", ["_followed", "recorder"]),
     ("session", ["session", "callbacks"]),
     # The public face, then the zero-edit start that calls it (loaded by sitecustomize).
     ("public", ["__init__", "auto", "autoload.sitecustomize"]),

@@ -141,22 +141,36 @@ def test_a_grad_scalers_skipped_step_is_recorded_with_its_scale(tmp_path):
     assert f"grads.2.0.weight" in t
 
 
-def test_a_second_optimizer_is_named_in_the_header(tmp_path):
+def test_a_second_optimizers_parameters_are_recorded_beside_the_module(tmp_path):
     # modded-nanogpt's way: one optimizer for the matrices, another for the rest. The first to
-    # step is recorded; the other's parameters are not, and the header says which stepped.
+    # step is recorded under its module's names; the other's parameters, outside that module,
+    # as optimizer1.<group>.<index> from the step after it was first seen stepping.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     first = torch.optim.SGD(model[0].parameters(), lr=0.1)
     second = torch.optim.Adam(model[2].parameters(), lr=0.1)
+    seen = []
     with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
-        for _ in range(2):
+        for _ in range(3):
             model(torch.ones(2, 3)).sum().backward()
+            seen.append(model[2].weight.grad.clone())
             first.step()
             second.step()
             first.zero_grad()
             second.zero_grad()
     tensors, meta = load(tmp_path / "t.safetensors")
-    assert meta["unrecorded_optimizers"] == "Adam" and meta["optimizer"] == "SGD"
+    assert "unrecorded_optimizers" not in meta and meta["optimizer"] == "SGD"
     # The innermost module holding the first optimizer's parameters: the first Linear.
-    assert sorted(k for k in tensors if k.startswith("final.")) == ["final.bias", "final.weight"]
+    finals = sorted(k for k in tensors if k.startswith("final."))
+    assert finals == ["final.bias", "final.optimizer1.0.0", "final.optimizer1.0.1", "final.weight"]
+    assert torch.equal(tensors["final.optimizer1.0.0"], model[2].weight.detach())
+    assert torch.equal(tensors["final.optimizer1.0.1"], model[2].bias.detach())
+    assert "grads.0.optimizer1.0.0" not in tensors
+    for s in (1, 2):
+        assert torch.equal(tensors[f"grads.{s}.optimizer1.0.0"], seen[s])
     assert torch.equal(tensors["grads.1.weight"], torch.ones(4, 3) * tensors["grads.1.weight"][:, :1])
+    # Step 0 knew only the first optimizer; from step 1 both (SGD's momentum, Adam's betas).
+    rows = [tensors[f"groups.{s}"].view(-1, 9) for s in range(3)]
+    assert rows[0].shape == (1, 9) and rows[1].shape == (2, 9)
+    assert rows[1][0, :4].tolist() == [0.0, 0.0, 2.0, 0.1] and rows[1][0, 8].item() == 0.0
+    assert rows[1][1, :6].tolist() == [1.0, 0.0, 2.0, 0.1, 0.0, 0.9] and rows[1][1, 8].isnan()

@@ -54,6 +54,12 @@ class Engine:
     # The trace is written when the process group is destroyed (its gathers need the group,
     # or the engine may be gone at exit), not only at close or exit.
     write_at_destroy = False
+    # The parameters themselves hold the gradients the step applies and the weights it makes
+    # (not flat copies the engine steps instead): the recorder can follow parameters beyond
+    # the optimizer's, and the control run can nudge `.grad` before the step applies it.
+    whole_params = True
+    # Every rank holds the whole weights alike, so a checksum per rank compares them.
+    weights_replicated = True
 
     @classmethod
     def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
@@ -121,6 +127,12 @@ class Engine:
         engine gathers them, else None: `.grad`; the learning rates where the optimizer's
         groups do not say them). None: the engine's step is not over yet."""
         return None, None
+
+    def groups(self, optimizer: torch.optim.Optimizer) -> list[tuple[dict[str, Any], float | None]] | None:
+        """The user's param groups of the step just recorded, each with its parameter count
+        where its `params` do not say it, where the optimizer's `param_groups` do not hold
+        them (an engine that narrows them); None: they do."""
+        return None
 
     def after_step(self) -> None:
         """The step is recorded: the engine may keep what it made (collectives allowed)."""

@@ -200,6 +200,28 @@ class Zero:
             out[key] = float(group["lr"])
         return out
 
+    def settings(self, optimizer: torch.optim.Optimizer) -> dict[int, tuple[dict[str, Any], float | None]]:
+        """As `lrs`, each stepping user group's settings (its dict less its flat `params`)
+        and its count of model parameters where known (not at stage 3, whose sub-groups
+        split the user's)."""
+        lp = self._lp_groups() if self.kind != "other" else []
+        if self.kind not in ("zero", "zero3"):
+            same = len(lp) == len(optimizer.param_groups)
+            return {
+                i: ({k: v for k, v in g.items() if k != "params"}, float(len(lp[i])) if same else None)
+                for i, g in enumerate(optimizer.param_groups)
+            }
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        out: dict[int, tuple[dict[str, Any], float | None]] = {}
+        for i, (flat,) in enumerate(self._masters()):
+            if id(flat) not in held:
+                continue
+            group = next(g for g in optimizer.param_groups if any(p is flat for p in g["params"]))
+            key = int(self.zero.sub_group_to_group_id[i]) if self.stage == 3 else i
+            count = float(len(lp[i])) if self.stage != 3 else None
+            out[key] = ({k: v for k, v in group.items() if k != "params"}, count)
+        return out
+
     def groups(self) -> int:
         """How many inner optimizer steps make one engine step: one per (sub-)group under
         ZeRO, one for all of them under the other wrappers."""
@@ -337,6 +359,8 @@ class DeepSpeed(Engine):
     no_magnitudes = "DeepSpeed: no per-micro-batch magnitudes (its partitions are flat)"
     peaks_now = True  # from the host copies of this step, before the next step replaces them
     write_at_destroy = True
+    whole_params = False  # its inner optimizer steps flat fp32 copies
+    weights_replicated = False  # partitions, and its gradients come gathered
 
     def __init__(self, module: torch.nn.Module, named: Named, zero: Zero) -> None:
         self.zero = zero
@@ -351,6 +375,9 @@ class DeepSpeed(Engine):
         self._grads: dict[str, torch.Tensor | None] = {}
         self._lrs: dict[int, float] = {}
         self._calls = 0
+        # Each user group's settings, gathered as the learning rates are; the last step's.
+        self._settings: dict[int, tuple[dict[str, Any], float | None]] = {}
+        self._last: dict[int, tuple[dict[str, Any], float | None]] = {}
 
     @classmethod
     def find(cls, optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor]) -> Engine | None:
@@ -423,12 +450,21 @@ class DeepSpeed(Engine):
         for p in self.zero.stepping(optimizer):
             self._grads[self._names[id(p)]] = self.zero.full_grad(p)
         self._lrs.update(self.zero.lrs(optimizer))
+        try:
+            self._settings.update(self.zero.settings(optimizer))
+        except Exception:  # noqa: BLE001 - a wrapper laid out otherwise: no groups rows, training goes on
+            pass
         self._calls += 1
         if self._calls < self.zero.groups():
             return None
+        self._last, self._settings = self._settings, {}
         grads, lrs = self._grads, [lr for _, lr in sorted(self._lrs.items())]
         self._grads, self._lrs, self._calls = {}, {}, 0
         return grads, lrs
+
+    def groups(self, optimizer: torch.optim.Optimizer) -> list[tuple[dict[str, Any], float | None]] | None:
+        # ZeRO narrows `param_groups` to the group stepping: the user's, as its steps went.
+        return [v for _, v in sorted(self._last.items())] if self._last else None
 
     def after_step(self) -> None:
         self._whole = {n: self.zero.full_param(p) for n, p in self._named}  # collective

@@ -46,6 +46,7 @@ class Fsdp2(Engine):
     no_magnitudes = "FSDP2: no per-micro-batch magnitudes (each backward adds into FSDP2's own buffers)"
     peaks_on_every_rank = True
     write_at_destroy = True
+    weights_replicated = False  # each rank holds its own shards
 
     def __init__(self) -> None:
         self._shards: dict[str, Shard] = {}
@@ -120,10 +121,10 @@ class Fsdp2(Engine):
         if not self._shards:
             return {}
         out: Finals = {}
-        named = dict(params)
-        pick = [n for n in self._shards if n in sampling]
+        named = dict(params)  # the parameters whose finals are written (not a frozen base)
+        pick = [n for n in self._shards if n in sampling and n in named]
         for n, sh in self._shards.items():
-            if n not in pick:
+            if n not in pick and n in named:
                 out[n] = (host(whole(named[n].detach())), host(sh.gather(peaks[n])), None)
         if pick:
             shards = [self._shards[n] for n in pick]

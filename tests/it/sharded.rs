@@ -90,3 +90,35 @@ fn fsdp2_sampled_traces_give_the_same_verdicts() {
     assert_eq!(out.status.code(), Some(0), "{r}");
     assert_eq!(r["traces"]["sampling"]["size"], 16, "{r}");
 }
+
+/// FSDP2 at W=3, K=9, B=3, N=82 (explore's draw): later steps part beyond one step's
+/// tolerance as AdamW amplifies the reduction's rounding, with no recorded fact apart. A
+/// control run proves it rounding: EQUIVALENT with the caution. `compare` of the same
+/// traces without the control is NOT EQUIVALENT, asking for one; with it, equivalent.
+#[test]
+fn fsdp2_at_w3_amplified_rounding_is_proven_by_a_control_run() {
+    let t = tempfile::tempdir().unwrap();
+    let (dir, report) = (t.path().join("traces"), t.path().join("r.json"));
+    let (dir_s, report_s) = (dir.display().to_string(), report.display().to_string());
+    let (py, script) =
+        (repo(".venv/bin/python").display().to_string(), repo("examples/fsdp2/train.py").display().to_string());
+    let mut args = crate::util::flags("--acc-steps 9 --gpus 3 --batch-size 3 --report json --report-file");
+    args.extend([report_s.as_str(), "--save-trace", dir_s.as_str(), "--", py.as_str(), script.as_str()]);
+    args.extend(crate::util::flags("--grad-accum {acc_steps} --samples 82 --batch {batch}"));
+    let out = crate::util::ddp_verify(&args);
+    let r = crate::util::json_file(&report_s);
+    assert_eq!(out.status.code(), Some(0), "{r}{}", stderr(&out));
+    assert_eq!(r["caution"]["reason"], "chaos", "{r}");
+    assert!(stderr(&out).contains("the control leg"), "{}", stderr(&out));
+    let control = dir.join("control.safetensors").display().to_string();
+    let without = crate::util::ddp_verify(&["compare", &dir_s, "--report", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&without)).unwrap();
+    assert_eq!(
+        (without.status.code(), json["diagnosis"]["reason"].as_str()),
+        (Some(1), Some("unexplained difference")),
+        "{json}"
+    );
+    assert!(json["diagnosis"]["detail"].as_str().unwrap().contains("no control run"), "{json}");
+    let with = crate::util::ddp_verify(&["compare", &dir_s, "--control", &control]);
+    assert_eq!(with.status.code(), Some(0), "{}", stdout(&with));
+}

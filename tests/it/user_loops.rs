@@ -95,14 +95,16 @@ fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
 }
 
 /// Other adaptive optimizers on the same honest loop: Adam without weight decay carries
-/// AdamW's bound; RMSprop carries none, so its final weights are not judged (its √v turns
-/// the key bias's rounding noise into full steps) and the gradients are: no false alarm.
+/// AdamW's bound; RMSprop carries none, and its √v turns the key bias's rounding noise into
+/// full steps, so its final weights part beyond the fixed tolerance: a control run proves
+/// that rounding (never "not judged" counted as agreeing), and there is no false alarm.
 #[test]
 fn nanogpt_honest_under_adam_and_rmsprop_is_equivalent() {
     let (code, adam) = zero_edit("nanogpt", "--grad-accum {acc_steps} --optimizer adam");
     assert_eq!((code, adam["runs"]["derived"].as_bool()), (Some(0), Some(true)), "{adam}");
     let (code, rms) = zero_edit("nanogpt", "--grad-accum {acc_steps} --optimizer rmsprop");
-    assert_eq!((code, rms["runs"]["finals"]["not_judged"].as_str()), (Some(0), Some("optimizer")), "{rms}");
+    assert_eq!((code, rms["caution"]["reason"].as_str()), (Some(0), Some("chaos")), "{rms}");
+    assert!(rms["runs"]["finals"]["not_judged"].is_null(), "{rms}");
 }
 
 /// With `--batch {batch}` the script also runs as one big batch: Transformers PR 34191's

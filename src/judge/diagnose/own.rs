@@ -19,7 +19,7 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
         Numbers::Reduction { configured: true, .. } => Owner::Script,
         Numbers::Reduction { .. } | Numbers::Lost { .. } => reducer(t),
-        Numbers::NormaliserPerRank { .. } => {
+        Numbers::NormaliserPerRank { .. } | Numbers::ScaledPerRank { .. } => {
             framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
         }
         Numbers::ZeroedInWindow { .. } => framework(t.header.zeroed_by, "zero_grad inside the accumulation window"),

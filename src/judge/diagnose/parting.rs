@@ -103,6 +103,17 @@ pub enum Scaled {
     Own { sc: f64, k: f64, dev: f64, handed: Framework },
 }
 
+/// A setting's value as a run recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Told {
+    /// A number, or None where the run's group has no such setting.
+    Number(Option<f64>),
+    Numbers(Vec<f64>),
+    Flag(bool),
+    /// The optimizer's class.
+    Name(String),
+}
+
 /// Where DDP left the path a control run's rounding took, or why the control could not say.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ControlPath {
@@ -191,6 +202,18 @@ pub enum Numbers {
         whole: bool,
         how: Scaled,
     },
+    /// At step 0 a process's first micro-batch gave the same loss in both runs and a later
+    /// one did not: the weights moved inside the accumulation window.
+    MovedInWindow {
+        losses: (f64, f64),
+        rank: usize,
+    },
+    /// Each rank of one leg scaled its losses by a factor of its own (`scales`, by rank)
+    /// where the other scaled every micro-batch by `one`.
+    ScaledPerRank {
+        scales: Vec<(usize, f64)>,
+        one: f64,
+    },
     LocalDiffers {
         param: String,
         sums: (f64, f64),
@@ -210,19 +233,24 @@ pub enum Numbers {
         left: i64,
         right: i64,
     },
+    /// The applied gradient's norm after a clip to `max`: not `max`, so the clipped
+    /// gradient changed before the step (reduced after each rank clipped its own).
+    ClippedBeforeReduction {
+        norm: f64,
+        max: f64,
+    },
     DropoutKeys,
     DropoutOn {
         layers: String,
     },
     Buffers,
-    /// Optimizer `optimizer`'s param group `group` was told another `setting` in each run
-    /// (each value in words; "unset" where a run's group has none).
+    /// Optimizer `optimizer`'s param group `group` was told another `setting` in each run.
     Setting {
         optimizer: usize,
         group: usize,
-        setting: String,
-        left: String,
-        right: String,
+        setting: &'static str,
+        left: Told,
+        right: Told,
     },
     /// The runs' optimizers hold other param groups: `left` and `right` groups in all.
     GroupsDiffer {
@@ -343,12 +371,15 @@ impl Numbers {
             N::Scaling { how: Scaled::ByApi { .. }, whole, .. } => (M::ApiScaled, factor(*whole)),
             N::Scaling { whole, .. } => (M::Scaled, factor(*whole)),
             N::LocalDiffers { .. } => (M::LocalDiffers, R::DifferentGradients),
+            N::MovedInWindow { .. } => (M::MovedInWindow, R::DifferentGradients),
+            N::ScaledPerRank { .. } => (M::ScaledPerRank, R::TokenCountPerRank),
             N::Lost { marked_by: Some(_) } => (M::LostBetweenMarks, R::DifferentGradients),
             N::Lost { marked_by: None } => (M::LostMicroBatches, R::DifferentGradients),
             N::LrSchedule { .. } => (M::LrSchedule, R::LrSchedule),
             N::LossScaler(_) => (M::LossScaler, R::LossScaler),
             N::NonFinite(_) => (M::NonFinite, R::NonFinite),
             N::ClipCount { .. } => (M::ClipCount, R::GradientClipping),
+            N::ClippedBeforeReduction { .. } => (M::ClippedBeforeReduction, R::GradientClipping),
             N::DropoutKeys => (M::DropoutKeys, R::DropoutMasks),
             N::DropoutOn { .. } => (M::DropoutOn, R::DropoutMasks),
             N::Buffers => (M::Buffers, R::Buffers),

@@ -212,9 +212,7 @@ mod schedule {
         let d = recorded(&a, &b);
         assert_eq!(d.reason, Reason::OptimizerSettings, "{d:?}");
         assert!(
-            d.detail.starts_with(
-                "param group 1 was told lr = 2.000000e-2 in accumulation and 8.000000e-2 in ddp at step 1"
-            ),
+            d.detail.starts_with("param group 1 was told lr = 0.02 in accumulation and 0.08 in ddp at step 1"),
             "{}",
             d.detail
         );

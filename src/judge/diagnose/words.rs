@@ -83,6 +83,8 @@ words! {
         Scaled = "scaled",
         ApiScaled = "api scaled",
         LocalDiffers = "local gradient differs",
+        MovedInWindow = "weights moved inside the window",
+        ScaledPerRank = "normaliser of each rank's own",
         LostMicroBatches = "lost micro-batches",
         LostBetweenMarks = "lost micro-batches between marked boundaries",
         // Recorded facts of the loss and the update.
@@ -90,6 +92,7 @@ words! {
         LossScaler = "loss scaler",
         NonFinite = "non-finite",
         ClipCount = "clip count",
+        ClippedBeforeReduction = "clipped before the reduction",
         DropoutKeys = "dropout keys",
         DropoutOn = "dropout on",
         Buffers = "buffers",

@@ -92,6 +92,33 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                 scaled(how, label, owner)
             )
         }
+        Numbers::MovedInWindow { losses: (lx, ly), rank } => format!(
+            "at step {s}, which both runs start from the same weights, each process's first micro-batch gave the \
+             same loss in both, and a later one did not (the same inputs: {lx:.6} in {a}, {ly:.6} on {b}'s rank \
+             {rank}): the weights moved inside the accumulation window. Something the script does after each \
+             micro-batch's backward changes them (weight decay or a clamp applied by hand, an EMA or a scheduler \
+             writing into the model, an optimizer stepped per micro-batch), K times a step in one process and K/W \
+             on each rank; do it once per optimizer step, after optimizer.step()"
+        ),
+        Numbers::ScaledPerRank { scales, one } => {
+            let each: Vec<String> = scales.iter().map(|(r, f)| format!("rank {r} by {f:.4e}")).collect();
+            let by = match owner.is_library() {
+                true => format!(
+                    "{} counts the normaliser on each rank alone: upgrade it, or count across ranks",
+                    owner.describe()
+                ),
+                false => "your script divides each rank's loss by a count of that rank's own micro-batches: \
+                          all-reduce the count over the ranks and multiply the loss by W before backward (DDP \
+                          averages), or use a per-sample mean"
+                    .into(),
+            };
+            format!(
+                "at step {s} every micro-batch's loss was scaled by {one:.4e} in the one process, but {label}'s ranks \
+                 scaled theirs each by a factor of its own ({}): the ranks' average of such means is not the \
+                 step's mean; {by}",
+                each.join(", ")
+            )
+        }
         Numbers::LocalDiffers { param, sums: (x, y) } => format!(
             "the same losses, scaled alike, gave other gradients before any reduction at step {s} (recorded: \
              {param}'s local gradient sum, unscaled, {x:.6e} in {a} against {y:.6e} over {b}'s ranks): the backward \

@@ -2,7 +2,7 @@
 //! clips, dropout, the optimizer's step), and for what rounding and the comparison explain.
 
 use super::step;
-use crate::judge::diagnose::parting::{ControlPath, Numbers, Parting, Side};
+use crate::judge::diagnose::parting::{ControlPath, Numbers, Parting, Side, Told};
 use crate::judge::diagnose::source::Words;
 use crate::judge::{LrMismatch, ScalerEvent};
 
@@ -68,6 +68,13 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
              accumulated and synchronised gradient right before optimizer.step(), not after every micro-batch's \
              backward (which clips partial sums)"
         ),
+        Numbers::ClippedBeforeReduction { norm, max } => format!(
+            "{r} clipped its gradients to max_norm {max} at step {s}, yet the gradient it applied has norm {norm:.6}: \
+             the clipped gradient changed before the step. Each rank clipped its own local gradient by its own norm \
+             before the gradients were averaged (a hand-written all_reduce after clip_grad_norm_), so the average is \
+             not the clipped average the one process applies; clip once per step, after the all-reduce, right \
+             before optimizer.step()"
+        ),
         Numbers::DropoutKeys => format!(
             "{l} and {r} drew step {s}'s dropout masks from different keys: masks must follow the samples (seed, \
              epoch, sample index, layer), not each rank's own counter or stream, or ranks repeat one another's masks"
@@ -103,7 +110,7 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                 k => format!("optimizer {k}'s param group {group}"),
             };
             let at = p.step.map_or("".into(), |s| format!(" at step {s}"));
-            let why = match setting.as_str() {
+            let why = match *setting {
                 "lr" => {
                     "its learning rate was scheduled otherwise (a scheduler of that group stepped per micro-batch \
                          or per process, or its length counted from one rank's share); tick every group's schedule \
@@ -116,7 +123,7 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                       optimizer settings"
                 }
             };
-            format!("{whose} was told {setting} = {left} in {l} and {right} in {r}{at}: {why}")
+            format!("{whose} was told {setting} = {} in {l} and {} in {r}{at}: {why}", told(left), told(right))
         }
         Numbers::GroupsDiffer { left, right } => format!(
             "{l}'s optimizers hold {left} param group(s) and {r}'s {right} at step {s}: the runs do not update the \
@@ -138,7 +145,8 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                      there and {r} by {ddp:.1e}, more than {margin:.0}x the control: not rounding"
                 ),
                 Some(ControlPath::NotAControl(why)) => format!("; no control could tell rounding from a bug: {why}"),
-                Some(ControlPath::None) | None => "; not proven to be rounding: no control run measured how far this \
+                None => String::new(),
+                Some(ControlPath::None) => "; not proven to be rounding: no control run measured how far this \
                      model amplifies it (ddp-verify -- COMMAND runs one; compare takes it as --control)"
                     .into(),
             };
@@ -180,6 +188,17 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
         _ => return None,
     };
     Some(words)
+}
+
+/// A setting's value in words.
+fn told(t: &Told) -> String {
+    match t {
+        Told::Number(Some(x)) => format!("{x}"),
+        Told::Number(None) => "unset".into(),
+        Told::Numbers(xs) => format!("{xs:?}"),
+        Told::Flag(f) => f.to_string(),
+        Told::Name(n) => n.clone(),
+    }
 }
 
 /// Each step's largest relative difference, "1e-7 -> 3e-5 -> ...".

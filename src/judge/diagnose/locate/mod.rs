@@ -38,6 +38,7 @@ fn runs(tier: Tier) -> &'static [Locator] {
             update::loss_scaler,
             rounding::non_finite,
             update::clip_count,
+            update::clipped_before_reduction,
             dropout::keys,
         ],
         Tier::Dropout => &[dropout::on],

@@ -2,6 +2,7 @@
 //! made the first differing step where no factor explains it.
 
 use crate::evidence::TraceHeader;
+use crate::judge::diagnose::measure::legs::Leg;
 use crate::judge::diagnose::parting::{Deal, Numbers, Parting, Side};
 use crate::judge::diagnose::{Evidence, Loss, Stage};
 
@@ -70,8 +71,15 @@ pub fn epoch(ev: &Evidence) -> Option<Parting> {
     (epoch > 0).then(|| Parting::new(Some(s), Some(Stage::Samples), None, Numbers::Epoch { epoch }))
 }
 
-/// What is left: other samples in the step.
+/// What is left: other samples in the step. Not where both legs recorded their micro-batches'
+/// inputs and they are the same samples: that fact refutes the guess.
 pub fn different_samples(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
+    let same = |side: Side, t| Leg::at(t, side, s).and_then(|l| l.fingerprints());
+    if let (Some(x), Some(y)) = (same(Side::Left, ev.a), same(Side::Right, ev.b)) {
+        if x == y {
+            return None;
+        }
+    }
     Some(Parting::new(Some(s), Some(Stage::Samples), None, Numbers::DifferentSamples))
 }

@@ -4,7 +4,7 @@
 
 use crate::evidence::Trace;
 use crate::judge::diagnose::measure::factor::{fitted_ratio, is_whole, whole_at, NORM_REL};
-use crate::judge::diagnose::parting::{ControlPath, Numbers, Parting, Side};
+use crate::judge::diagnose::parting::{Numbers, Parting, Side};
 use crate::judge::diagnose::{Evidence, Stage};
 use crate::judge::Agreement;
 
@@ -54,5 +54,5 @@ pub fn unexplained(ev: &Evidence) -> Option<Parting> {
         .collect();
     tensors.sort_by(|x, y| y.1.total_cmp(&x.1));
     tensors.truncate(3);
-    Some(Parting::new(ev.first, None, None, Numbers::Unexplained { tensors, control: Some(ControlPath::None) }))
+    Some(Parting::new(ev.first, None, None, Numbers::Unexplained { tensors, control: None }))
 }

@@ -1,8 +1,8 @@
 //! The update: learning rates each step applied, the loss scaler's record, clip counts, and
 //! what the optimizer made of gradients that agree.
 
-use crate::evidence::{Engine, OptimizerRecord};
-use crate::judge::diagnose::parting::{Numbers, Pace, Parting};
+use crate::evidence::{Engine, OptimizerRecord, Trace};
+use crate::judge::diagnose::parting::{Numbers, Pace, Parting, Side, Told};
 use crate::judge::diagnose::{Evidence, Stage};
 use crate::judge::Agreement;
 
@@ -99,9 +99,9 @@ pub fn settings(ev: &Evidence) -> Option<Parting> {
                 let numbers = Numbers::Setting {
                     optimizer: g.optimizer,
                     group: g.group,
-                    setting: name.to_string(),
-                    left: shown(u),
-                    right: shown(v),
+                    setting: name,
+                    left: Told::Number(u),
+                    right: Told::Number(v),
                 };
                 return Some(Parting::new(Some(s), Some(Stage::Update), None, numbers));
             }
@@ -124,41 +124,71 @@ fn differ(u: Option<f64>, v: Option<f64>) -> bool {
     }
 }
 
-fn shown(v: Option<f64>) -> String {
-    v.map_or("unset".into(), |x| format!("{x:.6e}"))
-}
-
 /// The first group's settings as the headers give them, where both give one and they differ.
 fn header_setting(x: &OptimizerRecord, y: &OptimizerRecord) -> Option<Numbers> {
-    let setting = |name: &str, left: String, right: String| Numbers::Setting {
+    let setting = |setting: &'static str, (left, right): (Told, Told)| Numbers::Setting {
         optimizer: 0,
         group: 0,
-        setting: name.to_string(),
+        setting,
         left,
         right,
     };
     if let (Some(k), Some(l)) = (&x.kind, &y.kind) {
         if k != l {
-            return Some(setting("optimizer", k.name().to_string(), l.name().to_string()));
+            return Some(setting("optimizer", (Told::Name(k.name().to_string()), Told::Name(l.name().to_string()))));
         }
     }
-    fn both<T: PartialEq + std::fmt::Debug>(
-        name: &str,
-        x: &Option<T>,
-        y: &Option<T>,
-    ) -> Option<(String, String, String)> {
-        match (x, y) {
-            (Some(u), Some(v)) if u != v => Some((name.to_string(), format!("{u:?}"), format!("{v:?}"))),
-            _ => None,
-        }
-    }
-    let apart = both("weight_decay", &x.weight_decay, &y.weight_decay)
-        .or_else(|| both("betas", &x.betas, &y.betas))
-        .or_else(|| both("eps", &x.eps, &y.eps))
-        .or_else(|| both("momentum", &x.momentum, &y.momentum))
-        .or_else(|| both("dampening", &x.dampening, &y.dampening))
-        .or_else(|| both("amsgrad", &x.amsgrad, &y.amsgrad))
-        .or_else(|| both("nesterov", &x.nesterov, &y.nesterov))
-        .or_else(|| both("maximize", &x.maximize, &y.maximize))?;
-    Some(setting(&apart.0, apart.1, apart.2))
+    let number = |u: &Option<f64>, v: &Option<f64>| match (u, v) {
+        (Some(p), Some(q)) if p != q => Some((Told::Number(Some(*p)), Told::Number(Some(*q)))),
+        _ => None,
+    };
+    let flag = |u: &Option<bool>, v: &Option<bool>| match (u, v) {
+        (Some(p), Some(q)) if p != q => Some((Told::Flag(*p), Told::Flag(*q))),
+        _ => None,
+    };
+    let betas = match (&x.betas, &y.betas) {
+        (Some(p), Some(q)) if p != q => Some((Told::Numbers(p.clone()), Told::Numbers(q.clone()))),
+        _ => None,
+    };
+    let apart = [
+        ("weight_decay", number(&x.weight_decay, &y.weight_decay)),
+        ("betas", betas),
+        ("eps", number(&x.eps, &y.eps)),
+        ("momentum", number(&x.momentum, &y.momentum)),
+        ("dampening", number(&x.dampening, &y.dampening)),
+        ("amsgrad", flag(&x.amsgrad, &y.amsgrad)),
+        ("nesterov", flag(&x.nesterov, &y.nesterov)),
+        ("maximize", flag(&x.maximize, &y.maximize)),
+    ];
+    apart.into_iter().find_map(|(name, told)| Some(setting(name, told?)))
 }
+
+/// A leg that clipped at the first differing step, whose applied gradient's norm is not the
+/// max_norm it was clipped to, beside one whose is: the clipped gradient changed before the
+/// step. Over several ranks that is a reduction after a clip each rank made of its own
+/// gradient (a hand-written all_reduce after clip_grad_norm_). Other optimizers' parameters
+/// (`optimizer{k}.…`), which the model's clip does not cover, are left out of the norm.
+pub fn clipped_before_reduction(ev: &Evidence) -> Option<Parting> {
+    let s = ev.first?;
+    if ev.a.sampling.is_some() || ev.b.sampling.is_some() {
+        return None;
+    }
+    let applied = |t: &Trace| -> Option<(f64, f64)> {
+        let (total, max) = t.facts.clip_norms.get(s).copied().flatten()?;
+        let g = t.steps.get(s)?;
+        let squares =
+            g.iter().filter(|(n, _)| !n.starts_with("optimizer")).flat_map(|(_, v)| v.to_f64()).map(|x| x * x);
+        (total > max * (1.0 + CLIPPED_REL)).then(|| (squares.sum::<f64>().sqrt(), max))
+    };
+    let ((na, ma), (nb, mb)) = (applied(ev.a)?, applied(ev.b)?);
+    let ranks = ev.b.header.world_size.unwrap_or(1) > 1;
+    let fits = |n: f64, m: f64| (n / m - 1.0).abs() <= CLIPPED_REL;
+    (ranks && fits(na, ma) && !fits(nb, mb)).then(|| {
+        let numbers = Numbers::ClippedBeforeReduction { norm: nb, max: mb };
+        Parting::new(Some(s), Some(Stage::Reduction), Some(Side::Right), numbers)
+    })
+}
+
+/// How near a clipped gradient's norm is to its max_norm (clip_grad_norm_ scales by
+/// max_norm / (total + 1e-6), and the norm is summed in float32).
+const CLIPPED_REL: f64 = 1e-3;

@@ -4,7 +4,7 @@
 //! legs (the other locators then speak). It names no owner: `own` does, from the facts of the
 //! leg it points at.
 
-use crate::evidence::Framework;
+use crate::evidence::{Batch, Framework};
 use crate::judge::diagnose::measure::factor::is_whole;
 use crate::judge::diagnose::measure::legs::{engine_accumulates, fit, matched, ran_backward, Leg};
 use crate::judge::diagnose::measure::{median, near, FACTOR_REL};
@@ -15,13 +15,19 @@ use crate::judge::diagnose::{Evidence, Stage};
 /// Relative agreement of two recorded losses of the same inputs and weights.
 const LOSS_REL: f64 = 1e-3;
 
+/// At step 0 both runs start from the same weights, so the same inputs give the same loss
+/// (the same kernels on the same values; this many epsilons, relative, allow for a reordered
+/// sum).
+const LOSS_EPS_AT_0: f64 = 16.0;
+
 /// The walk, in stage order.
 pub fn walk(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
     let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
     samples(&a, &b, s)
-        .or_else(|| loss(&a, &b, s))
+        .or_else(|| loss(&a, &b, s, ev.cx.eps))
         .or_else(|| zeroed(&a, &b, s))
+        .or_else(|| scaled_per_rank(&a, &b, s))
         .or_else(|| scaling_and_reduction(&a, &b, s))
         .or_else(|| local_gradient(&a, &b, s))
 }
@@ -54,13 +60,33 @@ fn zeroed(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
 }
 
 /// Loss: the same inputs gave different losses: divided by different token counts, or
-/// computed otherwise.
-fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+/// computed otherwise; at step 0, where both runs start from the same weights, a process's
+/// first micro-batch alike and its later ones apart: the weights moved inside the window.
+fn loss(a: &Leg, b: &Leg, s: usize, eps: f64) -> Option<Parting> {
     let pairs = matched(a.batches, b.batches);
-    let (x, y) = pairs.iter().find(|(x, y)| match (x.loss(), y.loss()) {
-        (Some(l), Some(m)) => !near(l, m, LOSS_REL),
+    let apart_by = |x: &Batch, y: &Batch, rel: f64| match (x.loss(), y.loss()) {
+        (Some(l), Some(m)) => !near(l, m, rel),
         _ => false,
-    })?;
+    };
+    let apart = |x: &Batch, y: &Batch| apart_by(x, y, LOSS_REL);
+    if s == 0 {
+        let apart = |x: &Batch, y: &Batch| apart_by(x, y, LOSS_EPS_AT_0 * eps);
+        let first = |l: &Leg, x: &Batch| {
+            l.batches
+                .iter()
+                .position(|y| y.rank == x.rank && y.fingerprint.is_some())
+                .map(|i| std::ptr::eq(&l.batches[i], x))
+        };
+        let (firsts, later): (Vec<_>, Vec<_>) =
+            pairs.iter().partition(|(x, y)| first(a, x) == Some(true) && first(b, y) == Some(true));
+        if !firsts.is_empty() && firsts.iter().all(|(x, y)| !apart(x, y)) {
+            if let Some((x, y)) = later.iter().find(|(x, y)| apart(x, y)) {
+                let losses = (x.loss()?, y.loss()?);
+                return at(s, Stage::Update, None, Numbers::MovedInWindow { losses, rank: y.rank });
+            }
+        }
+    }
+    let (x, y) = pairs.iter().find(|(x, y)| apart(x, y))?;
     let losses = (x.loss()?, y.loss()?);
     if let (Some(nx), Some(ny)) = (x.normaliser, y.normaliser) {
         if !near(nx, ny, 1e-9) {
@@ -93,6 +119,33 @@ fn local_gradient(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
     let peak = locals.iter().fold(0.0f64, |m, (_, x, _)| m.max(x.abs()));
     let (param, x, y) = locals.into_iter().find(|(_, x, y)| (x - y).abs() > 1e-3 * peak)?;
     at(s, Stage::LocalGradient, None, Numbers::LocalDiffers { param, sums: (x, y) })
+}
+
+/// A normaliser of the rank's own: in one leg every micro-batch's loss is scaled alike (one
+/// count for the step) while the other's ranks scale theirs by another factor each (a count
+/// over the rank's own micro-batches), so the ranks' average is not the step's mean.
+fn scaled_per_rank(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+    let alike = |l: &Leg| {
+        let v: Vec<f64> = l.batches.iter().filter_map(Batch::scaling).collect();
+        !v.is_empty() && v.iter().all(|x| near(*x, v[0], FACTOR_REL))
+    };
+    let per_rank = |l: &Leg| -> Option<Vec<(usize, f64)>> {
+        let mut by: Vec<(usize, f64)> = Vec::new();
+        for x in l.batches {
+            let f = x.scaling()?;
+            match by.iter().find(|(r, _)| *r == x.rank) {
+                Some((_, g)) if !near(f, *g, FACTOR_REL) => return None,
+                Some(_) => {}
+                None => by.push((x.rank, f)),
+            }
+        }
+        (l.world > 1 && by.len() > 1 && by.iter().any(|(_, f)| !near(*f, by[0].1, FACTOR_REL))).then_some(by)
+    };
+    let (leg, other) = if alike(a) { (b, a) } else { (a, b) };
+    let scales = per_rank(leg)?;
+    alike(other).then_some(())?;
+    let one = other.scaling()?;
+    at(s, Stage::Scaling, Some(leg.side), Numbers::ScaledPerRank { scales, one })
 }
 
 /// Scaling inside backward: the local sums' ratio between the legs is not the ratio of the

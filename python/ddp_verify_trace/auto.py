@@ -11,6 +11,8 @@
                                (`--sample`; read by record())
   DDP_VERIFY_PROGRESS          optional: a file rank 0 keeps its optimizer steps in, for
                                ddp-verify's progress line (`_progress`)
+  DDP_VERIFY_PERTURB           the control leg only: each step's gradients nudged by this
+                               fraction of each tensor's largest |g| (`_perturb`)
 
 A setting `record()` refuses raises here, at start-up, never inside the script's training:
 Python reports it ("Error in sitecustomize", then the error's one line) and runs the script

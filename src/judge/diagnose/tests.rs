@@ -245,6 +245,29 @@ mod schedule {
 mod clipping {
     use super::*;
 
+    /// Each rank clipped its own gradient before a hand-written all_reduce: the gradient DDP
+    /// applied is not at the max_norm it was clipped to, the one process's is. The
+    /// reduction, and with no DDP forward, the script's.
+    #[test]
+    fn a_clip_before_the_reduction_leaves_a_norm_off_max_norm() {
+        let norm = G.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt() as f32;
+        let unit: Vec<f32> = G.iter().map(|v| v / norm).collect();
+        let (mut a, mut b) = (trace(&[&unit], F), ddp(trace(&[&scaled(&unit, 0.9)], F), 2));
+        a.facts.clip_norms = vec![Some((2.0, 1.0))];
+        b.facts.clip_norms = vec![Some((1.8, 1.0))];
+        b.header.ddp_forward = Some(DdpForward::None);
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::GradientClipping, "{d:?}");
+        assert!(
+            d.detail.starts_with(
+                "ddp clipped its gradients to max_norm 1 at step 0, yet the gradient it applied has norm 0.9"
+            ),
+            "{}",
+            d.detail
+        );
+        assert_eq!(d.where_().as_deref(), Some("the reduction stage, owned by your script"));
+    }
+
     #[test]
     fn clipping_every_micro_batch_is_counted() {
         let (mut a, mut b) = (trace(&[G], F), ddp(trace(&[&scaled(G, 0.9)], F), 2));

@@ -223,3 +223,38 @@ fn one_process_without_local_sums_reads_them_from_its_applied_gradient() {
     let d = judged(&acc, &ddp);
     assert_eq!(said(&d), ("scaling", "deepspeed", Some("https://github.com/deepspeedai/DeepSpeed/pull/7724")));
 }
+
+/// At step 0 both runs start from the same weights: each process's first micro-batch gives
+/// the same loss, and a later one another (weight decay by hand after every micro-batch, K
+/// times a step in one process, K/W on each rank): the weights moved inside the window.
+#[test]
+fn losses_apart_after_each_process_s_first_micro_batch_are_weights_moved_in_the_window() {
+    let decayed = |t: &mut Trace, nth: &[usize]| {
+        for (b, n) in t.facts.stages[0].batches.iter_mut().zip(nth) {
+            let l = b.forward.unwrap() * (1.0 + 1e-4 * *n as f64);
+            (b.forward, b.peeled) = (Some(l), Some(l));
+        }
+    };
+    let mut acc = honest_acc();
+    decayed(&mut acc, &[0, 1, 2, 3]);
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.001), 1);
+    decayed(&mut ddp, &[0, 1, 0, 1]);
+    let d = judged(&acc, &ddp);
+    assert_eq!(d.reason, Reason::DifferentGradients, "{d:?}");
+    assert_eq!(said(&d), ("update", "script", None));
+    assert!(d.detail.contains("the weights moved inside the accumulation window"), "{}", d.detail);
+}
+
+/// Each rank divides its losses by a count of its own micro-batches, where the one process
+/// divides every micro-batch by the step's: the scaling stage, the script's.
+#[test]
+fn a_normaliser_of_each_rank_s_own_is_the_scripts_scaling() {
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.05), 1);
+    for b in ddp.facts.stages[0].batches.iter_mut() {
+        b.root = Some(b.forward.unwrap() * if b.rank == 0 { 0.55 } else { 0.45 });
+    }
+    let d = judged(&honest_acc(), &ddp);
+    assert_eq!(d.reason, Reason::TokenCountPerRank, "{d:?}");
+    assert_eq!(said(&d), ("scaling", "script", None));
+    assert!(d.detail.contains("rank 0 by 5.5000e-1, rank 1 by 4.5000e-1"), "{}", d.detail);
+}

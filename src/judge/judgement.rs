@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use super::control::{self, Proof};
-use super::diagnose::{restated, ControlPath, Evidence, Pair, Tier};
+use super::diagnose::{most_apart, restated, ControlPath, Evidence, Pair, Tier};
 use super::{
     adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement,
     BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome, Parting, Reason, SampledPair, Subject,
@@ -128,16 +128,7 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
 /// unexplained difference, with what the control said (or that none ran).
 fn unproven(a: &Trace, b: &Trace, runs: &Comparison, cx: &Context, path: ControlPath) -> Option<Diagnosis> {
     let ev = Evidence::new(a, b, runs, cx, Pair::Runs);
-    let first = runs.steps.iter().position(|s| s.verdict == Agreement::Diverged);
-    let group = first.map_or(&runs.finals, |s| &runs.steps[s]);
-    let mut tensors: Vec<(String, f64)> = group
-        .tensors
-        .iter()
-        .filter(|t| t.verdict == Agreement::Diverged)
-        .map(|t| (t.name.clone(), t.worst_fraction))
-        .collect();
-    tensors.sort_by(|x, y| y.1.total_cmp(&x.1));
-    tensors.truncate(3);
+    let (first, tensors) = most_apart(runs);
     let p = Parting::new(first, None, None, Numbers::Unexplained { tensors, control: Some(path) });
     Some(restated(&p, &ev, Tier::Shape))
 }

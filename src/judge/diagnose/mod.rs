@@ -31,6 +31,7 @@ use serde::Serialize;
 pub use annotate::KnownFix;
 pub use context::{Context, Loss, Origin, ShortWindow};
 pub use evidence::{Evidence, Pair};
+pub use measure::most_apart;
 pub use owner::Owner;
 pub use parting::{ControlPath, Numbers, Parting};
 pub use source::{Source, Tier, Words};

@@ -4,6 +4,7 @@
 
 use crate::evidence::Trace;
 use crate::judge::diagnose::measure::factor::{fitted_ratio, is_whole, whole_at, NORM_REL};
+use crate::judge::diagnose::measure::most_apart;
 use crate::judge::diagnose::parting::{Numbers, Parting, Side};
 use crate::judge::diagnose::{Evidence, Stage};
 use crate::judge::Agreement;
@@ -40,19 +41,9 @@ pub fn clipped_factor(ev: &Evidence) -> Option<Parting> {
 /// the final weights) and its tensors that part most, for the user to look at. Never called
 /// rounding here: that takes a control run's proof (`judge::control`).
 pub fn unexplained(ev: &Evidence) -> Option<Parting> {
-    let c = ev.c;
-    let group = match ev.first {
-        Some(s) => c.steps.get(s)?,
-        None if c.finals.verdict == Agreement::Diverged => &c.finals,
-        None => return None,
-    };
-    let mut tensors: Vec<(String, f64)> = group
-        .tensors
-        .iter()
-        .filter(|t| t.verdict == Agreement::Diverged)
-        .map(|t| (t.name.clone(), t.worst_fraction))
-        .collect();
-    tensors.sort_by(|x, y| y.1.total_cmp(&x.1));
-    tensors.truncate(3);
-    Some(Parting::new(ev.first, None, None, Numbers::Unexplained { tensors, control: None }))
+    if ev.first.is_none() && ev.c.finals.verdict != Agreement::Diverged {
+        return None;
+    }
+    let (first, tensors) = most_apart(ev.c);
+    Some(Parting::new(first, None, None, Numbers::Unexplained { tensors, control: None }))
 }

@@ -6,6 +6,7 @@ pub mod factor;
 pub mod legs;
 
 use crate::evidence::Framework;
+use crate::judge::{Agreement, Comparison};
 
 /// Of two factors (scalings, divides), which are ratios of recorded values: how near they must
 /// be to be one.
@@ -14,6 +15,22 @@ pub const FACTOR_REL: f64 = 2e-3;
 /// Two values equal to within `rel` of the larger.
 pub fn near(x: f64, y: f64, rel: f64) -> bool {
     (x - y).abs() <= rel * x.abs().max(y.abs()).max(f64::MIN_POSITIVE)
+}
+
+/// Where two runs part most: the first differing step's (else the final weights')
+/// diverged tensors, the three that used most of their allowance, with that fraction.
+pub fn most_apart(c: &Comparison) -> (Option<usize>, Vec<(String, f64)>) {
+    let first = c.steps.iter().position(|s| s.verdict == Agreement::Diverged);
+    let group = first.map_or(&c.finals, |s| &c.steps[s]);
+    let mut tensors: Vec<(String, f64)> = group
+        .tensors
+        .iter()
+        .filter(|t| t.verdict == Agreement::Diverged)
+        .map(|t| (t.name.clone(), t.worst_fraction))
+        .collect();
+    tensors.sort_by(|x, y| y.1.total_cmp(&x.1));
+    tensors.truncate(3);
+    (first, tensors)
 }
 
 /// The median of some values (None where there are none).

@@ -244,13 +244,16 @@ pub enum Numbers {
         layers: String,
     },
     Buffers,
-    /// Optimizer `optimizer`'s param group `group` was told another `setting` in each run.
+    /// Optimizer `optimizer`'s param group `group` was told another `setting` in each run;
+    /// `steady`: the right run's value over the left's, the same at every recorded step (a
+    /// base value apart, not a schedule's pace).
     Setting {
         optimizer: usize,
         group: usize,
         setting: &'static str,
         left: Told,
         right: Told,
+        steady: Option<f64>,
     },
     /// The runs' optimizers hold other param groups: `left` and `right` groups in all.
     GroupsDiffer {
@@ -265,9 +268,11 @@ pub enum Numbers {
         tensors: Vec<(String, f64)>,
         control: Option<ControlPath>,
     },
-    /// `carried`: a bound was carried through the optimizer (ours, or derived).
+    /// `carried`: a bound was carried through the optimizer (ours, or derived);
+    /// `amplifies`: the optimizer may amplify rounding (not SGD, which is linear).
     OptimizerStep {
         carried: bool,
+        amplifies: bool,
     },
     Chaos {
         growth: Vec<f64>,
@@ -288,6 +293,12 @@ pub enum Numbers {
         ratio: f64,
         whole: bool,
         adam: bool,
+    },
+    /// `tensors` (the first few) alone are `ratio` times the other run's; the rest agree.
+    TensorFactor {
+        tensors: Vec<String>,
+        ratio: f64,
+        whole: bool,
     },
     TokenCountPerRank,
     Epoch {
@@ -394,6 +405,7 @@ impl Numbers {
             N::ClippedFactor { whole, .. } => (M::ClippedFactor, factor(*whole)),
             N::OneFactor { whole, .. } => (M::OneFactor, factor(*whole)),
             N::TokenCountPerRank => (M::TokenCountPerRank, R::TokenCountPerRank),
+            N::TensorFactor { .. } => (M::TensorFactor, R::DifferentGradients),
             N::Epoch { .. } => (M::Epoch, R::EpochDependentSampling),
             N::DifferentSamples => (M::DifferentSamples, R::DifferentSamples),
             N::ShortWindow { .. } => (M::ShortWindow, R::ShortWindowScaling),

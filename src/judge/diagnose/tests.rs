@@ -67,6 +67,22 @@ fn named(a: &Trace, b: &Trace, cx: &Context) -> Diagnosis {
 mod scaling {
     use super::*;
 
+    /// One tensor's gradient alone half the other run's, the rest agreeing: a scaling of
+    /// that tensor (a gradient hook by the micro-batches per process), not the whole loss's.
+    #[test]
+    fn one_tensor_alone_scaled_is_that_tensors_factor() {
+        let two = |w: &[f32], v: &[f32]| {
+            vec![("v".to_string(), Values::f32s(v.to_vec())), ("w".to_string(), Values::f32s(w.to_vec()))]
+        };
+        let (mut a, mut b) = (trace(&[G], F), ddp(trace(&[G], F), 2));
+        a.steps = vec![two(G, G)];
+        b.steps = vec![two(G, &scaled(G, 0.5))];
+        let d = recorded(&a, &b);
+        assert_eq!(d.reason, Reason::DifferentGradients, "{d:?}");
+        assert!(d.detail.starts_with("at step 0 ddp's gradients of v alone are 1/2 of accumulation's"), "{}", d.detail);
+        assert_eq!(d.where_().as_deref(), Some("the local gradient stage, owned by your script"));
+    }
+
     #[test]
     fn a_whole_factor_is_loss_scaling() {
         let half = scaled(G, 0.5);

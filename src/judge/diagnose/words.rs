@@ -108,6 +108,7 @@ words! {
         Stale = "stale gradients",
         ClippedFactor = "factor clipped in one run",
         OneFactor = "one factor",
+        TensorFactor = "some tensors' factor",
         TokenCountPerRank = "token count per rank",
         Epoch = "epoch",
         DifferentSamples = "different samples",

@@ -109,6 +109,23 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                  gives the same gradients with one reduction per step{timed}"
             )
         }
+        Numbers::TensorFactor { tensors, ratio, whole } => {
+            let r = match (*whole, *ratio < 1.0) {
+                (true, true) => format!("1/{:.0} of", 1.0 / ratio),
+                (true, false) => format!("{ratio:.0}x"),
+                (false, _) => format!("{ratio:.4}x"),
+            };
+            format!(
+                "at step {} {}'s gradients of {} alone are {r} {}'s, and every other tensor agrees: something scales \
+                 those gradients by what differs between one process and W ranks (a gradient hook or a per-parameter \
+                 multiplier using the micro-batches per process, the rank or the world size); scale them alike in \
+                 both runs",
+                p.step.unwrap_or(0),
+                w.right,
+                tensors.join(", "),
+                w.left
+            )
+        }
         Numbers::AmplifiedRounding { ddp, control, margin, scale } => format!(
             "the gradients agree at step 0 and part later, with no recorded fact apart, as this model amplifies \
              rounding: a control run (accumulation again, each step's gradients nudged by {scale:.0e} of each \

@@ -90,7 +90,7 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                              statistics) differ: DDP keeps rank 0's (broadcast_buffers), so compare runs of one kind, \
                              or leave buffers out (no --strict-buffers)"
             .into(),
-        Numbers::OptimizerStep { carried: false } => {
+        Numbers::OptimizerStep { carried: false, amplifies: true } => {
             "every step's gradients agree within tolerance but the final weights do not: the optimizer made \
              different steps of the same gradients, or amplified their rounding (Adam and AdamW divide by √v, so a \
              parameter whose true gradient is zero, such as an attention key bias, moves a full step on rounding \
@@ -98,30 +98,41 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
              through the optimizer"
                 .into()
         }
-        Numbers::OptimizerStep { carried: true } => {
-            "every step's gradients agree but the final weights differ beyond what the optimizer makes of that \
-             agreement: the runs' optimizers differ (their settings, their state, or a step applied to other \
-             parameters)"
-                .into()
+        Numbers::OptimizerStep { carried, .. } => {
+            let held = match carried {
+                true => "beyond what the optimizer makes of that agreement",
+                false => "under SGD, which does not amplify rounding (it is linear in the gradients)",
+            };
+            format!(
+                "every step's gradients agree but the final weights differ {held}: something besides the \
+                 optimizer's steps changed the weights (an EMA or averaged copy loaded into the model at the end, a \
+                 weight set by hand after training), or the runs' optimizers differ (their state, or a step applied \
+                 to other parameters)"
+            )
         }
-        Numbers::Setting { optimizer, group, setting, left, right } => {
+        Numbers::Setting { optimizer, group, setting, left, right, steady } => {
             let whose = match optimizer {
                 0 => format!("param group {group}"),
                 k => format!("optimizer {k}'s param group {group}"),
             };
             let at = p.step.map_or("".into(), |s| format!(" at step {s}"));
-            let why = match *setting {
-                "lr" => {
-                    "its learning rate was scheduled otherwise (a scheduler of that group stepped per micro-batch \
-                         or per process, or its length counted from one rank's share); tick every group's schedule \
-                         once per optimizer step"
+            let why: String = match (*setting, steady) {
+                (_, Some(ratio)) => format!(
+                    "{r}'s is {ratio:.4}x {l}'s at every step, so it is a base value computed from what differs \
+                     between one process and W ranks (the micro-batches or samples per process, the rank, the \
+                     world size), not a schedule's pace; give both runs the same"
+                ),
+                ("lr", None) => "its learning rate was scheduled otherwise (a scheduler of that group stepped per \
+                                 micro-batch or per process, or its length counted from one rank's share); tick \
+                                 every group's schedule once per optimizer step"
+                    .into(),
+                ("params", None) => {
+                    "the group holds other parameters in each run (a layer frozen or added on one side only)".into()
                 }
-                "params" => "the group holds other parameters in each run (a layer frozen or added on one side only)",
-                _ => {
-                    "a setting computed from what differs between one process and W ranks (the per-process batch, \
-                      the rank, the micro-batches per process) or set on some ranks only; give every run the same \
-                      optimizer settings"
-                }
+                (_, None) => "a setting computed from what differs between one process and W ranks (the per-process \
+                              batch, the rank, the micro-batches per process) or set on some ranks only; give every \
+                              run the same optimizer settings"
+                    .into(),
             };
             format!("{whose} was told {setting} = {} in {l} and {} in {r}{at}: {why}", told(left), told(right))
         }
@@ -151,7 +162,7 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                     .into(),
             };
             format!(
-                "{l} and {r} part beyond rounding {at}{most}, and no recorded fact differs: look for what the \
+                "{l} and {r} part beyond rounding {at}{most}, and no recorded fact explains it: look for what the \
                  script does per process, per rank or per micro-batch to those tensors (an update, a normaliser, \
                  a copy of the weights){proof}"
             )

@@ -47,6 +47,7 @@ fn runs(tier: Tier) -> &'static [Locator] {
         Tier::Unseen => &[steps::stale, shape::clipped_factor],
         Tier::Shape => &[
             shape::one_factor,
+            shape::tensor_factor,
             samples::token_count_per_rank,
             samples::epoch,
             samples::different_samples,

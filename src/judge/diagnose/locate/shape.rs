@@ -47,3 +47,26 @@ pub fn unexplained(ev: &Evidence) -> Option<Parting> {
     let (first, tensors) = most_apart(ev.c);
     Some(Parting::new(first, None, None, Numbers::Unexplained { tensors, control: None }))
 }
+
+/// Some tensors' gradients one factor of the other run's while every other tensor agrees: a
+/// scaling of those tensors alone (a gradient hook, a per-parameter multiplier) by something
+/// that differs between one process and W ranks.
+pub fn tensor_factor(ev: &Evidence) -> Option<Parting> {
+    let s = ev.first?;
+    let step = ev.c.steps.get(s)?;
+    let apart: Vec<&str> =
+        step.tensors.iter().filter(|t| t.verdict == Agreement::Diverged).map(|t| t.name.as_str()).collect();
+    if apart.is_empty() || apart.len() == step.tensors.len() {
+        return None;
+    }
+    let values =
+        |t: &crate::evidence::Trace, n: &str| t.steps.get(s)?.iter().find(|(m, _)| m == n).map(|(_, v)| v.to_f64());
+    let ratios: Vec<f64> =
+        apart.iter().map(|n| fitted_ratio(&values(ev.a, n)?, &values(ev.b, n)?, ev.cx.eps)).collect::<Option<_>>()?;
+    let ratio = ratios[0];
+    ratios.iter().all(|r| (r / ratio - 1.0).abs() <= NORM_REL).then(|| {
+        let tensors = apart.iter().take(3).map(|n| n.to_string()).collect();
+        let numbers = Numbers::TensorFactor { tensors, ratio, whole: whole_at(ratio, ev.cx.eps) };
+        Parting::new(Some(s), Some(Stage::LocalGradient), None, numbers)
+    })
+}

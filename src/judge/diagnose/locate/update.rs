@@ -1,7 +1,7 @@
 //! The update: learning rates each step applied, the loss scaler's record, clip counts, and
 //! what the optimizer made of gradients that agree.
 
-use crate::evidence::{Engine, OptimizerRecord, Trace};
+use crate::evidence::{Engine, Group, OptimizerRecord, Trace};
 use crate::judge::diagnose::parting::{Numbers, Pace, Parting, Side, Told};
 use crate::judge::diagnose::{Evidence, Stage};
 use crate::judge::Agreement;
@@ -66,7 +66,10 @@ pub fn after_the_gradients(ev: &Evidence) -> Option<Parting> {
         return Some(Parting::new(None, Some(Stage::LocalGradient), None, Numbers::Buffers));
     }
     let carried = ev.cx.ours() || ev.c.derived;
-    Some(Parting::new(None, Some(Stage::Update), None, Numbers::OptimizerStep { carried }))
+    // SGD is linear in the gradients; another optimizer, or one not recorded, may amplify.
+    let sgd = [ev.a, ev.b].iter().all(|t| t.header.optimizer.kind == Some(crate::evidence::OptimizerKind::Sgd));
+    let amplifies = !ev.cx.ours() && !sgd;
+    Some(Parting::new(None, Some(Stage::Update), None, Numbers::OptimizerStep { carried, amplifies }))
 }
 
 /// The runs' optimizers were told different updates: a setting of some param group at some
@@ -102,6 +105,7 @@ pub fn settings(ev: &Evidence) -> Option<Parting> {
                     setting: name,
                     left: Told::Number(u),
                     right: Told::Number(v),
+                    steady: steady(a, b, (g.optimizer, g.group), name),
                 };
                 return Some(Parting::new(Some(s), Some(Stage::Update), None, numbers));
             }
@@ -112,6 +116,19 @@ pub fn settings(ev: &Evidence) -> Option<Parting> {
     }
     header_setting(&ev.a.header.optimizer, &ev.b.header.optimizer)
         .map(|numbers| Parting::new(None, Some(Stage::Update), None, numbers))
+}
+
+/// The right run's value of one group's setting over the left's, where it is the same at
+/// every step both recorded (a base value apart, scaled alike by any schedule).
+fn steady(a: &[Vec<Group>], b: &[Vec<Group>], id: (usize, usize), name: &str) -> Option<f64> {
+    let value = |gs: &Vec<Group>| {
+        let g = gs.iter().find(|g| (g.optimizer, g.group) == id)?;
+        g.settings().into_iter().find(|(n, _)| *n == name)?.1
+    };
+    let ratios: Vec<f64> = a.iter().zip(b).filter_map(|(x, y)| Some(value(y)? / value(x)?)).collect();
+    let first = *ratios.first()?;
+    (ratios.len() > 1 && first.is_finite() && ratios.iter().all(|r| (r - first).abs() <= 1e-9 * first.abs()))
+        .then_some(first)
 }
 
 /// Two recorded values of one setting that are not the same training's: both set and apart
@@ -132,6 +149,7 @@ fn header_setting(x: &OptimizerRecord, y: &OptimizerRecord) -> Option<Numbers> {
         setting,
         left,
         right,
+        steady: None,
     };
     if let (Some(k), Some(l)) = (&x.kind, &y.kind) {
         if k != l {

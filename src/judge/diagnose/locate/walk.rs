@@ -70,20 +70,20 @@ fn loss(a: &Leg, b: &Leg, s: usize, eps: f64) -> Option<Parting> {
     };
     let apart = |x: &Batch, y: &Batch| apart_by(x, y, LOSS_REL);
     if s == 0 {
+        // Weights that move after each micro-batch part a pair exactly where the two
+        // processes had made a different number of micro-batches before it: every pair at
+        // the same place in its process's window alike, every other pair apart (a loss of
+        // one rank's own parts that rank's pairs wherever they stand).
         let apart = |x: &Batch, y: &Batch| apart_by(x, y, LOSS_EPS_AT_0 * eps);
-        let first = |l: &Leg, x: &Batch| {
-            l.batches
-                .iter()
-                .position(|y| y.rank == x.rank && y.fingerprint.is_some())
-                .map(|i| std::ptr::eq(&l.batches[i], x))
-        };
-        let (firsts, later): (Vec<_>, Vec<_>) =
-            pairs.iter().partition(|(x, y)| first(a, x) == Some(true) && first(b, y) == Some(true));
-        if !firsts.is_empty() && firsts.iter().all(|(x, y)| !apart(x, y)) {
-            if let Some((x, y)) = later.iter().find(|(x, y)| apart(x, y)) {
-                let losses = (x.loss()?, y.loss()?);
-                return at(s, Stage::Update, None, Numbers::MovedInWindow { losses, rank: y.rank });
-            }
+        let place = |l: &Leg, x: &Batch| l.batches.iter().filter(|y| y.rank == x.rank).position(|y| std::ptr::eq(y, x));
+        let (same, other): (Vec<_>, Vec<_>) = pairs.iter().partition(|(x, y)| place(a, x) == place(b, y));
+        let moved = !same.is_empty()
+            && !other.is_empty()
+            && same.iter().all(|(x, y)| !apart(x, y))
+            && other.iter().all(|(x, y)| apart(x, y));
+        if let Some((x, y)) = other.first().filter(|_| moved) {
+            let losses = (x.loss()?, y.loss()?);
+            return at(s, Stage::Update, None, Numbers::MovedInWindow { losses, rank: y.rank });
         }
     }
     let (x, y) = pairs.iter().find(|(x, y)| apart(x, y))?;

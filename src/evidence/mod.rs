@@ -33,3 +33,7 @@ pub use writer::TraceWriter;
 
 /// What `--save-trace DIR` writes: both runs' traces and the JSON report.
 pub const SAVED_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors", "report.json"];
+
+/// The control run's trace beside them, where one ran (`judge::control`): `compare DIR`
+/// judges with it.
+pub const CONTROL_FILE: &str = "control.safetensors";

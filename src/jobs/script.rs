@@ -24,8 +24,6 @@ struct Leg {
 /// The big-batch trace, beside the two `--save-trace` names.
 pub const BIG_BATCH_FILE: &str = "big-batch.safetensors";
 
-/// The control run's trace (`judge::control`), where one ran.
-pub const CONTROL_FILE: &str = "control.safetensors";
 
 pub fn command(o: &ScriptOptions) -> Result<Exit> {
     match run(o)? {
@@ -86,7 +84,7 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
     let outcome = match outcome.control_wanted {
         Some(scale) => {
             let (leg, _) = legs.iter().find(|(l, _)| l.name == "accumulation").expect("the accumulation leg");
-            let control = o.out.join(CONTROL_FILE);
+            let control = o.out.join(crate::evidence::CONTROL_FILE);
             if !o.quiet {
                 eprintln!(
                     "ddp-verify: the runs part after step 0 with no recorded fact apart: running a control (the \

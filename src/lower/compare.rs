@@ -48,13 +48,18 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
             ));
         }
     }
+    // A --save-trace folder holds the control run's trace where one ran: judged with it.
+    let control = args.control.clone().or_else(|| match (&args.a, &args.b) {
+        (dir, None) => Some(dir.join(crate::evidence::CONTROL_FILE)).filter(|p| p.is_file()),
+        _ => None,
+    });
     let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
     Ok(CompareOptions {
         paths,
         big: args.big_batch.clone(),
-        control: args.control.clone(),
+        control,
         tolerance,
         reports,
         plot: args.plot.clone(),

@@ -91,10 +91,13 @@ fn fsdp2_sampled_traces_give_the_same_verdicts() {
     assert_eq!(r["traces"]["sampling"]["size"], 16, "{r}");
 }
 
-/// FSDP2 at W=3, K=9, B=3, N=82 (explore's draw): later steps part beyond one step's
-/// tolerance as AdamW amplifies the reduction's rounding, with no recorded fact apart. A
-/// control run proves it rounding: EQUIVALENT with the caution. `compare` of the same
-/// traces without the control is NOT EQUIVALENT, asking for one; with it, equivalent.
+/// FSDP2 at W=3, K=9, B=3, N=82 (explore's draw): EQUIVALENT. Its later steps may part
+/// beyond one step's tolerance as AdamW amplifies the reduction's rounding, with no recorded
+/// fact apart (on this 2-core machine one run parted at step 2 by 2.6e-6, another stayed
+/// within at 1.0e-6: gloo's three ranks do not reduce in one order every run); where they
+/// do, a control run proves it rounding (the caution says so), `compare` of the two traces
+/// without it is NOT EQUIVALENT asking for one, and with it (or the folder that holds it)
+/// equivalent.
 #[test]
 fn fsdp2_at_w3_amplified_rounding_is_proven_by_a_control_run() {
     let t = tempfile::tempdir().unwrap();
@@ -108,17 +111,26 @@ fn fsdp2_at_w3_amplified_rounding_is_proven_by_a_control_run() {
     let out = crate::util::ddp_verify(&args);
     let r = crate::util::json_file(&report_s);
     assert_eq!(out.status.code(), Some(0), "{r}{}", stderr(&out));
+    let parted = r["runs"]["steps"].as_array().unwrap().iter().any(|s| s["verdict"] == "diverged");
+    if !parted {
+        assert!(r["caution"].is_null() && !stderr(&out).contains("the control leg"), "{r}");
+        return;
+    }
     assert_eq!(r["caution"]["reason"], "chaos", "{r}");
     assert!(stderr(&out).contains("the control leg"), "{}", stderr(&out));
-    let control = dir.join("control.safetensors").display().to_string();
-    let without = crate::util::ddp_verify(&["compare", &dir_s, "--report", "json"]);
-    let json: serde_json::Value = serde_json::from_str(&stdout(&without)).unwrap();
+    let file = |name: &str| dir.join(name).display().to_string();
+    let (acc, ddp, control) = (file("accumulation.safetensors"), file("ddp.safetensors"), file("control.safetensors"));
+    let json = t.path().join("compare.json").display().to_string();
+    let without = crate::util::ddp_verify(&["compare", &acc, &ddp, "--report", "json", "--report-file", &json]);
+    let c = crate::util::json_file(&json);
     assert_eq!(
-        (without.status.code(), json["diagnosis"]["reason"].as_str()),
+        (without.status.code(), c["diagnosis"]["reason"].as_str()),
         (Some(1), Some("unexplained difference")),
-        "{json}"
+        "{c}"
     );
-    assert!(json["diagnosis"]["detail"].as_str().unwrap().contains("no control run"), "{json}");
-    let with = crate::util::ddp_verify(&["compare", &dir_s, "--control", &control]);
+    assert!(c["diagnosis"]["detail"].as_str().unwrap().contains("no control run"), "{c}");
+    let with = crate::util::ddp_verify(&["compare", &acc, &ddp, "--control", &control]);
     assert_eq!(with.status.code(), Some(0), "{}", stdout(&with));
+    let by_folder = crate::util::ddp_verify(&["compare", &dir_s]);
+    assert_eq!(by_folder.status.code(), Some(0), "{}", stdout(&by_folder));
 }

@@ -24,7 +24,6 @@ struct Leg {
 /// The big-batch trace, beside the two `--save-trace` names.
 pub const BIG_BATCH_FILE: &str = "big-batch.safetensors";
 
-
 pub fn command(o: &ScriptOptions) -> Result<Exit> {
     match run(o)? {
         Some(outcome) => {

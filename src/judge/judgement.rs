@@ -79,9 +79,17 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         true => None,
         false => control::wanted(diagnosis.as_ref(), &runs, &accumulation, &ddp, finals_unbounded, context.eps),
     };
+    // What rounding explains (a tolerance tighter than rounding), or nothing, is no cause
+    // until a control says the runs left rounding's path; a shape or a stage is kept.
+    let guessed = |d: &Option<Diagnosis>| {
+        d.as_ref().is_none_or(|d| d.reason == Reason::Unexplained || d.tier == Some(Tier::Rounding))
+    };
     let (diagnosis, amplified, control_wanted) = match (wanted, control.as_ref()) {
         (None, _) => (diagnosis, None, None),
-        (Some(scale), None) => (unproven(&accumulation, &ddp, &runs, &context, ControlPath::None), None, Some(scale)),
+        (Some(scale), None) if guessed(&diagnosis) => {
+            (unproven(&accumulation, &ddp, &runs, &context, ControlPath::None), None, Some(scale))
+        }
+        (Some(scale), None) => (diagnosis, None, Some(scale)),
         (Some(_), Some(ctrl)) => match control::prove(&accumulation, &ddp, ctrl, &runs) {
             Proof::Rounding(numbers) => {
                 runs.verdict = Agreement::WithinTolerance;
@@ -89,11 +97,9 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
                 (None, Some(cautioned(&p, &runs.left, &runs.right)), None)
             }
             Proof::Left { step, path } => {
-                // What rounding explains (a tolerance tighter than rounding) is refuted now.
-                let named = diagnosis.filter(|d| d.reason != Reason::Unexplained && d.tier != Some(Tier::Rounding));
-                let d = match (named, step) {
+                let d = match (guessed(&diagnosis), step) {
                     // A cause the pipeline named, now proven more than rounding.
-                    (Some(d), Some(_)) => Some(d),
+                    (false, Some(_)) => diagnosis,
                     _ => unproven(&accumulation, &ddp, &runs, &context, path),
                 };
                 (d, None, None)

@@ -15,7 +15,6 @@ use crate::judge::diagnose::{Evidence, Stage};
 /// Relative agreement of two recorded losses of the same inputs and weights.
 const LOSS_REL: f64 = 1e-3;
 
-
 /// The walk, in stage order.
 pub fn walk(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;

@@ -103,7 +103,10 @@ fn nanogpt_honest_under_adam_and_rmsprop_is_equivalent() {
     let (code, adam) = zero_edit("nanogpt", "--grad-accum {acc_steps} --optimizer adam");
     assert_eq!((code, adam["runs"]["derived"].as_bool()), (Some(0), Some(true)), "{adam}");
     let (code, rms) = zero_edit("nanogpt", "--grad-accum {acc_steps} --optimizer rmsprop");
-    assert_eq!((code, rms["caution"]["reason"].as_str()), (Some(0), Some("chaos")), "{rms}");
+    // Whole traces part beyond the fixed tolerance and a control proves it ("chaos"); the
+    // sampled rerun (scripts/test.sh) may keep no element that parts, and needs none.
+    assert_eq!(code, Some(0), "{rms}");
+    assert!(rms["caution"].is_null() || rms["caution"]["reason"] == "chaos", "{rms}");
     assert!(rms["runs"]["finals"]["not_judged"].is_null(), "{rms}");
 }
 

@@ -17,6 +17,14 @@ def active_dropout(module: torch.nn.Module) -> str | None:
     return f"{len(ps)} dropout layers, p up to {max(ps):g}" if ps else None
 
 
+def coupled(module: torch.nn.Module) -> str | None:
+    """The layers that mix a micro-batch's samples while training (BatchNorm's batch
+    statistics), in words, or None: where they train, a step's samples grouped otherwise
+    into micro-batches give other gradients, which the judge names only with this fact."""
+    n = sum(1 for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training)
+    return f"{n} BatchNorm layers in training mode" if n else None
+
+
 def setting(value: Any) -> str | None:
     """An optimizer setting as the header holds it: a number, a flag, or numbers separated by
     spaces (betas); None for what is none of these (a setting another optimizer spells

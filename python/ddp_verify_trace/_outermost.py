@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from . import _owners
-from ._stages.fingerprint import fingerprint
+from ._stages.fingerprint import seen
 from ._stages.loss import forward_loss, normaliser
 
 
@@ -52,7 +52,7 @@ class Outer:
         try:
             if self.learning:
                 self._seen.add(module)
-            fp = fingerprint(args, kwargs)
+            fp = seen(args, kwargs)
             norm = normaliser(kwargs)
             who = _owners.caller(frame) if norm is not None else None
             for watch in watches:

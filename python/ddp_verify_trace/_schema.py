@@ -28,6 +28,7 @@ HEADER = {
     "framework": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "ddp_forward": ("one of", ("seen", "none",), False),
     "dropout": ("text", None, False),
+    "coupled": ("text", None, False),
     "unrecorded_optimizers": ("text", None, False),
     "written_by": ("text", None, False),
     "recorded_by": ("text", None, False),
@@ -66,7 +67,7 @@ HEADER = {
 }
 OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "momentum", "amsgrad", "nesterov", "dampening", "maximize",)
 # The columns of a batches.<step> row (stage facts), in order
-BATCH_FIELDS = ("rank", "fingerprint", "forward", "peeled", "root", "handed", "normaliser",)
+BATCH_FIELDS = ("rank", "fingerprint", "forward", "peeled", "root", "handed", "normaliser", "samples", "every",)
 # The columns of a groups.<step> row (one per param group of every optimizer; NaN: no such setting)
 GROUP_FIELDS = ("optimizer", "group", "params", "lr", "weight_decay", "beta1", "beta2", "eps", "momentum",)
 
@@ -86,6 +87,7 @@ class Key:
     FRAMEWORK = "framework"
     DDP_FORWARD = "ddp_forward"
     DROPOUT = "dropout"
+    COUPLED = "coupled"
     UNRECORDED_OPTIMIZERS = "unrecorded_optimizers"
     WRITTEN_BY = "written_by"
     RECORDED_BY = "recorded_by"
@@ -202,6 +204,7 @@ TENSORS = {
     "comm": ("comm.{step}", "i64", "two"),
     "seconds": ("seconds.{step}", "finite", "one"),
     "batches": ("batches.{step}", "f64", "vector"),
+    "samples": ("samples.{step}", "f64", "vector"),
     "local": ("local.{step}.{param}", "f64", "one"),
     "step_calls": ("step_calls.{step}", "i64", "one"),
     "zeroed": ("zeroed.{step}", "i64", "one"),
@@ -237,6 +240,7 @@ class Tensor:
     COMM = "comm"
     SECONDS = "seconds"
     BATCHES = "batches"
+    SAMPLES = "samples"
     LOCAL = "local"
     STEP_CALLS = "step_calls"
     ZEROED = "zeroed"

@@ -25,7 +25,7 @@ import torch
 
 from . import _collectives, _deal, _extras, _groups, _owners, _perturb, _progress, _schema, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
-from ._detect import active_dropout, unwrap
+from ._detect import active_dropout, coupled, unwrap
 from ._followed import Followed
 from ._magnitudes import Backwards
 from ._positions import Sampling, Summaries, numel, to_host
@@ -106,6 +106,9 @@ class Recorder(Followed):
         dropout = active_dropout(self._module)
         if dropout:
             self._meta[K.DROPOUT] = dropout
+        mixing = coupled(self._module)
+        if mixing:
+            self._meta[K.COUPLED] = mixing
         self._world = rank_world()[1]
         # Opened by rank 0 at its first step, when the process group says which rank is 0.
         self._stream: Stream | None = None
@@ -301,9 +304,11 @@ class Recorder(Followed):
                 rank_bits, rest = rest.split([len(self._params), rest.shape[1] - len(self._params)], dim=1)
             if weights is not None:
                 rank_weights = rest
-        rows, sums = self._exchange.finish(packed, every, world)
+        rows, hashes, sums = self._exchange.finish(packed, every, world)
         if rows.numel():
             self._tensors[_schema.name("batches", s)] = rows
+        if hashes.numel():
+            self._tensors[_schema.name("samples", s)] = hashes
         if sums[0]:  # a backward was seen on some rank
             # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
             for (n, _), v in zip(self._params, sums[1:].split(1)):

@@ -115,9 +115,9 @@ def test_layout_and_metadata(run):
     want |= {f"{k}.{s}" for k in ("micro", "clips") for s in range(4)}
     # The wall seconds of each step after the first.
     want |= {f"seconds.{s}" for s in range(1, 4)}
-    # Stage facts: each step's micro-batches (one process: no local sums, which the judge
-    # reads from the applied gradients).
-    want |= {f"batches.{s}" for s in range(4)}
+    # Stage facts: each step's micro-batches and their samples (one process: no local sums,
+    # which the judge reads from the applied gradients).
+    want |= {f"{k}.{s}" for k in ("batches", "samples") for s in range(4)}
     assert set(t) == want
     assert [t[f"micro.{s}"].item() for s in range(4)] == [2] * 4
     assert [t[f"clips.{s}"].item() for s in range(4)] == [0] * 4
@@ -130,7 +130,7 @@ def test_layout_and_metadata(run):
         "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),
     }
     assert t["buffer.bn.num_batches_tracked"].dtype == torch.int64
-    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips.", "seconds.", "batches.", "local."))}
+    floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips.", "seconds.", "batches.", "samples.", "local."))}
     assert all(v.dtype == torch.float32 and v.is_contiguous() for v in floats.values())
 
 

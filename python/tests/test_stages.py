@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddp_verify_trace
 from ddp_verify_trace import _schema
-from ddp_verify_trace._stages.fingerprint import fingerprint
+from ddp_verify_trace._stages.fingerprint import ROWS, fingerprint, seen
 from ddp_verify_trace._stages.loss import peel
 from _world import run_world
 
@@ -34,6 +34,20 @@ def test_a_fingerprint_follows_the_first_input_bit_for_bit():
     assert fp(y) != fp(x) and fp(x.flip(0)) != fp(x) and fp(x.reshape(3, 4)) != fp(x)
     assert fp(input_ids=torch.arange(5)) != fp(input_ids=torch.arange(1, 6))
     assert fingerprint((3, "a"), {}) is None
+
+
+def test_each_sample_is_hashed_alike_in_any_grouping():
+    x = torch.randn(8, 2, 3, generator=torch.Generator().manual_seed(0))
+    hashes = lambda *parts: sorted(v for p in parts for v in seen((p,), {}).rows.tolist())  # noqa: E731
+    # Consecutive micro-batches in one process, strided ones on two ranks: the same samples.
+    assert hashes(x[:4], x[4:]) == hashes(x[0::2], x[1::2]) == hashes(x)
+    y = x.clone()
+    y[5, 1, 2] = y[5, 1, 2].nextafter(torch.tensor(9.0))
+    assert len(set(hashes(x)) ^ set(hashes(y))) == 2  # one sample changed, one hash
+    assert hashes(x.reshape(8, 3, 2)) != hashes(x)  # a sample's shape counts
+    assert hashes(torch.arange(6)) == hashes(torch.arange(3), torch.arange(3, 6))
+    # A batch above ROWS keeps 1 in `every` rows by hash value: the same rows in any grouping.
+    assert seen((torch.zeros(ROWS, 1),), {}).every == 1 and seen((torch.zeros(ROWS + 1, 1),), {}).every == 2
 
 
 def test_constant_factors_are_peeled_off_the_root():
@@ -76,6 +90,9 @@ def test_one_process_records_each_loss_and_its_scaling_and_no_local_sums(tmp_pat
         assert torch.allclose(r[:, FIELD["peeled"]], torch.tensor(losses[2 * s : 2 * s + 2], dtype=torch.float64))
         assert torch.allclose(r[:, FIELD["root"]] * 2, r[:, FIELD["peeled"]])
         assert r[0, FIELD["fingerprint"]] != r[1, FIELD["fingerprint"]]
+        # Each micro-batch's 4 samples hashed, all kept, in the rows' order.
+        assert r[:, FIELD["samples"]].tolist() == [4, 4] and r[:, FIELD["every"]].tolist() == [1, 1]
+        assert t[f"samples.{s}"].numel() == 8 and len(set(t[f"samples.{s}"].tolist())) == 8
         for n, v in sums[s].items():  # what it applied is its local gradient
             assert abs(t[f"grads.{s}.{n}"].double().sum().item() - v) <= 1e-6 * max(1.0, abs(v)), (s, n)
     # One process reduces nothing: the judge reads the local sums from the applied gradients,

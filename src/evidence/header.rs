@@ -132,6 +132,8 @@ header! {
         framework: Framework = FRAMEWORK "framework" optional "the framework that called optimizer.step()";
         ddp_forward: DdpForward = DDP_FORWARD "ddp_forward" optional "whether a DistributedDataParallel forward ran";
         dropout: String = DROPOUT "dropout" optional "the dropout layers that train, in words";
+        coupled: String = COUPLED "coupled" optional
+            "the layers that mix a micro-batch's samples while training (BatchNorm), in words";
         unrecorded_optimizers: String = UNRECORDED_OPTIMIZERS "unrecorded_optimizers" optional
             "other optimizers that stepped, by class";
         written_by: String = WRITTEN_BY "written_by" optional "the tool and version that wrote it";

@@ -167,6 +167,8 @@ struct Reading {
     summaries: BTreeMap<usize, Summaries>,
     final_summaries: Summaries,
     stages: BTreeMap<usize, super::StageStep>,
+    /// `samples.<s>` as read: put beside the step's batches once both are (`finish`).
+    samples: BTreeMap<usize, Vec<f64>>,
     groups: BTreeMap<usize, Vec<super::Group>>,
     /// Per parameter, whether the ranks' final weights differ, and the first rank apart.
     rank_finals: BTreeMap<String, usize>,
@@ -243,6 +245,7 @@ impl Reading {
                 let rows = super::stages::rows(&all).ok_or_else(|| format!("tensor {name}: {}", n.kind.about))?;
                 self.stages.entry(s).or_default().batches = rows;
             }
+            K::Samples => _ = self.samples.insert(s, all.clone()),
             K::Local => _ = self.stages.entry(s).or_default().local.insert(p, first()),
             K::StepCalls => self.stages.entry(s).or_default().step_calls = Some(first() as i64),
             K::Zeroed => self.stages.entry(s).or_default().zeroed = first() as i64,
@@ -259,6 +262,11 @@ impl Reading {
     fn finish(mut self, header: TraceHeader) -> std::result::Result<Trace, String> {
         if self.finals.is_empty() {
             return Err("no final.<param> tensors".into());
+        }
+        for (s, flat) in std::mem::take(&mut self.samples) {
+            let step = self.stages.entry(s).or_default();
+            step.samples = super::stages::samples(&flat, &step.batches)
+                .ok_or_else(|| format!("tensor samples.{s}: fewer hashes than batches.{s} counts"))?;
         }
         // Magnitudes scale what a difference may be: a NaN or infinite one would let any
         // difference pass, so it is refused, never trusted.

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 /// The columns of one `batches.<s>` row, in order (a NaN: not recorded). The recorder
 /// writes by this list (generated into `_schema.py`).
-pub const BATCH_FIELDS: [&str; 7] = ["rank", "fingerprint", "forward", "peeled", "root", "handed", "normaliser"];
+pub const BATCH_FIELDS: [&str; 9] =
+    ["rank", "fingerprint", "forward", "peeled", "root", "handed", "normaliser", "samples", "every"];
 
 /// One micro-batch (one backward) of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -26,6 +27,17 @@ pub struct Batch {
     pub handed: Option<f64>,
     /// `num_items_in_batch`, where the forward was passed one.
     pub normaliser: Option<f64>,
+    /// Where its samples (the rows of its first input) were hashed: the first of them in
+    /// `StageStep::samples`, how many were kept, and 1 in how many rows (by hash value) was kept.
+    pub rows: Option<Rows>,
+}
+
+/// A micro-batch's kept sample hashes within its step's `samples`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rows {
+    pub start: usize,
+    pub count: usize,
+    pub every: u64,
 }
 
 impl Batch {
@@ -41,6 +53,12 @@ impl Batch {
         let (root, loss) = (self.root?, self.loss()?);
         (loss != 0.0).then(|| root / loss).filter(|f| f.is_finite())
     }
+
+    /// Its kept samples' hashes, out of its step's.
+    pub fn samples<'a>(&self, step: &'a StageStep) -> Option<&'a [u64]> {
+        let r = self.rows?;
+        step.samples.get(r.start..r.start + r.count)
+    }
 }
 
 /// One step's stage facts.
@@ -54,6 +72,8 @@ pub struct StageStep {
     pub step_calls: Option<i64>,
     /// zero_grad calls after one of the step's backwards, before the step.
     pub zeroed: i64,
+    /// Every micro-batch's kept samples' hashes, in `batches` order (`Batch::rows`).
+    pub samples: Vec<u64>,
 }
 
 /// `batches.<s>`'s flat values as rows; None where the length is no whole number of rows.
@@ -63,6 +83,7 @@ pub fn rows(flat: &[f64]) -> Option<Vec<Batch>> {
         return None;
     }
     let known = |v: f64| v.is_finite().then_some(v);
+    let mut start = 0;
     Some(
         flat.chunks(n)
             .map(|r| Batch {
@@ -73,9 +94,21 @@ pub fn rows(flat: &[f64]) -> Option<Vec<Batch>> {
                 root: known(r[4]),
                 handed: known(r[5]),
                 normaliser: known(r[6]),
+                rows: known(r[7]).zip(known(r[8])).map(|(count, every)| {
+                    let rows = Rows { start, count: count.max(0.0) as usize, every: every.max(1.0) as u64 };
+                    start += rows.count;
+                    rows
+                }),
             })
             .collect(),
     )
+}
+
+/// The step's sample hashes as the trace holds them (exact integers in float64); None where
+/// the rows count more than there are.
+pub fn samples(flat: &[f64], batches: &[Batch]) -> Option<Vec<u64>> {
+    let want = batches.iter().filter_map(|b| b.rows).map(|r| r.start + r.count).max().unwrap_or(0);
+    (flat.len() >= want).then(|| flat.iter().map(|v| v.max(0.0) as u64).collect())
 }
 
 #[cfg(test)]
@@ -84,11 +117,15 @@ mod tests {
 
     #[test]
     fn rows_are_read_by_the_fields_and_nan_is_unknown() {
-        let flat = [1.0, 42.0, 2.0, f64::NAN, 0.5, f64::NAN, 7.0];
+        let flat = [1.0, 42.0, 2.0, f64::NAN, 0.5, f64::NAN, 7.0, 3.0, 1.0, 0.0, 43.0, 2.0, f64::NAN, 0.5, f64::NAN, 7.0, 2.0, 2.0];
         let b = rows(&flat).unwrap();
-        assert_eq!(b.len(), 1);
+        assert_eq!(b.len(), 2);
         assert_eq!((b[0].rank, b[0].fingerprint, b[0].loss(), b[0].scaling()), (1, Some(42), Some(2.0), Some(0.25)));
         assert_eq!((b[0].handed, b[0].normaliser), (None, Some(7.0)));
-        assert!(rows(&flat[..6]).is_none());
+        assert_eq!(b[1].rows, Some(Rows { start: 3, count: 2, every: 2 }));
+        let step = StageStep { samples: samples(&[5.0, 6.0, 7.0, 8.0, 9.0], &b).unwrap(), ..StageStep::default() };
+        assert_eq!(b[1].samples(&step), Some(&[8, 9][..]));
+        assert!(samples(&[5.0], &b).is_none());
+        assert!(rows(&flat[..8]).is_none());
     }
 }

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .. import _schema
+from .fingerprint import Seen
 from .loss import peel
 
 FIELDS = _schema.BATCH_FIELDS
@@ -22,6 +23,8 @@ class Batches:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self._inputs: Any = None  # fingerprints of the forwards since the last backward
+        self._rows: list[torch.Tensor] = []  # their rows' hashes
+        self._every = 1
         self._norm: Any = None
         self._loss: Any = None
         self._handed: Any = None
@@ -30,11 +33,15 @@ class Batches:
         self.api: str | None = None  # the framework whose backward API took the loss
         self.normalised_by: str | None = None
 
-    def forward(self, fp: torch.Tensor | None, norm: Any, who: str | None) -> None:
+    def forward(self, fp: Seen | None, norm: Any, who: str | None) -> None:
         if fp is not None:
-            # Several outermost calls in one micro-batch: their fingerprints in order.
-            both = fp if self._inputs is None else self._inputs * 1000003 + fp
+            # Several outermost calls in one micro-batch: their fingerprints in order, their
+            # rows together.
+            both = fp.whole if self._inputs is None else self._inputs * 1000003 + fp.whole
             self._inputs = both & _WRAP if isinstance(both, int) else both
+            if fp.rows is not None:
+                self._rows.append(fp.rows)
+                self._every = max(self._every, fp.every)
         if norm is not None:
             self._norm = norm
             if who is not None:
@@ -56,14 +63,35 @@ class Batches:
             self.handed_by = who
         self.rows.append(
             {"fingerprint": self._inputs, "normaliser": self._norm, "forward": self._loss,
-             "root": root.detach(), "factor": peel(root), "handed": self._handed}  # fmt: skip
+             "root": root.detach(), "factor": peel(root), "handed": self._handed,
+             "samples": self._rows, "every": self._every}  # fmt: skip
         )
         self._inputs = self._norm = self._loss = self._handed = None
+        self._rows, self._every = [], 1
 
-    def take(self, rank: int) -> list[list[float]]:
-        """The rows since the last take, as numbers (the one sync of the step's facts)."""
+    def take(self, rank: int) -> tuple[list[list[float]], list[float]]:
+        """The rows since the last take, as numbers (the one sync of the step's facts), and
+        their samples' hashes in row order (`samples` of each row)."""
         rows, self.rows = self.rows, []
-        return [_row(rank, r) for r in rows]
+        out: list[list[float]] = []
+        hashes: list[float] = []
+        for r in rows:
+            kept = _kept(r["samples"], r["every"])
+            out.append(_row(rank, r, len(kept) if kept is not None else None))
+            hashes.extend(kept or ())
+        return out, hashes
+
+
+def _kept(parts: list[torch.Tensor], every: int) -> list[float] | None:
+    """A micro-batch's samples' hashes kept (exact in float64: 52 bits), 1 in `every` by
+    value; None where none were taken."""
+    if not parts:
+        return None
+    try:
+        values = torch.cat([p.reshape(-1).cpu() for p in parts]).tolist()
+    except Exception:  # noqa: BLE001 - rows on devices that cannot meet: not taken
+        return None
+    return [float(v & _MASK) for v in values if (v & _MASK) % every == 0]
 
 
 def _number(v: Any) -> float:
@@ -74,7 +102,7 @@ def _number(v: Any) -> float:
     return float(v)
 
 
-def _row(rank: int, r: dict[str, Any]) -> list[float]:
+def _row(rank: int, r: dict[str, Any], samples: int | None) -> list[float]:
     root = _number(r["root"])
     factor = _number(r["factor"])
     fp = r["fingerprint"]
@@ -86,5 +114,7 @@ def _row(rank: int, r: dict[str, Any]) -> list[float]:
         "root": root,
         "handed": _number(r["handed"]),
         "normaliser": _number(r["normaliser"]),
+        "samples": float(samples) if samples is not None else _NAN,
+        "every": float(r["every"]) if samples is not None else _NAN,
     }
     return [values[f] for f in FIELDS]

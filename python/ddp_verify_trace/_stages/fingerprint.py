@@ -1,5 +1,7 @@
 """The fingerprint of a micro-batch's samples: a number that changes with the first tensor
-input of its outermost module calls (the bits, shape and order of what the model saw)."""
+input of its outermost module calls (the bits, shape and order of what the model saw), and
+one number per sample (each row along that input's first dimension), so that the judge can
+compare a step's samples however they were grouped into micro-batches."""
 from __future__ import annotations
 
 import ctypes
@@ -35,6 +37,54 @@ def _first(value: Any, depth: int = 0) -> torch.Tensor | None:
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+# Rows hashed per call, at most: a larger batch keeps the rows whose hash is 0 modulo the
+# power of two `every` that brings it under this (the same rows in every grouping).
+ROWS = 512
+
+
+class Seen:
+    """One outermost call's samples: the whole input's fingerprint, its rows' hashes (an
+    int64 tensor, on the input's device), and 1 in how many rows the judge keeps."""
+
+    __slots__ = ("whole", "rows", "every")
+
+    def __init__(self, whole: torch.Tensor | int, rows: torch.Tensor | None, every: int) -> None:
+        self.whole, self.rows, self.every = whole, rows, every
+
+
+def seen(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Seen | None:
+    """The samples an outermost call received (`fingerprint` and `rows`); None where no tensor
+    was passed."""
+    t = _first(args)
+    if t is None:
+        t = _first(kwargs)
+        if t is None:
+            return None
+    n = t.shape[0] if t.dim() else 1
+    every = 1
+    while n > ROWS * every:
+        every *= 2
+    return Seen(_whole(t), rows(t), every)
+
+
+def rows(t: torch.Tensor) -> torch.Tensor | None:
+    """Each row's hash (its bits weighted by position, its shape mixed in): one int64 per row
+    along the first dimension, on the tensor's device, without a sync; None where a row is
+    empty."""
+    if t.dim() < 1 or t.shape[0] == 0:
+        return None
+    width = t.numel() // t.shape[0]
+    if width == 0:
+        return None
+    m = t.detach().reshape(t.shape[0], width)
+    if m.dtype == torch.bool:
+        m = m.view(torch.uint8)
+    elif m.is_floating_point():
+        m = m.view(_INTS[m.element_size()])
+    shape = hash(t.shape[1:]) & 0x7FFFFFFFFFFF
+    return (m.to(torch.int64) * _weights(width, m.device)).sum(1).add_(shape)
+
+
 def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | int | None:
     """A number that changes with the first tensor input's bits, shape or order: on the host
     a CRC-32 of its bytes with its shape's hash above it (a Python int: no torch operation,
@@ -50,6 +100,10 @@ def fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor |
         t = _first(kwargs)
         if t is None:
             return None
+    return _whole(t)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor | int:
     # The shape mixed in (a torch.Size hashes as its tuple of ints, alike in every process).
     shape = hash(t.shape) & 0x7FFFFFFFFFFF
     if t.is_cpu:

@@ -14,7 +14,9 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
     let t = src.trace(p.leg.unwrap_or(Side::Right));
     let framework = |f: Option<Framework>, api: &str| Owner::of_framework(t, f.unwrap_or(Framework::Plain), api);
     match &p.numbers {
-        Numbers::DealtUnevenly(_) | Numbers::DifferentInputs { .. } => dealer(src.trace(Side::Right)),
+        Numbers::DealtUnevenly(_) | Numbers::DifferentInputs { .. } | Numbers::Regrouped { .. } => {
+            dealer(src.trace(Side::Right))
+        }
         Numbers::SteppedEarly { .. } => framework(t.header.framework, "its optimizer wrapper's step()"),
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
         Numbers::Reduction { configured: true, .. } => Owner::Script,

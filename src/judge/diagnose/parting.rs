@@ -174,10 +174,18 @@ pub enum Numbers {
         world: usize,
         configured: bool,
     },
+    /// `differ` of `total` micro-batches (or samples, where each sample was hashed) are not
+    /// the other leg's.
     DifferentInputs {
         missing: Option<(usize, usize)>,
         differ: usize,
         total: usize,
+        samples: bool,
+    },
+    /// The same samples in the step, grouped otherwise into micro-batches, where `layers` mix
+    /// a micro-batch's samples while training.
+    Regrouped {
+        layers: String,
     },
     NormaliserPerRank {
         losses: (f64, f64),
@@ -372,6 +380,7 @@ impl Numbers {
             N::Reduction { divide, world, .. } if *divide < *world as f64 => (M::Summed, R::SummedOverRanks),
             N::Reduction { .. } => (M::DividedAgain, R::SummedOverRanks),
             N::DifferentInputs { .. } => (M::DifferentInputs, R::DifferentSamples),
+            N::Regrouped { .. } => (M::Regrouped, R::Regrouped),
             N::NormaliserPerRank { .. } => (M::NormaliserPerRank, R::TokenCountPerRank),
             N::LossDiffers { .. } => (M::LossDiffers, R::DifferentGradients),
             N::ZeroedInWindow { .. } => (M::ZeroedInWindow, R::ZeroedInWindow),

@@ -23,7 +23,7 @@ fn leg(world: usize, scale: f64, local: f64, g: &[f32], steps: usize) -> Trace {
         })
         .collect();
     let stage =
-        StageStep { batches, local: [("w".to_string(), local)].into_iter().collect(), step_calls: None, zeroed: 0 };
+        StageStep { batches, local: [("w".to_string(), local)].into_iter().collect(), step_calls: None, zeroed: 0, samples: vec![] };
     let mut t = Trace {
         header: TraceHeader {
             version: Some(2),

@@ -40,6 +40,7 @@ words! {
         UnevenData = "data dealt unevenly",
         OptimizerSettings = "optimizer settings",
         Unexplained = "unexplained difference",
+        Regrouped = "samples grouped otherwise",
     }
 }
 
@@ -75,6 +76,7 @@ words! {
         DividedAgain = "divided again",
         // The stages, from their recorded facts.
         DifferentInputs = "different inputs",
+        Regrouped = "samples grouped otherwise",
         NormaliserPerRank = "normaliser per rank",
         LossDiffers = "loss differs",
         ZeroedInWindow = "zeroed in window",

@@ -13,11 +13,16 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
     let s = step(p);
     let upgrade = || format!("the library's, not your script: upgrade {}", owner.name());
     let words = match &p.numbers {
-        Numbers::DifferentInputs { missing, differ, total } => {
+        Numbers::DifferentInputs { missing, differ, total, samples } => {
+            let unit = if *samples { "samples" } else { "micro-batches" };
             let which = match missing {
+                Some((rank, nth)) if *samples => {
+                    format!("{b}'s rank {rank} micro-batch {nth} holds samples {a} never saw in that step")
+                }
                 Some((rank, nth)) => {
                     format!("{b}'s rank {rank} micro-batch {nth} saw inputs no micro-batch of {a} saw")
                 }
+                None if *samples => format!("{a} saw samples {b} never saw in that step"),
                 None => format!("{a} and {b} saw different numbers of micro-batches"),
             };
             let by = match owner.is_library() {
@@ -31,10 +36,18 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                     .into(),
             };
             format!(
-                "the runs see different samples at step {s} (recorded: {which}; {differ} of {total} micro-batches \
+                "the runs see different samples at step {s} (recorded: {which}; {differ} of {total} {unit} \
                  differ): {by}"
             )
         }
+        Numbers::Regrouped { layers } => format!(
+            "the runs see the same samples at step {s}, grouped otherwise into micro-batches ({label}'s micro-batches \
+             are not {other}'s), and {layers} mix a micro-batch's samples: each micro-batch's batch statistics \
+             differ. Deal each rank the accumulation run's micro-batches whole (AccumulationBatchSampler, or a \
+             DistributedSampler over contiguous blocks), or use SyncBatchNorm/GroupNorm where the grouping \
+             should not count",
+            other = w.label(p.leg.unwrap_or(Side::Right).other()),
+        ),
         Numbers::NormaliserPerRank { losses: (lx, ly), normalisers: (nx, ny), rank } => {
             let advice = match owner.is_library() {
                 true => format!(

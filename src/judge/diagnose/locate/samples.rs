@@ -71,13 +71,15 @@ pub fn epoch(ev: &Evidence) -> Option<Parting> {
     (epoch > 0).then(|| Parting::new(Some(s), Some(Stage::Samples), None, Numbers::Epoch { epoch }))
 }
 
-/// What is left: other samples in the step. Not where both legs recorded their micro-batches'
-/// inputs and they are the same samples: that fact refutes the guess.
+/// What is left: other samples in the step. Not where both legs recorded their samples (each
+/// sample, or each micro-batch's inputs) and they are the same: that fact refutes the guess.
 pub fn different_samples(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
-    let same = |side: Side, t| Leg::at(t, side, s).and_then(|l| l.fingerprints());
-    if let (Some(x), Some(y)) = (same(Side::Left, ev.a), same(Side::Right, ev.b)) {
-        if x == y {
+    if let (Some(a), Some(b)) = (Leg::at(ev.a, Side::Left, s), Leg::at(ev.b, Side::Right, s)) {
+        let every = a.every().zip(b.every()).map(|(x, y)| x.max(y));
+        let by_sample = every.and_then(|e| Some(a.samples(e)? == b.samples(e)?));
+        let by_batch = a.fingerprints().zip(b.fingerprints()).map(|(x, y)| x == y);
+        if by_sample.or(by_batch) == Some(true) {
             return None;
         }
     }

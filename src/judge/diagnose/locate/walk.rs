@@ -31,8 +31,14 @@ fn at(s: usize, stage: Stage, leg: Option<Side>, numbers: Numbers) -> Option<Par
     Some(Parting::new(Some(s), Some(stage), leg, numbers))
 }
 
-/// Samples: the micro-batches' inputs, as multisets over the step.
+/// Samples: each sample (a row of the inputs) as a multiset over the step, where both legs
+/// hashed them: a step's samples grouped otherwise into micro-batches are the same samples,
+/// and the grouping is named only where a layer that mixes a micro-batch's samples trains.
+/// Else the micro-batches' inputs, as multisets over the step.
 fn samples(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+    if let Some(by_sample) = each_sample(a, b, s) {
+        return by_sample;
+    }
     let (fa, fb) = (a.fingerprints()?, b.fingerprints()?);
     if fa == fb {
         return None;
@@ -40,9 +46,52 @@ fn samples(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
     let unseen = |f: &u64| fa.binary_search(f).is_err();
     let missing = b.batches.iter().enumerate().find(|(_, x)| x.fingerprint.as_ref().is_some_and(unseen));
     let missing = missing.map(|(i, x)| (x.rank, b.batches[..i].iter().filter(|y| y.rank == x.rank).count() + 1));
-    let numbers =
-        Numbers::DifferentInputs { missing, differ: fb.iter().filter(|f| unseen(f)).count(), total: fb.len() };
+    let differ = fb.iter().filter(|f| unseen(f)).count();
+    let numbers = Numbers::DifferentInputs { missing, differ, total: fb.len(), samples: false };
     at(s, Stage::Samples, Some(b.side), numbers)
+}
+
+/// The samples stage by each sample: None where either leg did not hash its samples, else
+/// the stage's finding (Some(None): the same samples, and no layer couples their grouping).
+fn each_sample(a: &Leg, b: &Leg, s: usize) -> Option<Option<Parting>> {
+    let every = a.every()?.max(b.every()?);
+    let (sa, sb) = (a.samples(every)?, b.samples(every)?);
+    if sa == sb {
+        let regrouped = a.fingerprints().zip(b.fingerprints()).is_some_and(|(x, y)| x != y);
+        let coupled = b.trace.header.coupled.clone().or_else(|| a.trace.header.coupled.clone());
+        return Some(match (regrouped, coupled) {
+            (true, Some(layers)) => at(s, Stage::Samples, Some(b.side), Numbers::Regrouped { layers }),
+            _ => None,
+        });
+    }
+    // b's samples a lacks, counted as a multiset.
+    let mut left = sa.clone();
+    let mut unseen = |h: &u64| match left.binary_search(h) {
+        Ok(i) => {
+            left.remove(i);
+            false
+        }
+        Err(_) => true,
+    };
+    let mut missing = None;
+    let mut differ = 0;
+    let mut nth: std::collections::BTreeMap<usize, usize> = Default::default();
+    for x in b.batches {
+        let n = nth.entry(x.rank).or_default();
+        *n += 1;
+        let own = b.samples_of(x, every)?;
+        let count = own.iter().filter(|h| unseen(h)).count();
+        if count > 0 && missing.is_none() {
+            missing = Some((x.rank, *n));
+        }
+        differ += count;
+    }
+    if differ == 0 {
+        // b's samples are all a's, yet fewer: a saw more.
+        differ = sa.len() - sb.len();
+    }
+    let numbers = Numbers::DifferentInputs { missing, differ, total: sb.len().max(sa.len()), samples: true };
+    Some(at(s, Stage::Samples, Some(b.side), numbers))
 }
 
 /// Gradients zeroed inside a window: the micro-batches before it never reach the step.

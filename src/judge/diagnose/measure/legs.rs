@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::median;
-use crate::evidence::{Batch, Engine, Framework, Trace};
+use crate::evidence::{Batch, Engine, Framework, StageStep, Trace};
 use crate::judge::diagnose::parting::Side;
 
 /// One leg at one step.
@@ -13,6 +13,7 @@ pub struct Leg<'a> {
     pub trace: &'a Trace,
     pub side: Side,
     pub batches: &'a [Batch],
+    pub step: &'a StageStep,
     /// Processes in the leg.
     pub world: usize,
 }
@@ -24,6 +25,7 @@ impl<'a> Leg<'a> {
             trace,
             side,
             batches: &st.batches,
+            step: st,
             world: trace.header.world_size.unwrap_or(1).max(1),
         })
     }
@@ -40,6 +42,28 @@ impl<'a> Leg<'a> {
             v.sort_unstable();
         }
         v
+    }
+
+    /// 1 in how many of its samples (by hash value) the coarsest micro-batch kept; None
+    /// where a micro-batch's samples were not hashed.
+    pub fn every(&self) -> Option<u64> {
+        self.batches.iter().map(|b| b.rows.map(|r| r.every)).collect::<Option<Vec<_>>>()?.into_iter().max()
+    }
+
+    /// A micro-batch's samples kept 1 in `every` (a multiple of each micro-batch's own).
+    pub fn samples_of(&self, b: &Batch, every: u64) -> Option<Vec<u64>> {
+        Some(b.samples(self.step)?.iter().copied().filter(|h| h % every == 0).collect())
+    }
+
+    /// The step's samples, sorted (a multiset), kept 1 in `every`; None where a micro-batch's
+    /// were not hashed.
+    pub fn samples(&self, every: u64) -> Option<Vec<u64>> {
+        let mut v = Vec::new();
+        for b in self.batches {
+            v.extend(self.samples_of(b, every)?);
+        }
+        v.sort_unstable();
+        Some(v)
     }
 
     /// Whether any step holds local gradient sums.

@@ -25,7 +25,7 @@ pub use header::{
 };
 pub use pair::{BigLeg, Legs};
 pub use sampled::{Sampled, Sampling, Summaries, Summary};
-pub use stages::{Batch, StageStep, BATCH_FIELDS};
+pub use stages::{Batch, Rows, StageStep, BATCH_FIELDS};
 pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
 pub use unrepeatable::Unrepeatable;
 pub use values::{Data, Elem, Values, CHUNK};

@@ -117,7 +117,26 @@ mod tests {
 
     #[test]
     fn rows_are_read_by_the_fields_and_nan_is_unknown() {
-        let flat = [1.0, 42.0, 2.0, f64::NAN, 0.5, f64::NAN, 7.0, 3.0, 1.0, 0.0, 43.0, 2.0, f64::NAN, 0.5, f64::NAN, 7.0, 2.0, 2.0];
+        let flat = [
+            1.0,
+            42.0,
+            2.0,
+            f64::NAN,
+            0.5,
+            f64::NAN,
+            7.0,
+            3.0,
+            1.0,
+            0.0,
+            43.0,
+            2.0,
+            f64::NAN,
+            0.5,
+            f64::NAN,
+            7.0,
+            2.0,
+            2.0,
+        ];
         let b = rows(&flat).unwrap();
         assert_eq!(b.len(), 2);
         assert_eq!((b[0].rank, b[0].fingerprint, b[0].loss(), b[0].scaling()), (1, Some(42), Some(2.0), Some(0.25)));

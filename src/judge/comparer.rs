@@ -165,6 +165,7 @@ impl Comparer {
             rank_drift,
             scaler,
             range_parted,
+            hidden_factor: None,
             verdict,
         }
     }

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use super::control::{self, Proof};
 use super::diagnose::{most_apart, restated, ControlPath, Evidence, Pair, Tier};
 use super::{
-    adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, finals_judged, needless_sync, Agreement,
-    BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome, Parting, Reason, SampledPair, Subject,
-    TracePair,
+    adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, finals_judged, hidden_by_clipping,
+    needless_sync, Agreement, BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome, Parting, Reason,
+    SampledPair, Subject, TracePair,
 };
 use crate::evidence::{BigLeg, Golden, Legs, Params, Trace, Unrepeatable};
 use crate::spec::{CompareOptions, Config, Dtype, Tolerance, ToleranceOverrides};
@@ -74,15 +74,23 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         }
         _ => None,
     };
-    let diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
-    let wanted = match context.ours() {
-        true => None,
-        false => control::wanted(diagnosis.as_ref(), &runs, &accumulation, &ddp, finals_unbounded, context.eps),
-    };
+    let mut diagnosis = diagnose(&accumulation, &ddp, &runs, &context);
     // What rounding explains (a tolerance tighter than rounding), or nothing, is no cause
     // until a control says the runs left rounding's path; a shape or a stage is kept.
     let guessed = |d: &Option<Diagnosis>| {
         d.as_ref().is_none_or(|d| d.reason == Reason::Unexplained || d.tier == Some(Tier::Rounding))
+    };
+    // A factor clipping hid, shown by the stage facts, outranks a guess.
+    if guessed(&diagnosis) {
+        if let Some((ratio, d)) = hidden_by_clipping(&accumulation, &ddp, &runs, &context) {
+            runs.verdict = Agreement::Diverged;
+            runs.hidden_factor = Some(ratio);
+            diagnosis = Some(d);
+        }
+    }
+    let wanted = match context.ours() {
+        true => None,
+        false => control::wanted(diagnosis.as_ref(), &runs, &accumulation, &ddp, finals_unbounded, context.eps),
     };
     let (diagnosis, amplified, control_wanted) = match (wanted, control.as_ref()) {
         (None, _) => (diagnosis, None, None),

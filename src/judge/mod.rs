@@ -19,8 +19,8 @@ pub use comparer::{compare, Comparer};
 pub use control::MARGIN as CONTROL_MARGIN;
 pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
-    big_batch as diagnose_big_batch, caution, cautioned, diagnose, Context, Diagnosis, Loss, Numbers, Origin, Parting,
-    Reason, ShortWindow,
+    big_batch as diagnose_big_batch, caution, cautioned, diagnose, hidden_by_clipping, Context, Diagnosis, Loss,
+    Numbers, Origin, Parting, Reason, ShortWindow,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use judgement::{judge, Judging, Terms};
@@ -277,6 +277,11 @@ pub struct Comparison {
     /// Steps float16's range parted the runs at, which were not judged (see `RangePrediction`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub range_parted: Option<RangeParted>,
+    /// A factor between the runs' gradients before clipping (right over left) that clipping
+    /// hid at every step and the stage facts show in the losses' scaling or the reduction
+    /// (`judgement`): not the same training, though the clipped gradients agree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_factor: Option<f64>,
     pub verdict: Agreement,
 }
 

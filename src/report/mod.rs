@@ -207,6 +207,13 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
     if let Some(m) = first.scaler {
         return format!("NOT EQUIVALENT: {}", m.describe(&first.left, &first.right));
     }
+    if let Some(f) = first.hidden_factor {
+        return format!(
+            "NOT EQUIVALENT: {}'s gradients before clipping were {f:.4}x {}'s at every step, a factor the losses' \
+             scaling shows; clipping made the applied gradients agree",
+            first.right, first.left
+        );
+    }
     let (what, g) = match first.steps.iter().position(|g| g.verdict == Agreement::Diverged) {
         Some(i) => (format!("step {i}"), &first.steps[i]),
         None if first.finals.verdict == Agreement::Diverged => ("final weights".to_string(), &first.finals),

@@ -142,6 +142,36 @@ pub fn big_batch(a: &Trace, b: &Trace, c: &Comparison, cx: &Context, runs_agree:
     name(&ev, !cx.ours())
 }
 
+/// A factor clipping hid at every step that the stage facts show in the losses' scaling
+/// before backward or in the reduction (a loss never divided, say): a recorded fact that
+/// differs, so it decides the verdict (the runs part once the norm falls under max_norm) and
+/// is the cause, with the factor, ahead of what rounding may explain. None for our own runs,
+/// and where the facts do not show it (then it stays a caution).
+pub fn hidden_by_clipping(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<(f64, Diagnosis)> {
+    if cx.ours() {
+        return None;
+    }
+    let mut ev = Evidence::new(a, b, c, cx, Pair::Runs);
+    let Numbers::HiddenFactor { ratio, .. } = locate::hidden_factor(&ev)?.numbers else { return None };
+    ev.first = Some(0);
+    let p = locate::scaling_at(&ev, 0)?;
+    let shown = match p.numbers {
+        Numbers::Scaling { ratio: r, .. } => measure::near(r, ratio, 1e-2),
+        Numbers::Reduction { divide, world, .. } => measure::near(world as f64 / divide, ratio, 1e-2),
+        _ => false,
+    };
+    if !shown {
+        return None;
+    }
+    let mut d = restated(&p, &ev, Tier::Recorded);
+    d.detail = format!(
+        "clipping hid it: every step's gradients were clipped to the same norm, so the runs agree only while \
+         clipping is active; {}",
+        d.detail
+    );
+    Some((ratio, d))
+}
+
 /// The caution beside an equivalence where both runs clipped every step by a steady factor.
 pub fn caution(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
     if c.verdict == Agreement::Diverged {

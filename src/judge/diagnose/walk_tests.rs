@@ -22,8 +22,13 @@ fn leg(world: usize, scale: f64, local: f64, g: &[f32], steps: usize) -> Trace {
             ..Batch::default()
         })
         .collect();
-    let stage =
-        StageStep { batches, local: [("w".to_string(), local)].into_iter().collect(), step_calls: None, zeroed: 0, samples: vec![] };
+    let stage = StageStep {
+        batches,
+        local: [("w".to_string(), local)].into_iter().collect(),
+        step_calls: None,
+        zeroed: 0,
+        samples: vec![],
+    };
     let mut t = Trace {
         header: TraceHeader {
             version: Some(2),
@@ -257,4 +262,93 @@ fn a_normaliser_of_each_rank_s_own_is_the_scripts_scaling() {
     assert_eq!(d.reason, Reason::TokenCountPerRank, "{d:?}");
     assert_eq!(said(&d), ("scaling", "script", None));
     assert!(d.detail.contains("rank 0 by 5.5000e-1, rank 1 by 4.5000e-1"), "{}", d.detail);
+}
+
+/// The samples each micro-batch held, hashed: `groups[i]` for micro-batch i (2 each), and a
+/// fingerprint of the group.
+fn holding(t: &mut Trace, groups: [[u64; 2]; 4]) {
+    use crate::evidence::Rows;
+    let st = &mut t.facts.stages[0];
+    st.samples = groups.iter().flatten().map(|h| h * 2).collect();
+    for (i, b) in st.batches.iter_mut().enumerate() {
+        b.rows = Some(Rows { start: 2 * i, count: 2, every: 1 });
+        b.fingerprint = Some(groups[i][0] * 100 + groups[i][1]);
+    }
+}
+
+/// One process read micro-batches [0,1] [2,3] [4,5] [6,7]; DDP's strided sampler gave rank 0
+/// [0,2] [4,6] and rank 1 [1,3] [5,7]: the same samples in the step.
+const CONSECUTIVE: [[u64; 2]; 4] = [[0, 1], [2, 3], [4, 5], [6, 7]];
+const STRIDED: [[u64; 2]; 4] = [[0, 2], [4, 6], [1, 3], [5, 7]];
+
+#[test]
+fn the_same_samples_grouped_otherwise_are_not_the_samples_stage() {
+    // A loss never divided, in both legs: one process's gradient 4 means, each rank's 2.
+    let mut acc = leg(1, 1.0, 4.0 * sum(&G), &times(4.0), 1);
+    let mut ddp = leg(2, 1.0, 4.0 * sum(&G), &times(2.0), 1);
+    holding(&mut acc, CONSECUTIVE);
+    holding(&mut ddp, STRIDED);
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("scaling", "script", None), "{d:?}");
+    // Never divided: the advice divides, and names the leg that needs it most.
+    assert!(d.detail.contains("accumulation scales each loss by 1.0000, 4.00x"), "{}", d.detail);
+    assert!(!d.detail.contains("divided twice"), "{}", d.detail);
+    // One sample apart is other samples, counted as samples.
+    ddp.facts.stages[0].samples[3] = 99;
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("samples", "script", None), "{d:?}");
+    assert!(d.detail.contains("1 of 8 samples differ") && d.detail.contains("rank 0 micro-batch 2"), "{}", d.detail);
+}
+
+#[test]
+fn a_grouping_is_named_only_where_a_layer_mixes_a_micro_batchs_samples() {
+    let mut acc = honest_acc();
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.3), 1);
+    holding(&mut acc, CONSECUTIVE);
+    holding(&mut ddp, STRIDED);
+    ddp.header.coupled = Some("2 BatchNorm layers in training mode".into());
+    let d = judged(&acc, &ddp);
+    assert_eq!((d.reason, said(&d)), (Reason::Regrouped, ("samples", "script", None)), "{d:?}");
+    assert!(d.detail.contains("2 BatchNorm layers in training mode"), "{}", d.detail);
+    ddp.header.coupled = None;
+    assert_ne!(judged(&acc, &ddp).reason, Reason::Regrouped);
+}
+
+#[test]
+fn never_divided_and_divided_twice_get_opposite_advice_from_the_facts() {
+    // A Trainer passes num_items_in_batch to a model that returns its own mean: the same
+    // micro-batch's loss is the same under another normaliser, so nothing divided it.
+    let normalised = |t: &mut Trace, n: f64| {
+        t.facts.stages[0].batches.iter_mut().for_each(|b| b.normaliser = Some(n));
+        t.header.loss_handed_by = Some(Framework::Transformers);
+        t.header.normalised_by = Some(Framework::Transformers);
+        t.header.versions = Some("torch==2.13.0, transformers==4.46.0".into());
+    };
+    let mut acc = leg(1, 1.0, 4.0 * sum(&G), &times(4.0), 1);
+    let mut ddp = leg(2, 1.0, 4.0 * sum(&G), &times(2.0), 1);
+    normalised(&mut acc, 400.0);
+    normalised(&mut ddp, 200.0);
+    let never = judged(&acc, &ddp);
+    assert_eq!(said(&never).0, "scaling", "{never:?}");
+    assert!(!never.detail.contains("divided twice"), "{}", never.detail);
+    assert!(never.detail.contains("4.00x what its 4 micro-batches"), "{}", never.detail);
+    // Its inverse: losses normalised over the window's tokens counted across ranks (they
+    // follow the normaliser: a quarter of each mean), which DDP must then multiply by W; its
+    // loss is divided by W instead: divided twice.
+    let mut acc = leg(1, 1.0, sum(&G), &G, 1);
+    let mut ddp = leg(2, 1.0, sum(&G), &times(0.25), 1);
+    normalised(&mut acc, 400.0);
+    normalised(&mut ddp, 400.0);
+    for (t, root) in [(&mut acc, 1.0), (&mut ddp, 0.5)] {
+        for b in t.facts.stages[0].batches.iter_mut() {
+            b.forward = b.forward.map(|l| l / 4.0);
+            b.peeled = b.forward;
+            b.root = b.forward.map(|l| l * root);
+        }
+        t.facts.stages[0].local.insert("w".into(), sum(&G) * root);
+    }
+    let twice = judged(&acc, &ddp);
+    assert_eq!(said(&twice).0, "scaling", "{twice:?}");
+    assert!(twice.detail.contains("divided twice"), "{}", twice.detail);
+    assert!(!twice.detail.contains("micro-batches per process need"), "{}", twice.detail);
 }

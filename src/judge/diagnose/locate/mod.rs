@@ -16,6 +16,7 @@ mod update;
 mod walk;
 
 pub use cautions::hidden_factor;
+pub use walk::scaling_at;
 
 use super::evidence::{Evidence, Pair};
 use super::parting::{Parting, Side};

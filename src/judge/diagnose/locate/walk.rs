@@ -27,6 +27,13 @@ pub fn walk(ev: &Evidence) -> Option<Parting> {
         .or_else(|| local_gradient(&a, &b, s))
 }
 
+/// The scaling before backward and the reduction alone, at step `s`: what the facts say of
+/// a factor clipping hid (the gradients applied agree, so no step parted).
+pub fn scaling_at(ev: &Evidence, s: usize) -> Option<Parting> {
+    let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
+    scaling_and_reduction(&a, &b, s)
+}
+
 fn at(s: usize, stage: Stage, leg: Option<Side>, numbers: Numbers) -> Option<Parting> {
     Some(Parting::new(Some(s), Some(stage), leg, numbers))
 }
@@ -241,33 +248,66 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
         return Some(p);
     }
     let (da, db) = (da.unwrap_or(1.0), db.unwrap_or(b.world as f64));
-    // Each matched micro-batch's root reaches the applied gradient divided by the reduction.
+    // Each matched micro-batch's root reaches the applied gradient divided by the reduction;
+    // where none match (the same samples grouped otherwise), each leg's one scaling of
+    // micro-batches alike in size.
     let ratio = median(
         matched(a.batches, b.batches).iter().filter_map(|(x, y)| Some((y.root? / db) / (x.root? / da))).collect(),
-    )?;
+    )
+    .or_else(|| Some((uniform(b)? / db) / (uniform(a)? / da)).filter(|_| same_sizes(a, b)))?;
     if near(ratio, 1.0, FACTOR_REL) {
         return None;
     }
     scaling(a, b, (sa, sb), ratio, s)
 }
 
+/// One scaling of every micro-batch's loss in a leg; None where they differ.
+fn uniform(l: &Leg) -> Option<f64> {
+    let v: Vec<f64> = l.batches.iter().map(Batch::scaling).collect::<Option<_>>()?;
+    v.iter().all(|x| near(*x, v[0], FACTOR_REL)).then(|| v[0])
+}
+
+/// Every micro-batch of both legs hashed the same number of samples, all of them: a mean
+/// loss per micro-batch weighs each sample alike in either grouping.
+fn same_sizes(a: &Leg, b: &Leg) -> bool {
+    let sizes: Option<Vec<(usize, u64)>> =
+        a.batches.iter().chain(b.batches).map(|x| x.rows.map(|r| (r.count, r.every))).collect();
+    sizes.is_some_and(|v| !v.is_empty() && v.iter().all(|&(n, e)| n == v[0].0 && e == 1))
+}
+
+/// Whether a leg's losses follow the normaliser its forward was passed (a loss normalised
+/// over the window): not where a micro-batch of the same inputs in the other leg was passed
+/// another normaliser and returned the same loss (a model that takes num_items_in_batch and
+/// returns its own mean: nothing then divides the loss by the window).
+fn follows_normaliser(l: &Leg, other: &Leg) -> bool {
+    if !l.batches.iter().any(|x| x.normaliser.is_some()) {
+        return false;
+    }
+    let pairs = matched(l.batches, other.batches);
+    let ignored = pairs.iter().any(|(x, y)| match (x.normaliser, y.normaliser, x.loss(), y.loss()) {
+        (Some(nx), Some(ny), Some(lx), Some(ly)) => !near(nx, ny, 1e-2) && near(lx, ly, LOSS_REL),
+        _ => false,
+    });
+    !ignored
+}
+
 /// The loss was scaled differently before backward: which leg, by whom, and which way.
 fn scaling(a: &Leg, b: &Leg, scales: (f64, f64), ratio: f64, s: usize) -> Option<Parting> {
     // What a leg's scaling should be: 1/k (a mean per micro-batch, k per rank), or where the
-    // forward was passed a normaliser over the window (Trainer's num_items_in_batch) none, or
-    // W on each of W ranks (making up for the ranks' averaging).
-    let expected = |l: &Leg| match l.batches.iter().any(|x| x.normaliser.is_some()) {
+    // forward's loss follows a normaliser over the window (Trainer's num_items_in_batch) none,
+    // or W on each of W ranks (making up for the ranks' averaging).
+    let expected = |l: &Leg, other: &Leg| match follows_normaliser(l, other) {
         true => l.world as f64,
         false => 1.0 / l.per_rank(),
     };
-    let (dev_a, dev_b) = (scales.0 / expected(a), scales.1 / expected(b));
+    let (dev_a, dev_b) = (scales.0 / expected(a, b), scales.1 / expected(b, a));
     let (leg, sc, dev) = if dev_a.ln().abs() > dev_b.ln().abs() { (a, scales.0, dev_a) } else { (b, scales.1, dev_b) };
     let t = leg.trace;
     let k = leg.per_rank();
     // Divided too much (a division on top of a framework's, or by K on every rank), or not
     // enough (a loss never divided): opposite advice.
     let too_much = dev < 1.0;
-    let normalised = leg.batches.iter().any(|x| x.normaliser.is_some());
+    let normalised = follows_normaliser(leg, if leg.side == a.side { b } else { a });
     let one = |v: f64| near(v, 1.0, FACTOR_REL);
     let how = match (leg.split(), t.header.loss_api) {
         // A loss normalised over the window (num_items_in_batch) handed to an API that

@@ -27,6 +27,8 @@ HEADER = {
     "magnitudes": ("one of", ("true", "per tensor", "false",), False),
     "framework": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "ddp_forward": ("one of", ("seen", "none",), False),
+    "ddp_built_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "ddp_settings": ("text", None, False),
     "dropout": ("text", None, False),
     "coupled": ("text", None, False),
     "unrecorded_optimizers": ("text", None, False),
@@ -86,6 +88,8 @@ class Key:
     MAGNITUDES = "magnitudes"
     FRAMEWORK = "framework"
     DDP_FORWARD = "ddp_forward"
+    DDP_BUILT_BY = "ddp_built_by"
+    DDP_SETTINGS = "ddp_settings"
     DROPOUT = "dropout"
     COUPLED = "coupled"
     UNRECORDED_OPTIMIZERS = "unrecorded_optimizers"
@@ -160,7 +164,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by keys hold."""
+    """The words the framework and ddp_built_by and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"

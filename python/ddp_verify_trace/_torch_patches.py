@@ -49,6 +49,14 @@ def open_watch() -> Watch:
     return watch
 
 
+def _whole_norm(total: Any) -> float:
+    """The total norm clip_grad_norm_ returned, over every rank's shard: FSDP2's is a DTensor
+    whose float() reads this rank's partial norm alone (every rank clips, so every rank
+    gathers it)."""
+    full = getattr(total, "full_tensor", None)
+    return float(full() if callable(full) else total)
+
+
 def _patch_all() -> None:
     from torch.amp import GradScaler
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -58,8 +66,10 @@ def _patch_all() -> None:
 
     def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
         total = clip_grad_norm(parameters, max_norm, *args, **kwargs)
-        for watch in OPEN:
-            watch.clipped(float(total), float(max_norm))
+        if OPEN:
+            norm = _whole_norm(total)
+            for watch in OPEN:
+                watch.clipped(norm, float(max_norm))
         return total
 
     # One wrapper at both names, so a call through either is counted once.

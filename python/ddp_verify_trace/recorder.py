@@ -362,6 +362,8 @@ class Recorder(Followed):
             self._settings(optimizer)
             self._groups(s, optimizer, lrs)
         calls, last = self._watch.take_clips()
+        if not calls and (inside := self.engine.clipped()) is not None:
+            calls, last = 1, inside
         self._tensors[_schema.name("clips", s)] = torch.tensor([calls], dtype=torch.int64)
         if calls:
             self._tensors[_schema.name("clip", s)] = torch.tensor(last, dtype=torch.float64)

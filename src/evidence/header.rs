@@ -131,6 +131,10 @@ header! {
         magnitudes: Magnitudes = MAGNITUDES "magnitudes" optional "what scale.<s>.<p> holds";
         framework: Framework = FRAMEWORK "framework" optional "the framework that called optimizer.step()";
         ddp_forward: DdpForward = DDP_FORWARD "ddp_forward" optional "whether a DistributedDataParallel forward ran";
+        ddp_built_by: Framework = DDP_BUILT_BY "ddp_built_by" optional
+            "whose code built the DistributedDataParallel module (a framework's strategy, or the script)";
+        ddp_settings: String = DDP_SETTINGS "ddp_settings" optional
+            "the DistributedDataParallel module's settings that change when and what it reduces, in words";
         dropout: String = DROPOUT "dropout" optional "the dropout layers that train, in words";
         coupled: String = COUPLED "coupled" optional
             "the layers that mix a micro-batch's samples while training (BatchNorm), in words";

@@ -51,6 +51,12 @@ fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
         if said != (case["stage"].as_str(), Some(library)) || !version_ok {
             wrong.push(format!("{name}: said {said:?} at {version:?}, want {:?} at {pinned:?}: {d}", case["stage"]));
         }
+        // The direction and size of a factor, or the mechanism, where the case says them.
+        if let Some(says) = case.get("says").and_then(|v| v.as_str()) {
+            if !d["detail"].as_str().unwrap_or_default().contains(says) {
+                wrong.push(format!("{name}: the cause does not say {says:?}: {d}"));
+            }
+        }
         // Advice about a library never asks for the script to change what it does right.
         let detail = d["detail"].as_str().unwrap_or_default();
         assert!(detail.contains("not your") || detail.contains("upgrade"), "{name}: {detail}");

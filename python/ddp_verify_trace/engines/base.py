@@ -134,6 +134,11 @@ class Engine:
         them (an engine that narrows them); None: they do."""
         return None
 
+    def clipped(self) -> list[float] | None:
+        """[total norm, max norm] of a clip the engine made inside its own step (none a
+        clip_grad_norm_ call shows), where it clipped; None: it does not clip."""
+        return None
+
     def after_step(self) -> None:
         """The step is recorded: the engine may keep what it made (collectives allowed)."""
 

@@ -16,11 +16,13 @@ backwards through `prepared` and marks the forward with `decided_inside`, whose 
 not counted as a micro-batch."""
 from __future__ import annotations
 
+import sys
+import weakref
 from typing import Any
 
 import torch
 
-from .. import _schema
+from .. import _owners, _schema
 from .._patches import Patches
 from .base import Engine
 
@@ -51,12 +53,60 @@ class Ddp(Engine):
             return post_forward(self, output)
 
         patches.replace(DistributedDataParallel, "_post_forward", _post_forward)
+        init = DistributedDataParallel.__init__
+
+        def __init__(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            try:
+                global _BUILT
+                _BUILT = (_owners.caller(sys._getframe(1)), weakref.ref(self))
+            except Exception:  # noqa: BLE001 - a fact not taken; training goes on
+                pass
+
+        patches.replace(DistributedDataParallel, "__init__", __init__)
+        register = getattr(DistributedDataParallel, "register_comm_hook", None)
+        if register is not None:
+
+            def register_comm_hook(self: DistributedDataParallel, state: Any, hook: Any) -> Any:
+                out = register(self, state, hook)
+                _HOOKED.add(id(self))
+                return out
+
+            patches.replace(DistributedDataParallel, "register_comm_hook", register_comm_hook)
 
     def step_facts(self, watch: Any, world: int, reduced: list[bool]) -> dict[str, str]:
-        return {_schema.Key.DDP_FORWARD: _schema.DdpForward.SEEN} if reduced else {}
+        if not reduced:
+            return {}
+        return {_schema.Key.DDP_FORWARD: _schema.DdpForward.SEEN, **built()}
 
     def closing_facts(self, world: int) -> dict[str, str]:
         return {_schema.Key.DDP_FORWARD: _schema.DdpForward.NONE} if world > 1 else {}
+
+
+# Who built the last DistributedDataParallel (a framework's word, or plain), and it; the ids
+# of those given a comm hook.
+_BUILT: tuple[str, Any] | None = None
+_HOOKED: set[int] = set()
+
+
+def built() -> dict[str, str]:
+    """Header words for the DDP module the run built last: whose code built it (a framework's
+    strategy owns the reduction it drives) and the settings that change when and what it
+    reduces."""
+    if _BUILT is None:
+        return {}
+    who, ref = _BUILT
+    ddp = ref()
+    if ddp is None:
+        return {_schema.Key.DDP_BUILT_BY: who}
+    settings = [
+        f"static_graph={bool(getattr(ddp, 'static_graph', False))}",
+        f"find_unused_parameters={bool(getattr(ddp, 'find_unused_parameters', False))}",
+        f"gradient_as_bucket_view={bool(getattr(ddp, 'gradient_as_bucket_view', False))}",
+    ]
+    if id(ddp) in _HOOKED:
+        settings.append("a comm hook")
+    return {_schema.Key.DDP_BUILT_BY: who, _schema.Key.DDP_SETTINGS: ", ".join(settings)}
 
 
 # The DDP modules whose forward now ending ran its backwards inside it, each reported where

@@ -466,6 +466,17 @@ class DeepSpeed(Engine):
         # ZeRO narrows `param_groups` to the group stepping: the user's, as its steps went.
         return [v for _, v in sorted(self._last.items())] if self._last else None
 
+    def clipped(self) -> list[float] | None:
+        """DeepSpeed's `gradient_clipping`: the global norm its step clipped by (of the
+        averaged, unscaled gradients; its coefficient is max / (norm + 1e-6), as torch's), as
+        the wrapper holds it while it steps (the engine copies it only after the step)."""
+        try:
+            clip = self.zero.clip
+            norm = getattr(self.zero.zero, "_global_grad_norm", None) if clip > 0 else None
+            return [float(norm), clip] if norm is not None else None
+        except Exception:  # noqa: BLE001 - not recorded; the judge then reads no clip
+            return None
+
     def after_step(self) -> None:
         self._whole = {n: self.zero.full_param(p) for n, p in self._named}  # collective
 

@@ -4,7 +4,7 @@
 
 use super::measure::legs::{engine_accumulates, ran_backward};
 use super::owner::Owner;
-use super::parting::{Numbers, Parting, Scaled, Side};
+use super::parting::{Numbers, Parting, Scaled, Side, Synced};
 use super::source::Source;
 use crate::evidence::{DdpForward, Framework, Trace};
 
@@ -18,6 +18,9 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
             dealer(src.trace(Side::Right))
         }
         Numbers::SteppedEarly { .. } => framework(t.header.framework, "its optimizer wrapper's step()"),
+        Numbers::Unsynced { synced, .. } if ran_reduction(synced) => {
+            engine_reducer(src).or_else(|| ddp_builder(t)).unwrap_or(Owner::Script)
+        }
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
         Numbers::Reduction { configured: true, .. } => Owner::Script,
         Numbers::Reduction { .. } | Numbers::Lost { .. } => reducer(t),
@@ -34,6 +37,28 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         }
         _ => Owner::Script,
     }
+}
+
+/// Whether the step's last micro-batch was all-reduced (so with it every earlier one), or
+/// the flags were not recorded: a reduction the DDP module ran.
+fn ran_reduction(synced: &Synced) -> bool {
+    match synced {
+        Synced::Flags(f) => f.last() == Some(&true),
+        Synced::NoDdpForward => false,
+        Synced::Unknown => true,
+    }
+}
+
+/// The framework whose code built the DistributedDataParallel module (Lightning's strategy,
+/// Accelerate's prepare, Trainer), with its settings: the reduction it drives is its. None
+/// where the script built it, or it was not recorded.
+fn ddp_builder(t: &Trace) -> Option<Owner> {
+    let f = t.header.ddp_built_by.filter(|f| *f != Framework::Plain)?;
+    let api = match &t.header.ddp_settings {
+        Some(s) => format!("the DistributedDataParallel it built: {s}"),
+        None => "the DistributedDataParallel it built".to_string(),
+    };
+    Some(Owner::of_framework(t, f, api)).filter(Owner::is_library)
 }
 
 /// Who dealt the samples: a framework that shards the data loader, else the script.

@@ -52,7 +52,7 @@ def main():
         "bf16": {"enabled": True},
         "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": {"stage": 1},
-        "gradient_clipping": 0.0,
+        "gradient_clipping": args.clip,
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }

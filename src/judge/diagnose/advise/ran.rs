@@ -66,7 +66,17 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
         }
         Numbers::Unsynced { rank, param, synced } => {
             let head = format!("at step {s} DDP rank {rank}'s gradient of {param} differs from rank 0's");
-            engine_reduces(unsynced(&head, synced), owner)
+            match owner {
+                Owner::Library { api, .. } if api.starts_with("the DistributedDataParallel it built") => format!(
+                    "{}. The DistributedDataParallel module was built and is driven by {}: the reduction that did \
+                     not make the ranks agree is the library's, not your script: upgrade {}, or build the module \
+                     without the setting named",
+                    unsynced(&head, synced).trim_end_matches('.'),
+                    owner.describe(),
+                    owner.name()
+                ),
+                _ => engine_reduces(unsynced(&head, synced), owner),
+            }
         }
         Numbers::RanksDiffer { rank, tensor } => engine_reduces(
             format!(
@@ -139,7 +149,7 @@ fn unsynced(head: &str, synced: &Synced) -> String {
         return format!(
             "{head} although DDP all-reduced this step's last micro-batch (and with it every earlier one): \
              something changed the gradient on one rank after the all-reduce (a gradient hook, a clip or a \
-             scaling that runs on some ranks only)"
+             scaling that runs on some ranks only), or the all-reduce DDP was asked for did not run"
         );
     }
     format!(

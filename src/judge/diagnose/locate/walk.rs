@@ -225,10 +225,13 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
     let (sa, sb) = (a.scaling()?, b.scaling()?);
     let (da, db) = (a.divide(), b.divide());
     // A reduction that does not average (measured) is the engine's, whatever the scaling;
-    // one process has none, unless an engine accumulates for it (DeepSpeed's).
+    // one process has none, unless an engine accumulates for it (DeepSpeed's). Measured
+    // from gradients a lower compute dtype rounded (bfloat16's local sums against its fp32
+    // accumulator): apart by more than that rounding.
     for (leg, d) in [(b, db), (a, da)] {
         let w = leg.world as f64;
-        if let Some(d) = d.filter(|&d| (leg.world > 1 || engine_accumulates(leg.trace)) && !near(d, w, FACTOR_REL)) {
+        let rel = FACTOR_REL.max(4.0 * leg.trace.header.compute_dtype.map_or(0.0, |t| t.epsilon()));
+        if let Some(d) = d.filter(|&d| (leg.world > 1 || engine_accumulates(leg.trace)) && !near(d, w, rel)) {
             let configured = leg.trace.header.grad_divide.is_some_and(|f| !near(f, w, 1e-9));
             let numbers = Numbers::Reduction { divide: d, world: leg.world, configured };
             return at(s, Stage::Reduction, Some(leg.side), numbers);

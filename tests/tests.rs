@@ -10,6 +10,7 @@
 //! | ci_examples | the CI configurations in examples/ci |
 //! | cli | flags, exit codes, files written, launch modes, printed commands that round-trip |
 //! | compare | two recorded traces judged like a run |
+//! | culprits | the cause's stage, owner and direction on a script unlike the examples (plain DataLoader) |
 //! | deepspeed | DeepSpeed ZeRO 1, 2, 3 scripts unmodified, and Trainer with a DeepSpeed config |
 //! | devices | --device and `ddp-verify devices` |
 //! | explore | random configurations, shrunk failures, planted bugs |
@@ -60,6 +61,8 @@ mod ci_examples;
 mod cli;
 #[path = "it/compare.rs"]
 mod compare;
+#[path = "it/culprits.rs"]
+mod culprits;
 #[path = "it/deepspeed.rs"]
 mod deepspeed;
 #[path = "it/devices.rs"]

@@ -22,7 +22,7 @@ def coupled(module: torch.nn.Module) -> str | None:
     statistics), in words, or None: where they train, a step's samples grouped otherwise
     into micro-batches give other gradients, which the judge names only with this fact."""
     n = sum(1 for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training)
-    return f"{n} BatchNorm layers in training mode" if n else None
+    return f"{n} BatchNorm layer{'s' if n > 1 else ''} in training mode" if n else None
 
 
 def setting(value: Any) -> str | None:

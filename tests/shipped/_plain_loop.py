@@ -11,6 +11,11 @@ same samples in both runs, grouped into other micro-batches ([0,1], [2,3] in one
   --divide k|none      each micro-batch's loss divided by the process's micro-batches, or never
                        (a script that forgets to: one process's gradient is K times the mean,
                        each rank's K/W times)
+  --norm none|batch    BatchNorm1d after the first layer: it mixes a micro-batch's samples, so
+                       the grouping into micro-batches now changes the gradients
+  --tail held|k        the epoch's last window, short where the samples are no whole number of
+                       windows, stepped with each loss divided by the micro-batches it holds, or
+                       by K all the same (half the mean where it holds half a window)
 """
 import argparse
 import os
@@ -22,9 +27,9 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDatas
 
 
 class Net(nn.Module):
-    def __init__(self, d_in=6, d=12, classes=3):
+    def __init__(self, d_in=6, d=12, classes=3, norm="none"):
         super().__init__()
-        self.inp = nn.Linear(d_in, d)
+        self.inp = nn.Sequential(nn.Linear(d_in, d), nn.BatchNorm1d(d)) if norm == "batch" else nn.Linear(d_in, d)
         self.mid = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
         self.out = nn.Linear(d, classes)
 
@@ -41,12 +46,14 @@ def main():
     p.add_argument("--engine", default="ddp", choices=["ddp", "fsdp2"])
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--divide", default="k", choices=["k", "none"])
+    p.add_argument("--tail", default="held", choices=["held", "k"])
+    p.add_argument("--norm", default="none", choices=["none", "batch"])
     args = p.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = Net()
+    model = Net(norm=args.norm)
     g = torch.Generator().manual_seed(7)
     data = TensorDataset(torch.randn(args.samples, 6, generator=g), torch.randint(0, 3, (args.samples,), generator=g))
     if world > 1:
@@ -66,14 +73,16 @@ def main():
         order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).tolist()
         loader = DataLoader(Subset(data, order), batch_size=args.batch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    k = args.grad_accum
+    k, n = args.grad_accum, len(loader)
     for i, (x, y) in enumerate(loader):
-        last = (i + 1) % k == 0
+        last = (i + 1) % k == 0 or i == n - 1
+        # The micro-batches this window holds: k, or fewer in the epoch's last.
+        held = k if args.tail == "k" else min(k, n - (i // k) * k)
         if world > 1 and args.engine == "fsdp2":
             model.set_requires_gradient_sync(last)
         loss = nn.functional.cross_entropy(model(x), y)
         if args.divide == "k":
-            loss = loss / k
+            loss = loss / held
         if world > 1 and args.engine == "ddp" and not last:
             with model.no_sync():
                 loss.backward()

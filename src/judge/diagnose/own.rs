@@ -27,6 +27,7 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         Numbers::NormaliserPerRank { .. } | Numbers::ScaledPerRank { .. } => {
             framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
         }
+        Numbers::WindowDivided { .. } => divider(t),
         Numbers::ZeroedInWindow { .. } => framework(t.header.zeroed_by, "zero_grad inside the accumulation window"),
         Numbers::ScaledInBackward { .. } => framework(ran_backward(t), "its backward's own scaling of the gradients"),
         Numbers::Scaling { how: Scaled::NormalisedTwice { .. }, .. } => {
@@ -59,6 +60,20 @@ fn ddp_builder(t: &Trace) -> Option<Owner> {
         None => "the DistributedDataParallel it built".to_string(),
     };
     Some(Owner::of_framework(t, f, api)).filter(Owner::is_library)
+}
+
+/// Whose code divided each loss by the accumulation steps: a framework's backward API that
+/// divides (the root a fraction of what was handed), else whoever handed the loss on.
+fn divider(t: &Trace) -> Owner {
+    let api = t.header.loss_api.filter(|f| *f != Framework::Plain);
+    match (api, t.header.loss_handed_by.filter(|f| *f != Framework::Plain)) {
+        (Some(f), _) if t.header.framework_accumulation.is_some() => {
+            Owner::of_framework(t, f, "its backward's division of the loss by its accumulation steps")
+        }
+        (_, Some(f)) => Owner::of_framework(t, f, "its division of the loss by its accumulation steps"),
+        (Some(f), None) => Owner::of_framework(t, f, "its backward's division of the loss by its accumulation steps"),
+        (None, None) => Owner::Script,
+    }
 }
 
 /// Who dealt the samples: a framework that shards the data loader, else the script.

@@ -182,6 +182,12 @@ pub enum Numbers {
         total: usize,
         samples: bool,
     },
+    /// The epoch's last window held `held` micro-batches per process and each loss was
+    /// still scaled by 1/`k`.
+    WindowDivided {
+        held: usize,
+        k: usize,
+    },
     /// The same samples in the step, grouped otherwise into micro-batches, where `layers` mix
     /// a micro-batch's samples while training.
     Regrouped {
@@ -417,7 +423,7 @@ impl Numbers {
             N::TensorFactor { .. } => (M::TensorFactor, R::DifferentGradients),
             N::Epoch { .. } => (M::Epoch, R::EpochDependentSampling),
             N::DifferentSamples => (M::DifferentSamples, R::DifferentSamples),
-            N::ShortWindow { .. } => (M::ShortWindow, R::ShortWindowScaling),
+            N::ShortWindow { .. } | N::WindowDivided { .. } => (M::ShortWindow, R::ShortWindowScaling),
             N::TokenCount { .. } => (M::TokenCount, R::TokenCount),
             N::BigBatchFactor { .. } => (M::BigBatchFactor, R::LossScaling),
             N::PerMicroBatchMean => (M::PerMicroBatchMean, R::PerMicroBatchMean),

@@ -352,3 +352,27 @@ fn never_divided_and_divided_twice_get_opposite_advice_from_the_facts() {
     assert!(twice.detail.contains("divided twice"), "{}", twice.detail);
     assert!(!twice.detail.contains("micro-batches per process need"), "{}", twice.detail);
 }
+
+#[test]
+fn a_short_last_window_divided_by_k_belongs_to_the_code_that_divides() {
+    // The epoch's last window: 2 of K=4 micro-batches, each loss still divided by 4; the big
+    // batch takes the mean of the same samples.
+    let mut acc = leg(1, 0.25, sum(&G) / 2.0, &times(0.5), 1);
+    acc.facts.stages[0].batches.truncate(2);
+    acc.header.acc_steps = Some(4);
+    let big = leg(1, 1.0, sum(&G), &G, 1);
+    let judged_big = |acc: &Trace| {
+        let c = compare("accumulation", acc, "big-batch", &big, &Tolerance::default());
+        crate::judge::diagnose::big_batch(acc, &big, &c, &Context::of_traces(acc, &big), true).expect("a cause")
+    };
+    let d = judged_big(&acc);
+    assert_eq!((d.reason, said(&d)), (Reason::ShortWindowScaling, ("scaling", "script", None)), "{d:?}");
+    assert!(d.detail.contains("ran 2 micro-batches per process where a window holds 4"), "{}", d.detail);
+    // A Trainer divided it: the Trainer's, at its version.
+    acc.header.loss_handed_by = Some(Framework::Transformers);
+    acc.header.versions = Some("torch==2.13.0, transformers==4.48.3".into());
+    let d = judged_big(&acc);
+    assert_eq!(said(&d).0, "scaling");
+    assert_eq!(said(&d).1, "transformers", "{d:?}");
+    assert!(d.detail.contains("upgrade transformers"), "{}", d.detail);
+}

@@ -40,6 +40,24 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                  differ): {by}"
             )
         }
+        Numbers::WindowDivided { held, k } => {
+            let fix = match owner.is_library() {
+                true => format!(
+                    "{} counts K, not what the window holds: the library's, not your script's: upgrade {}, or size \
+                     the data to a whole number of windows per epoch",
+                    owner.describe(),
+                    owner.name()
+                ),
+                false => {
+                    "divide each loss by what the window holds (its micro-batches, or its tokens), not by K".to_string()
+                }
+            };
+            format!(
+                "at step {s}, the epoch's last window, accumulation ran {held} micro-batches per process where a \
+                 window holds {k}, and each loss was still divided by {k} (recorded: what backward ran on against \
+                 the loss): the short window's gradient is {held}/{k} of the mean the big batch takes; {fix}"
+            )
+        }
         Numbers::Regrouped { layers } => format!(
             "the runs see the same samples at step {s}, grouped otherwise into micro-batches ({label}'s micro-batches \
              are not {other}'s), and {layers} mix a micro-batch's samples: each micro-batch's batch statistics \

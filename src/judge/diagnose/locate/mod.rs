@@ -61,7 +61,7 @@ fn runs(tier: Tier) -> &'static [Locator] {
 /// make alike, asked before the rest.
 fn shared(tier: Tier) -> &'static [Locator] {
     match tier {
-        Tier::SharedFacts => &[update::clip_count, dropout::keys, dropout::on],
+        Tier::SharedFacts => &[update::clip_count, big_batch::window_divided, dropout::keys, dropout::on],
         Tier::SharedShapes => {
             &[big_batch::short_window, big_batch::token_count, big_batch::loss_scaling, big_batch::per_micro_batch_mean]
         }

@@ -50,9 +50,9 @@ def open_watch() -> Watch:
 
 
 def _whole_norm(total: Any) -> float:
-    """The total norm clip_grad_norm_ returned, over every rank's shard: FSDP2's is a DTensor
-    whose float() reads this rank's partial norm alone (every rank clips, so every rank
-    gathers it)."""
+    """The total norm clip_grad_norm_ returned, over every rank's part: a norm of parameters
+    split across ranks comes as a tensor whose float() reads this rank's partial norm alone,
+    and `full_tensor` gathers it (every rank clips, so every rank gathers)."""
     full = getattr(total, "full_tensor", None)
     return float(full() if callable(full) else total)
 

@@ -103,12 +103,9 @@ class Recorder(Followed):
                 self._warnings.append(self.engine.no_magnitudes)
             how = None
         self._meta.update(self.engine.start(self._params, self._sampling))  # collectives
-        dropout = active_dropout(self._module)
-        if dropout:
-            self._meta[K.DROPOUT] = dropout
-        mixing = coupled(self._module)
-        if mixing:
-            self._meta[K.COUPLED] = mixing
+        for key, fact in ((K.DROPOUT, active_dropout(self._module)), (K.COUPLED, coupled(self._module))):
+            if fact:  # dropout draws its own masks; BatchNorm mixes a micro-batch's samples
+                self._meta[key] = fact
         self._world = rank_world()[1]
         # Opened by rank 0 at its first step, when the process group says which rank is 0.
         self._stream: Stream | None = None

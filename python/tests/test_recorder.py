@@ -128,6 +128,7 @@ def test_layout_and_metadata(run):
         "format": _schema.FORMAT, "run": "single", "world_size": "1", "dtype": "float32",
         "torch_version": torch.__version__, "steps": "4", "magnitudes": "true",
         "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),
+        "coupled": "1 BatchNorm layer in training mode",
     }
     assert t["buffer.bn.num_batches_tracked"].dtype == torch.int64
     floats = {k: v for k, v in t.items() if not k.endswith("num_batches_tracked") and not k.startswith(("micro.", "clips.", "seconds.", "batches.", "samples.", "local."))}

@@ -97,7 +97,7 @@ def test_a_sampled_trace_holds_exactly_the_tensors_of_format_2(tmp_path):
     want |= {f"buffer.bn.{b}" for b in ("running_mean", "running_var", "num_batches_tracked")}
     want |= {f"{k}.{s}" for k in ("micro", "clips") for s in range(3)}
     want |= {f"seconds.{s}" for s in range(1, 3)}
-    want |= {f"batches.{s}" for s in range(3)}  # one process: no local sums (the applied gradients' stand in)
+    want |= {f"{k}.{s}" for k in ("batches", "samples") for s in range(3)}  # one process: no local sums (the applied gradients stand in)
     assert set(t) == want
     for n, shape in SAMPLED.items():
         pos = t[f"positions.{n}"]

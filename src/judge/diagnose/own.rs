@@ -18,7 +18,8 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
             dealer(src.trace(Side::Right))
         }
         Numbers::SteppedEarly { .. } => framework(t.header.framework, "its optimizer wrapper's step()"),
-        Numbers::Unsynced { synced, .. } if ran_reduction(synced) => {
+        // A DDP module a framework built decides, with that framework, when it reduces.
+        Numbers::Unsynced { synced, .. } if *synced != Synced::NoDdpForward => {
             engine_reducer(src).or_else(|| ddp_builder(t)).unwrap_or(Owner::Script)
         }
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
@@ -37,16 +38,6 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
             framework(Some(*api), "its backward's division of the loss")
         }
         _ => Owner::Script,
-    }
-}
-
-/// Whether the step's last micro-batch was all-reduced (so with it every earlier one), or
-/// the flags were not recorded: a reduction the DDP module ran.
-fn ran_reduction(synced: &Synced) -> bool {
-    match synced {
-        Synced::Flags(f) => f.last() == Some(&true),
-        Synced::NoDdpForward => false,
-        Synced::Unknown => true,
     }
 }
 

@@ -174,13 +174,13 @@ pub enum Numbers {
         world: usize,
         configured: bool,
     },
-    /// `differ` of `total` micro-batches (or samples, where each sample was hashed) are not
-    /// the other leg's.
+    /// `differ` of `total` micro-batches (or samples, where each sample was hashed: 1 in
+    /// `samples` of them kept) are not the other leg's.
     DifferentInputs {
         missing: Option<(usize, usize)>,
         differ: usize,
         total: usize,
-        samples: bool,
+        samples: Option<u64>,
     },
     /// The epoch's last window held `held` micro-batches per process and each loss was
     /// still scaled by 1/`k`.

@@ -14,15 +14,19 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
     let upgrade = || format!("the library's, not your script: upgrade {}", owner.name());
     let words = match &p.numbers {
         Numbers::DifferentInputs { missing, differ, total, samples } => {
-            let unit = if *samples { "samples" } else { "micro-batches" };
+            let unit = match samples {
+                Some(1) => "samples".to_string(),
+                Some(n) => format!("samples kept (1 in {n} of a large micro-batch's, by hash)"),
+                None => "micro-batches".to_string(),
+            };
             let which = match missing {
-                Some((rank, nth)) if *samples => {
+                Some((rank, nth)) if samples.is_some() => {
                     format!("{b}'s rank {rank} micro-batch {nth} holds samples {a} never saw in that step")
                 }
                 Some((rank, nth)) => {
                     format!("{b}'s rank {rank} micro-batch {nth} saw inputs no micro-batch of {a} saw")
                 }
-                None if *samples => format!("{a} saw samples {b} never saw in that step"),
+                None if samples.is_some() => format!("{a} saw samples {b} never saw in that step"),
                 None => format!("{a} and {b} saw different numbers of micro-batches"),
             };
             let by = match owner.is_library() {

@@ -54,7 +54,7 @@ fn samples(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
     let missing = b.batches.iter().enumerate().find(|(_, x)| x.fingerprint.as_ref().is_some_and(unseen));
     let missing = missing.map(|(i, x)| (x.rank, b.batches[..i].iter().filter(|y| y.rank == x.rank).count() + 1));
     let differ = fb.iter().filter(|f| unseen(f)).count();
-    let numbers = Numbers::DifferentInputs { missing, differ, total: fb.len(), samples: false };
+    let numbers = Numbers::DifferentInputs { missing, differ, total: fb.len(), samples: None };
     at(s, Stage::Samples, Some(b.side), numbers)
 }
 
@@ -97,7 +97,7 @@ fn each_sample(a: &Leg, b: &Leg, s: usize) -> Option<Option<Parting>> {
         // b's samples are all a's, yet fewer: a saw more.
         differ = sa.len() - sb.len();
     }
-    let numbers = Numbers::DifferentInputs { missing, differ, total: sb.len().max(sa.len()), samples: true };
+    let numbers = Numbers::DifferentInputs { missing, differ, total: sb.len().max(sa.len()), samples: Some(every) };
     Some(at(s, Stage::Samples, Some(b.side), numbers))
 }
 

@@ -376,3 +376,20 @@ fn a_short_last_window_divided_by_k_belongs_to_the_code_that_divides() {
     assert_eq!(said(&d).1, "transformers", "{d:?}");
     assert!(d.detail.contains("upgrade transformers"), "{}", d.detail);
 }
+
+#[test]
+fn a_deal_that_parts_no_sample_of_the_step_is_not_its_cause() {
+    // DDP's sampler padded the epoch's end, yet step 0 holds the same samples, as many per
+    // micro-batch: what parts it is the reduction's sum, not the deal.
+    let mut acc = honest_acc();
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(2.0), 1);
+    holding(&mut acc, CONSECUTIVE);
+    holding(&mut ddp, STRIDED);
+    ddp.header.sampler_padded = Some(2);
+    ddp.header.engine = Some(Engine::Fsdp2);
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d).0, "reduction", "{d:?}");
+    // The same deal where the step's samples differ is the deal's.
+    ddp.facts.stages[0].samples[0] = 99;
+    assert_eq!(judged(&acc, &ddp).reason, Reason::UnevenData);
+}

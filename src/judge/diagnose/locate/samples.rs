@@ -18,8 +18,29 @@ pub fn uneven_data(ev: &Evidence) -> Option<Parting> {
             return None;
         }
     }
+    if ev.first.is_some_and(|s| same_samples_at(ev, s) == Some(true) && equal_batches_at(ev, s)) {
+        return None; // the deal parted no sample, nor a micro-batch's size, of the first step that parts
+    }
     let (side, deal) = dealt_apart(a, b)?;
     Some(Parting::new(None, Some(Stage::Samples), side, Numbers::DealtUnevenly(deal)))
+}
+
+/// Whether every micro-batch of both legs at step `s` hashed as many samples (a short batch
+/// weighs its samples more).
+fn equal_batches_at(ev: &Evidence, s: usize) -> bool {
+    let sizes = |t| Leg::at(t, Side::Left, s).map(|l| l.batches.iter().map(|b| b.rows.map(|r| r.count)).collect());
+    let (x, y): (Option<Vec<_>>, Option<Vec<_>>) = (sizes(ev.a), sizes(ev.b));
+    let all: Vec<Option<usize>> = x.into_iter().chain(y).flatten().collect();
+    !all.is_empty() && all.iter().all(|n| n.is_some() && *n == all[0])
+}
+
+/// Whether both legs' recorded samples at step `s` are the same: each sample (hashed), else
+/// each micro-batch's inputs; None where either leg did not record them.
+fn same_samples_at(ev: &Evidence, s: usize) -> Option<bool> {
+    let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
+    let every = a.every().zip(b.every()).map(|(x, y)| x.max(y));
+    let by_sample = every.and_then(|e| Some(a.samples(e)? == b.samples(e)?));
+    by_sample.or_else(|| a.fingerprints().zip(b.fingerprints()).map(|(x, y)| x == y))
 }
 
 /// Where the legs' deals differ, and the leg that did more of it.
@@ -75,13 +96,8 @@ pub fn epoch(ev: &Evidence) -> Option<Parting> {
 /// sample, or each micro-batch's inputs) and they are the same: that fact refutes the guess.
 pub fn different_samples(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
-    if let (Some(a), Some(b)) = (Leg::at(ev.a, Side::Left, s), Leg::at(ev.b, Side::Right, s)) {
-        let every = a.every().zip(b.every()).map(|(x, y)| x.max(y));
-        let by_sample = every.and_then(|e| Some(a.samples(e)? == b.samples(e)?));
-        let by_batch = a.fingerprints().zip(b.fingerprints()).map(|(x, y)| x == y);
-        if by_sample.or(by_batch) == Some(true) {
-            return None;
-        }
+    if same_samples_at(ev, s) == Some(true) {
+        return None;
     }
     Some(Parting::new(Some(s), Some(Stage::Samples), None, Numbers::DifferentSamples))
 }

@@ -156,11 +156,14 @@ fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
         "loss scaling",
         Some("clipping ran on ddp only"),
     );
-    // Clipped on both sides at every step: the applied gradients agree (EQUIVALENT), and the
-    // 2x factor between the norms before clipping is said beside the verdict.
+    // Clipped on both sides at every step: the applied gradients agree, but the recorded
+    // scaling shows the 2x factor between the norms before clipping: a fact apart decides
+    // (NOT EQUIVALENT), named as the loss divided twice, with clipping said to hide it.
     let (code, bug) = zero_edit("accelerate", "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.01");
-    assert_eq!((code, bug["caution"]["reason"].as_str()), (Some(0), Some("factor hidden by clipping")), "{bug}");
-    assert!(bug["caution"]["detail"].as_str().unwrap().contains("was 2.0000x"), "{bug}");
+    assert_eq!((code, reason(&bug)), (Some(1), "loss scaling"), "{bug}");
+    let detail = bug["diagnosis"]["detail"].as_str().unwrap();
+    assert!(detail.starts_with("clipping hid it") && detail.contains("divided twice"), "{bug}");
+    assert_eq!(bug["runs"]["hidden_factor"].as_f64().map(|f| (f * 1e4).round() / 1e4), Some(2.0), "{bug}");
 }
 
 /// The launchers users start their scripts with: their own options kept, the number of

@@ -46,8 +46,9 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
 /// where the script built it, or it was not recorded.
 fn ddp_builder(t: &Trace) -> Option<Owner> {
     let f = t.header.ddp_built_by.filter(|f| *f != Framework::Plain)?;
+    // The settings are the header's words, not the pipeline's: joined, not written.
     let api = match &t.header.ddp_settings {
-        Some(s) => format!("the DistributedDataParallel it built: {s}"),
+        Some(s) => ["the DistributedDataParallel it built: ", s].concat(),
         None => "the DistributedDataParallel it built".to_string(),
     };
     Some(Owner::of_framework(t, f, api)).filter(Owner::is_library)

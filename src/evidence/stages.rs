@@ -57,7 +57,7 @@ impl Batch {
     /// Its kept samples' hashes, out of its step's.
     pub fn samples<'a>(&self, step: &'a StageStep) -> Option<&'a [u64]> {
         let r = self.rows?;
-        step.samples.get(r.start..r.start + r.count)
+        step.samples.get(r.start..r.start.checked_add(r.count)?)
     }
 }
 
@@ -96,7 +96,7 @@ pub fn rows(flat: &[f64]) -> Option<Vec<Batch>> {
                 normaliser: known(r[6]),
                 rows: known(r[7]).zip(known(r[8])).map(|(count, every)| {
                     let rows = Rows { start, count: count.max(0.0) as usize, every: every.max(1.0) as u64 };
-                    start += rows.count;
+                    start = start.saturating_add(rows.count);
                     rows
                 }),
             })
@@ -107,7 +107,7 @@ pub fn rows(flat: &[f64]) -> Option<Vec<Batch>> {
 /// The step's sample hashes as the trace holds them (exact integers in float64); None where
 /// the rows count more than there are.
 pub fn samples(flat: &[f64], batches: &[Batch]) -> Option<Vec<u64>> {
-    let want = batches.iter().filter_map(|b| b.rows).map(|r| r.start + r.count).max().unwrap_or(0);
+    let want = batches.iter().filter_map(|b| b.rows).map(|r| r.start.saturating_add(r.count)).max().unwrap_or(0);
     (flat.len() >= want).then(|| flat.iter().map(|v| v.max(0.0) as u64).collect())
 }
 
@@ -146,5 +146,9 @@ mod tests {
         assert_eq!(b[1].samples(&step), Some(&[8, 9][..]));
         assert!(samples(&[5.0], &b).is_none());
         assert!(rows(&flat[..8]).is_none());
+        // A count no trace can hold (a damaged file) is refused, not an overflow.
+        let mut huge = flat;
+        huge[7] = 1e300;
+        assert!(samples(&[5.0], &rows(&huge).unwrap()).is_none());
     }
 }

@@ -393,3 +393,64 @@ fn a_deal_that_parts_no_sample_of_the_step_is_not_its_cause() {
     ddp.facts.stages[0].samples[0] = 99;
     assert_eq!(judged(&acc, &ddp).reason, Reason::UnevenData);
 }
+
+/// Each micro-batch's loss (and what backward ran on) moved by its own mask draw, the
+/// applied gradient with it: what a model with dropout on records in either leg.
+fn masked(mut t: Trace, draws: [f64; 4]) -> Trace {
+    for (b, m) in t.facts.stages[0].batches.iter_mut().zip(draws) {
+        b.forward = b.forward.map(|l| l * m);
+        b.peeled = b.peeled.map(|l| l * m);
+        b.root = b.root.map(|r| r * m);
+    }
+    t.header.dropout = Some("4 dropout layers, p up to 0.1".into());
+    t
+}
+
+#[test]
+fn dropout_is_named_where_nothing_masks_cannot_move_parts() {
+    // Honest scaling and reduction; the losses and gradients differ by the masks alone.
+    let ddp = || masked(leg(2, 0.5, 2.0 * sum(&G) * 1.05, &times(1.05), 1), [1.1, 0.93, 1.04, 0.97]);
+    let d = judged(&honest_acc(), &ddp());
+    assert_eq!(d.reason, Reason::DropoutMasks, "{d:?}");
+    assert!(d.detail.contains("--no-dropout"), "{}", d.detail);
+    // The same facts without dropout: the losses of the same inputs differ, at the loss stage.
+    let mut bare = ddp();
+    bare.header.dropout = None;
+    assert_eq!(said(&judged(&honest_acc(), &bare)).0, "loss");
+    // Under dropout a factor masks cannot move is still the cause: a loss divided by K on
+    // every rank, read from the scalings.
+    let halved = masked(leg(2, 0.25, sum(&G) * 1.05, &times(0.525), 1), [1.1, 0.93, 1.04, 0.97]);
+    let d = judged(&honest_acc(), &halved);
+    assert_eq!(said(&d), ("scaling", "script", None), "{d:?}");
+}
+
+#[test]
+fn normalisers_each_rank_counts_alike_are_cancelled_by_the_average() {
+    // One process divides each micro-batch's sum by the window's 100 items; each of 2 ranks
+    // by its own 50, and the ranks' average halves it: every item weighs 1/100 in both.
+    let mut acc = honest_acc();
+    for b in acc.facts.stages[0].batches.iter_mut() {
+        b.normaliser = Some(100.0);
+        b.root = b.forward;
+    }
+    let counted = || {
+        let mut ddp = leg(2, 1.0, 2.0 * sum(&G) * 1.05, &times(1.05), 1);
+        for b in ddp.facts.stages[0].batches.iter_mut() {
+            b.normaliser = Some(50.0);
+            b.forward = b.forward.map(|l| l * 2.0);
+            b.peeled = b.forward;
+            b.root = b.forward;
+        }
+        ddp.header.normalised_by = Some(Framework::Transformers);
+        ddp
+    };
+    let d = judged(&acc, &masked(counted(), [1.1, 0.93, 1.04, 0.97]));
+    assert_eq!(d.reason, Reason::DropoutMasks, "{d:?}");
+    // Counts that differ between the ranks are not cancelled: the loss stage, under dropout too.
+    let mut ddp = counted();
+    for b in ddp.facts.stages[0].batches.iter_mut() {
+        b.normaliser = Some(if b.rank == 0 { 40.0 } else { 60.0 });
+    }
+    let d = judged(&acc, &masked(ddp, [1.1, 0.93, 1.04, 0.97]));
+    assert_eq!(said(&d).0, "loss", "{d:?}");
+}

@@ -82,8 +82,10 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
         Numbers::DropoutOn { layers } => format!(
             "step {s} differs by more than rounding, and {}'s model trains with dropout on ({layers}): each run \
              draws its own masks (DDP's ranks from their own random streams, the one process from one stream), so \
-             the runs apply different gradients whatever else is right; check with dropout off (p=0 for the check) \
-             to see the rest",
+             the runs apply different gradients whatever else is right, and no recorded fact besides the masks \
+             parts them; run the check again with --no-dropout (every dropout the identity in both runs) to see \
+             the rest, or draw each sample's mask from a generator seeded by the sample's index, which a rank and \
+             the one process then share",
             w.label(p.leg.unwrap_or(Side::Right))
         ),
         Numbers::Buffers => "every gradient and final weight agrees but the buffers (BatchNorm's running \

@@ -42,7 +42,7 @@ fn runs(tier: Tier) -> &'static [Locator] {
             update::clipped_before_reduction,
             dropout::keys,
         ],
-        Tier::Dropout => &[dropout::on],
+        Tier::Dropout => &[masks],
         Tier::AfterGradients => &[update::after_the_gradients],
         Tier::Rounding => &[rounding::chaos, rounding::explicit_tolerance, rounding::not_kept],
         Tier::Unseen => &[steps::stale, shape::clipped_factor],
@@ -67,6 +67,12 @@ fn shared(tier: Tier) -> &'static [Locator] {
         }
         _ => &[],
     }
+}
+
+/// Dropout's masks, where the walk found no fact masks cannot move apart (a script's scaling
+/// under dropout is still the script's, named in its later tier).
+fn masks(ev: &Evidence) -> Option<Parting> {
+    walked(ev).is_none().then(|| dropout::on(ev))?
 }
 
 /// The walk's parting, walked once for both of its tiers (the pipeline keeps it where its

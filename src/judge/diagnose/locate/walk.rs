@@ -19,19 +19,28 @@ const LOSS_REL: f64 = 1e-3;
 pub fn walk(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
     let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
+    let masked = masked(&a, &b);
     samples(&a, &b, s)
-        .or_else(|| loss(&a, &b, s))
+        .or_else(|| loss(&a, &b, s, masked))
         .or_else(|| zeroed(&a, &b, s))
         .or_else(|| scaled_per_rank(&a, &b, s))
-        .or_else(|| scaling_and_reduction(&a, &b, s))
-        .or_else(|| local_gradient(&a, &b, s))
+        .or_else(|| scaling_and_reduction(&a, &b, s, masked))
+        .or_else(|| if masked { None } else { local_gradient(&a, &b, s) })
+}
+
+/// Whether dropout draws masks in either leg (a user's model; ours key theirs by sample):
+/// then the losses and gradients of the same samples differ by the masks alone, and the
+/// walk reads only what masks cannot move (samples, normalisers, scalings, the divide).
+/// Where none of those parts, the Dropout tier names the masks.
+fn masked(a: &Leg, b: &Leg) -> bool {
+    a.trace.header.dropout.is_some() || b.trace.header.dropout.is_some()
 }
 
 /// The scaling before backward and the reduction alone, at step `s`: what the facts say of
 /// a factor clipping hid (the gradients applied agree, so no step parted).
 pub fn scaling_at(ev: &Evidence, s: usize) -> Option<Parting> {
     let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
-    scaling_and_reduction(&a, &b, s)
+    scaling_and_reduction(&a, &b, s, masked(&a, &b))
 }
 
 fn at(s: usize, stage: Stage, leg: Option<Side>, numbers: Numbers) -> Option<Parting> {
@@ -113,8 +122,12 @@ fn zeroed(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
 /// Loss: the same inputs gave different losses: divided by different token counts, or
 /// computed otherwise; at step 0, where both runs start from the same weights, a process's
 /// first micro-batch alike and its later ones apart: the weights moved inside the window.
-fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+/// Under dropout (`masked`) only the normalisers are read: the losses differ by the masks.
+fn loss(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Parting> {
     let pairs = matched(a.batches, b.batches);
+    if masked {
+        return pairs.iter().find_map(|(x, y)| normaliser_apart(a, b, x, y, s));
+    }
     let apart_by = |x: &Batch, y: &Batch, rel: f64| match (x.loss(), y.loss()) {
         (Some(l), Some(m)) => !near(l, m, rel),
         _ => false,
@@ -141,11 +154,8 @@ fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
     }
     let (x, y) = pairs.iter().find(|(x, y)| apart(x, y))?;
     let losses = (x.loss()?, y.loss()?);
-    if let (Some(nx), Some(ny)) = (x.normaliser, y.normaliser) {
-        if !near(nx, ny, 1e-9) {
-            let numbers = Numbers::NormaliserPerRank { losses, normalisers: (nx, ny), rank: y.rank };
-            return at(s, Stage::Loss, Some(b.side), numbers);
-        }
+    if let Some(p) = normaliser_apart(a, b, x, y, s) {
+        return Some(p);
     }
     // One ratio for every micro-batch is a scaling inside the forward (a framework making up
     // for the ranks' averaging), judged with the scaling.
@@ -154,6 +164,26 @@ fn loss(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
         return None;
     }
     at(s, Stage::Loss, None, Numbers::LossDiffers { losses, rank: y.rank })
+}
+
+/// A matched pair divided by other normalisers, unless the scaling and the reduction's divide
+/// make up for it: each rank counting its own items (N/W of them, when the ranks hold as
+/// many) and the ranks' average weigh each item 1/N, as one process dividing by N does.
+fn normaliser_apart(a: &Leg, b: &Leg, x: &Batch, y: &Batch, s: usize) -> Option<Parting> {
+    let (nx, ny) = (x.normaliser?, y.normaliser?);
+    if near(nx, ny, 1e-9) {
+        return None;
+    }
+    // What each item of the micro-batch weighs in the applied gradient, per leg.
+    let weight = |l: &Leg, z: &Batch, n: f64| Some(z.scaling()? / (n * l.divide().unwrap_or(l.world as f64)));
+    if let (Some(wx), Some(wy)) = (weight(a, x, nx), weight(b, y, ny)) {
+        if near(wx, wy, FACTOR_REL) {
+            return None;
+        }
+    }
+    let losses = (x.loss()?, y.loss()?);
+    let numbers = Numbers::NormaliserPerRank { losses, normalisers: (nx, ny), rank: y.rank };
+    at(s, Stage::Loss, Some(b.side), numbers)
 }
 
 /// Each parameter's local sum over the ranks at step `s`, undone of the loss's scaling
@@ -221,7 +251,7 @@ fn scaled_in_backward(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
 
 /// Scaling before backward and the reduction, judged together: each micro-batch's loss
 /// reaches the applied gradient multiplied by scaling / divide, which both legs must share.
-fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Parting> {
     let (sa, sb) = (a.scaling()?, b.scaling()?);
     let (da, db) = (a.divide(), b.divide());
     // A reduction that does not average (measured) is the engine's, whatever the scaling;
@@ -247,17 +277,22 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
             return at(s, stage, Some(leg.side), Numbers::Lost { marked_by: leg.trace.header.boundary_by });
         }
     }
-    if let Some(p) = scaled_in_backward(a, b, s) {
+    if let Some(p) = scaled_in_backward(a, b, s).filter(|_| !masked) {
         return Some(p);
     }
     let (da, db) = (da.unwrap_or(1.0), db.unwrap_or(b.world as f64));
-    // Each matched micro-batch's root reaches the applied gradient divided by the reduction;
-    // where none match (the same samples grouped otherwise), each leg's one scaling of
-    // micro-batches alike in size.
-    let ratio = median(
-        matched(a.batches, b.batches).iter().filter_map(|(x, y)| Some((y.root? / db) / (x.root? / da))).collect(),
-    )
-    .or_else(|| Some((uniform(b)? / db) / (uniform(a)? / da)).filter(|_| same_sizes(a, b)))?;
+    // Each matched micro-batch's root reaches the applied gradient divided by the reduction
+    // (under dropout its scaling over its normaliser, what masks cannot move); where none
+    // match (the same samples grouped otherwise), each leg's one scaling of micro-batches
+    // alike in size.
+    let reach = |x: &Batch, d: f64| match masked {
+        false => Some(x.root? / d),
+        true => Some(x.scaling()? / (x.normaliser.unwrap_or(1.0) * d)),
+    };
+    let pairs = matched(a.batches, b.batches);
+    let pairs = pairs.iter().filter(|(x, y)| !masked || x.normaliser.is_some() == y.normaliser.is_some());
+    let ratio = median(pairs.filter_map(|(x, y)| Some(reach(y, db)? / reach(x, da)?)).collect())
+        .or_else(|| Some((uniform(b)? / db) / (uniform(a)? / da)).filter(|_| same_sizes(a, b)))?;
     if near(ratio, 1.0, FACTOR_REL) {
         return None;
     }

@@ -16,6 +16,7 @@ use std::time::Duration;
 pub use ddp_verify_cli::Exit;
 pub use error::{LaunchError, Result};
 use supervise::Supervised;
+pub use supervise::{Lingered, Lingerer};
 
 /// Above this many ranks the core validates everything before any rank starts: a bad flag
 /// should not first cost W processes of about 110 MiB each. Up to it, starting the ranks at
@@ -112,14 +113,17 @@ pub fn relaunch(
 /// Runs one leg of a user's training command (`ddp-verify -- python train.py`) supervised as
 /// the ranks are: a process group of its own that dies with us, a deadline, Ctrl-C stopping
 /// all of it; its output goes to `log`, and `tick` hears the time since it started about
-/// four times a second. Returns its exit status, whatever it is.
+/// four times a second. Returns its exit status, whatever it is. Where `done` says its work is
+/// complete (the trace written) and it is still running a grace period later (a rank hung in
+/// its process group's teardown at exit), it is stopped, and who lingered is returned.
 pub fn run_leg(
     mut cmd: Command,
     log: &Path,
     timeout: Duration,
     what: &str,
     tick: &mut dyn FnMut(Duration),
-) -> Result<std::process::ExitStatus> {
+    done: Option<(&dyn Fn() -> bool, Duration)>,
+) -> Result<(std::process::ExitStatus, Option<Lingered>)> {
     let file = std::fs::File::create(log).map_err(|e| LaunchError::io(format!("creating {}", log.display()), e))?;
     let err = file.try_clone().map_err(|e| LaunchError::io(format!("opening {}", log.display()), e))?;
     cmd.stdin(Stdio::null()).stdout(file).stderr(err);
@@ -135,7 +139,7 @@ pub fn run_leg(
         fix: "check the command after --".into(),
     })?;
     let mut supervised = Supervised::new(child, Some(timeout));
-    supervised.exited_ticking(what, tick)
+    supervised.exited_until(what, tick, done)
 }
 
 /// For a rank: die with the process that started it (mpirun, or Open MPI's daemon), so a

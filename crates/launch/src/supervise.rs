@@ -83,15 +83,40 @@ impl Supervised {
         what: &str,
         tick: &mut dyn FnMut(Duration),
     ) -> Result<std::process::ExitStatus> {
+        self.exited_until(what, tick, None).map(|(status, _)| status)
+    }
+
+    /// `exited_ticking`, and where `done` says the command's work is complete (its trace
+    /// written), a command still running `grace` later is stopped: its status then, and
+    /// the processes that lingered.
+    pub(crate) fn exited_until(
+        &mut self,
+        what: &str,
+        tick: &mut dyn FnMut(Duration),
+        done: Option<(&dyn Fn() -> bool, Duration)>,
+    ) -> Result<(std::process::ExitStatus, Option<Lingered>)> {
         let started = Instant::now();
         let mut next_tick = started;
+        let mut done_at: Option<Instant> = None;
         let status = loop {
             if Instant::now() >= next_tick {
                 tick(started.elapsed());
                 next_tick += Duration::from_millis(250);
+                if let (None, Some((is_done, _))) = (done_at, done) {
+                    done_at = is_done().then(Instant::now);
+                }
             }
             if let Some(status) = self.child.try_wait().map_err(|e| Error::io("waiting for mpirun", e))? {
                 break status;
+            }
+            if let (Some(at), Some((_, grace))) = (done_at, done) {
+                if at.elapsed() >= grace {
+                    let processes = lingering(self.group, self.child.id() as i32);
+                    stop_group(self.group, &mut self.child);
+                    let status = self.child.wait().map_err(|e| Error::io("waiting for the command", e))?;
+                    signal_group(self.group, libc::SIGKILL);
+                    return Ok((status, Some(Lingered { after: grace, processes })));
+                }
             }
             let signal = INTERRUPTED.load(Ordering::SeqCst);
             if signal != 0 {
@@ -113,8 +138,73 @@ impl Supervised {
         };
         // It is gone; sweep anything it left in its group.
         signal_group(self.group, libc::SIGKILL);
-        Ok(status)
+        Ok((status, None))
     }
+}
+
+/// A command still running `after` its work was complete, stopped then.
+#[derive(Debug, Clone)]
+pub struct Lingered {
+    pub after: Duration,
+    /// The processes of its group still there, training ranks first.
+    pub processes: Vec<Lingerer>,
+}
+
+/// One process that lingered: its rank (torchrun's RANK in its environment), and the
+/// kernel's word for where it waited.
+#[derive(Debug, Clone)]
+pub struct Lingerer {
+    pub pid: i32,
+    pub rank: Option<usize>,
+    pub name: String,
+    pub waiting_in: Option<String>,
+}
+
+/// The processes of group `group` and the descendants of `root` (torchrun starts its workers
+/// in sessions of their own), read from /proc: those with a RANK (the training's), else all
+/// (a one-process leg).
+fn lingering(group: i32, root: i32) -> Vec<Lingerer> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    // (pid, parent, group, comm) of every process.
+    let table: Vec<(i32, i32, i32, String)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            // "P (comm) S PPID PGRP ...": the parent and group after ')'.
+            let mut f = rest.split_whitespace().skip(1);
+            let (parent, pgrp) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+            Some((pid, parent, pgrp, head.split_once('(').map_or("", |(_, n)| n).to_string()))
+        })
+        .collect();
+    let mut ours: Vec<i32> = table.iter().filter(|p| p.2 == group || p.0 == root).map(|p| p.0).collect();
+    let mut at = 0;
+    while at < ours.len() {
+        let parent = ours[at];
+        ours.extend(table.iter().filter(|p| p.1 == parent && !ours.contains(&p.0)).map(|p| p.0).collect::<Vec<_>>());
+        at += 1;
+    }
+    let mut all: Vec<Lingerer> = table
+        .iter()
+        .filter(|p| ours.contains(&p.0))
+        .map(|(pid, _, _, name)| {
+            let (pid, name) = (*pid, name.clone());
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let rank = environ
+                .split(|b| *b == 0)
+                .find_map(|kv| std::str::from_utf8(kv.strip_prefix(b"RANK=")?).ok()?.parse().ok());
+            let waiting_in = std::fs::read_to_string(format!("/proc/{pid}/wchan"))
+                .ok()
+                .map(|w| w.trim().to_string())
+                .filter(|w| !w.is_empty() && w != "0");
+            Lingerer { pid, rank, name, waiting_in }
+        })
+        .collect();
+    if all.iter().any(|p| p.rank.is_some()) {
+        all.retain(|p| p.rank.is_some());
+    }
+    all.sort_by_key(|p| (p.rank, p.pid));
+    all
 }
 
 /// If the caller gives up (its own run failed), the ranks are stopped, not left behind.

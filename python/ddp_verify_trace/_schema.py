@@ -13,6 +13,10 @@ SAMPLE_FROM_PARAMETERS = 4000000
 STOPPED = "ddp_verify_trace: recording stopped"
 # The control run's nudge: each step's gradients moved by this fraction of each tensor's largest |g|
 PERTURB_ENV = "DDP_VERIFY_PERTURB"
+# --no-dropout: every dropout of the run is the identity where this is 1
+NO_DROPOUT_ENV = "DDP_VERIFY_NO_DROPOUT"
+# --device cpu: a script's hard-coded CUDA and NCCL run on the CPU with gloo
+DEVICE_ENV = "DDP_VERIFY_DEVICE"
 
 # key: (value type, allowed values or None, required)
 HEADER = {
@@ -30,6 +34,8 @@ HEADER = {
     "ddp_built_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "ddp_settings": ("text", None, False),
     "dropout": ("text", None, False),
+    "dropout_off": ("text", None, False),
+    "device_mapped": ("text", None, False),
     "coupled": ("text", None, False),
     "unrecorded_optimizers": ("text", None, False),
     "written_by": ("text", None, False),
@@ -91,6 +97,8 @@ class Key:
     DDP_BUILT_BY = "ddp_built_by"
     DDP_SETTINGS = "ddp_settings"
     DROPOUT = "dropout"
+    DROPOUT_OFF = "dropout_off"
+    DEVICE_MAPPED = "device_mapped"
     COUPLED = "coupled"
     UNRECORDED_OPTIMIZERS = "unrecorded_optimizers"
     WRITTEN_BY = "written_by"

@@ -136,6 +136,10 @@ header! {
         ddp_settings: String = DDP_SETTINGS "ddp_settings" optional
             "the DistributedDataParallel module's settings that change when and what it reduces, in words";
         dropout: String = DROPOUT "dropout" optional "the dropout layers that train, in words";
+        dropout_off: String = DROPOUT_OFF "dropout_off" optional
+            "--no-dropout: the dropout the recorder made the identity (modules, calls, attention), in words";
+        device_mapped: String = DEVICE_MAPPED "device_mapped" optional
+            "--device cpu: the script's CUDA and NCCL calls the recorder ran on the CPU with gloo, in words";
         coupled: String = COUPLED "coupled" optional
             "the layers that mix a micro-batch's samples while training (BatchNorm), in words";
         unrecorded_optimizers: String = UNRECORDED_OPTIMIZERS "unrecorded_optimizers" optional

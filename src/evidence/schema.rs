@@ -23,6 +23,14 @@ pub const STOPPED: &str = "ddp_verify_trace: recording stopped";
 /// the recorder adds to every element of each step's gradients.
 pub const PERTURB_ENV: &str = "DDP_VERIFY_PERTURB";
 
+/// `--no-dropout`: set to 1, the recorder makes every dropout of the run the identity
+/// (modules, functional calls, attention's `dropout_p`) and says so in the header.
+pub const NO_DROPOUT_ENV: &str = "DDP_VERIFY_NO_DROPOUT";
+
+/// `--device cpu`: the recorder maps a script's hard-coded CUDA device to the CPU and NCCL
+/// to gloo, says so in the header, and refuses in one line what it cannot map.
+pub const DEVICE_ENV: &str = "DDP_VERIFY_DEVICE";
+
 /// The columns of a `groups.<step>` row: one row per param group of every optimizer the
 /// recorder saw step (the optimizer's index in the order first seen, the group's index, its
 /// parameter count, then its settings; NaN where the group has no such setting).
@@ -342,6 +350,10 @@ pub fn python_module() -> String {
         "# The control run's nudge: each step's gradients moved by this fraction of each tensor's largest |g|"
     );
     let _ = writeln!(out, "PERTURB_ENV = {PERTURB_ENV:?}");
+    let _ = writeln!(out, "# --no-dropout: every dropout of the run is the identity where this is 1");
+    let _ = writeln!(out, "NO_DROPOUT_ENV = {NO_DROPOUT_ENV:?}");
+    let _ = writeln!(out, "# --device cpu: a script's hard-coded CUDA and NCCL run on the CPU with gloo");
+    let _ = writeln!(out, "DEVICE_ENV = {DEVICE_ENV:?}");
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
     for k in keys() {
         let allowed = match k.value {

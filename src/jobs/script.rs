@@ -65,7 +65,7 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
         if o.node_rank > 0 {
             // This node's share of the DDP leg is all it runs; node 0 judges.
             let (leg, trace) = &legs[1];
-            run_leg(o, leg, autoload, trace, None, None)?;
+            run_leg(o, leg, autoload, trace, None, None, &mut Vec::new())?;
             return Ok(None);
         }
         // The nodes meet in the DDP leg first: the others wait in its rendezvous, not
@@ -73,8 +73,12 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
         legs.swap(0, 1);
     }
     let mut steps = None;
+    let mut notes = Vec::new();
+    let mut folder = super::workdir::Folder::watch(&o.out);
     for (leg, trace) in &legs {
-        let made = run_leg(o, leg, autoload, trace, steps, None)?;
+        folder.before(leg.name);
+        let made = run_leg(o, leg, autoload, trace, steps, None, &mut notes)?;
+        folder.after(leg.name);
         steps = steps.or(made);
     }
     let outcome = super::compare::judge_traces(&compare)?;
@@ -90,16 +94,37 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
                      accumulation leg, its gradients nudged by {scale:.1e}) to tell rounding from a bug"
                 );
             }
-            run_leg(o, &Leg { name: "control", ..*leg }, autoload, &control, steps, Some(scale))?;
+            folder.before("control");
+            run_leg(o, &Leg { name: "control", ..*leg }, autoload, &control, steps, Some(scale), &mut notes)?;
+            folder.after("control");
             compare.control = Some(control);
             super::compare::judge_traces(&compare)?
         }
         None => outcome,
     };
+    folder.finish(&mut notes);
+    let mut outcome = outcome;
+    notes.extend(recorded_notes(&outcome));
+    outcome.notes = notes;
     if !o.quiet {
         eprintln!("ddp-verify: the legs' traces and logs are in {}", o.out.display());
     }
     Ok(Some(outcome))
+}
+
+/// What the recorder did to the legs at ddp-verify's asking, from their headers: dropout
+/// made the identity, CUDA run on the CPU.
+fn recorded_notes(o: &Outcome) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (label, t) in [(&o.runs.left, &o.accumulation), (&o.runs.right, &o.ddp)] {
+        if let Some(off) = &t.header.dropout_off {
+            notes.push(format!("{label}: {off} (--no-dropout): the check holds for the script without dropout"));
+        }
+        if let Some(mapped) = &t.header.device_mapped {
+            notes.push(format!("{label}: ran on the CPU with gloo (--device cpu): {mapped}"));
+        }
+    }
+    notes
 }
 
 /// Whether the command can be told to run one big batch per step: it takes {batch}, and K
@@ -151,6 +176,7 @@ fn run_leg(
     trace: &Path,
     of: Option<usize>,
     nudge: Option<f64>,
+    notes: &mut Vec<String>,
 ) -> Result<Option<usize>> {
     let argv = leg_command(o, leg);
     let mut cmd = Command::new(&argv[0]);
@@ -175,6 +201,12 @@ fn run_leg(
     if let Some(x) = nudge {
         cmd.env(crate::evidence::schema::PERTURB_ENV, format!("{x:e}"));
     }
+    if o.no_dropout {
+        cmd.env(crate::evidence::schema::NO_DROPOUT_ENV, "1");
+    }
+    if o.cpu {
+        cmd.env(crate::evidence::schema::DEVICE_ENV, "cpu");
+    }
     if std::env::var_os("OMP_NUM_THREADS").is_none() {
         cmd.env("OMP_NUM_THREADS", "1");
     }
@@ -194,8 +226,18 @@ fn run_leg(
     cmd.env(super::progress::ENV, &counted);
     let mut progress = super::progress::LegProgress::new(leg.name, counted, of, o.quiet);
     let started = std::time::Instant::now();
-    let status = ddp_verify_launch::run_leg(cmd, &log, timeout, &what, &mut |t| progress.tick(t));
+    // Node 0 knows when the leg's work is done: its trace, renamed into place whole.
+    let done = || trace.is_file();
+    let grace = Duration::try_from_secs_f64(o.exit_grace).unwrap_or(Duration::MAX);
+    let watch = (node == 0).then_some((&done as &dyn Fn() -> bool, grace));
+    let ended = ddp_verify_launch::run_leg(cmd, &log, timeout, &what, &mut |t| progress.tick(t), watch);
     progress.clear();
+    let status = ended.map(|(status, lingered)| {
+        if let Some(l) = lingered {
+            notes.push(lingered_words(leg.name, &l));
+        }
+        status
+    });
     if node > 0 {
         return match status?.success() {
             true => {
@@ -252,6 +294,25 @@ fn run_leg(
             fix: format!("see its log, {}", log.display()),
         }),
     }
+}
+
+/// A leg stopped after its trace was complete, in words: who lingered, and where.
+fn lingered_words(leg: &str, l: &ddp_verify_launch::Lingered) -> String {
+    let who: Vec<String> = l
+        .processes
+        .iter()
+        .map(|p| {
+            let name = p.rank.map_or(format!("{} (pid {})", p.name, p.pid), |r| format!("rank {r} (pid {})", p.pid));
+            p.waiting_in.as_ref().map_or(name.clone(), |w| format!("{name}, waiting in {w}"))
+        })
+        .collect();
+    let who = if who.is_empty() { "its processes".to_string() } else { who.join("; ") };
+    format!(
+        "the {leg} leg was still running {:.0} s after its trace was complete (--exit-grace): {who}. Its training had \
+         ended; a process hung at exit, in the script's own process-group teardown or the interpreter's, not in \
+         training. It was stopped and its complete trace judged",
+        l.after.as_secs_f64()
+    )
 }
 
 /// Across nodes, global rank 0 may be another node's (a c10d rendezvous ranks the nodes as

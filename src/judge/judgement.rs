@@ -133,6 +133,7 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         diagnosis,
         no_verdict: None,
         caution,
+        notes: Vec::new(),
         costs,
         control_wanted,
     }

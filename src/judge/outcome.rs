@@ -86,6 +86,10 @@ pub struct Outcome {
     /// An equivalence that holds only for now (a factor clipping hides at every step): said
     /// beside the verdict, which it does not change.
     pub caution: Option<Diagnosis>,
+    /// What ddp-verify did around a user's legs that the verdict rests on (a leg stopped
+    /// when it hung after its trace was complete, a leg's files moved aside, CUDA run on the
+    /// CPU, dropout off), one line each, said beside the verdict.
+    pub notes: Vec<String>,
     /// Each run's synchronisation and time per step, where recorded.
     pub costs: Vec<LegCost>,
 }

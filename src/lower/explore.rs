@@ -141,6 +141,9 @@ pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
         node_rank: 0,
         fills: Vec::new(),
         quiet: true,
+        no_dropout: false,
+        cpu: false,
+        exit_grace: ddp_verify_cli::defaults::EXIT_GRACE_S,
     };
     Ok(ScriptExplore {
         exploration,

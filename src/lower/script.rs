@@ -77,6 +77,9 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
         node_rank,
         fills: Vec::new(),
         quiet: false,
+        no_dropout: args.no_dropout,
+        cpu: args.net.device == crate::spec::DeviceRequest::Cpu,
+        exit_grace: args.exit_grace,
     })
 }
 

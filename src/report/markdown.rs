@@ -44,6 +44,9 @@ impl Exporter for Markdown {
         if let Some(d) = &o.caution {
             let _ = writeln!(s, "**Caution:** {}\n", d.detail);
         }
+        for n in &o.notes {
+            let _ = writeln!(s, "**Note:** {n}\n");
+        }
         let _ =
             writeln!(s, "| step | max \\|Δ\\| | max rel | max ulp | used | verdict |\n|---:|---:|---:|---:|---:|:---|");
         for (i, g) in o.runs.steps.iter().enumerate() {

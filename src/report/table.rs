@@ -143,6 +143,9 @@ impl Exporter for Table {
         if let Some(d) = &o.caution {
             let _ = writeln!(s, "caution: {}", d.detail);
         }
+        for n in &o.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
         let cfg = o.config();
         if let Some((true, Some(dir))) = cfg.map(|c| (c.bless, &c.golden)) {
             let done = if o.agreement() == Agreement::Diverged {

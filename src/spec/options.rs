@@ -69,6 +69,12 @@ pub struct ScriptOptions {
     pub fills: Vec<(String, String)>,
     /// No progress lines (explore prints one per case).
     pub quiet: bool,
+    /// `--no-dropout`: every leg runs with every dropout the identity.
+    pub no_dropout: bool,
+    /// `--device cpu`: a script's hard-coded CUDA and NCCL run on the CPU with gloo.
+    pub cpu: bool,
+    /// `--exit-grace`: seconds a leg may go on once its trace is complete.
+    pub exit_grace: f64,
 }
 
 /// `suite FILE.toml` whose cases run a user's script: each as `ddp-verify -- COMMAND`.

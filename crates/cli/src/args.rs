@@ -122,6 +122,15 @@ pub struct RunArgs {
     /// auto (whole up to 4M parameters, else 1024) [default: auto, or DDP_VERIFY_SAMPLE].
     #[arg(long, value_name = "N|full|auto", value_parser = sample)]
     pub sample: Option<String>,
+    /// `-- COMMAND` only: every dropout of the run is the identity in every leg (modules,
+    /// functional calls, attention's dropout_p), so that the rest of the script can be
+    /// checked: each run would draw its own masks. Said in the report.
+    #[arg(long)]
+    pub no_dropout: bool,
+    /// `-- COMMAND` only: seconds a leg may go on once its trace is complete before its
+    /// processes are stopped (a rank hung at exit) and the trace judged, with a caution.
+    #[arg(long, value_name = "SECONDS", default_value_t = d::EXIT_GRACE_S, value_parser = seconds)]
+    pub exit_grace: f64,
     /// `-- torchrun --nnodes N ...` only: this machine's node. Node 0 runs the DDP leg's share
     /// and the other legs, and judges; any other runs its share of the DDP leg and exits
     /// [default: the command's --node-rank, else SLURM_NODEID].
@@ -191,7 +200,8 @@ pub struct NetArgs {
     /// SyncBatchNorm in the DDP run: refused, it is never equivalent to accumulation (see the message).
     #[arg(long)]
     pub sync_bn: bool,
-    /// Where both runs compute.
+    /// Where both runs compute. With `-- COMMAND`, cpu runs a script that hard-codes CUDA and
+    /// NCCL on the CPU with gloo (its calls mapped by the recorder, said in the report).
     #[arg(long, value_name = "DEVICE", default_value_t = d::DEVICE, value_parser = named::<DeviceRequest>("device"))]
     pub device: DeviceRequest,
 }

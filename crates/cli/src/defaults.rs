@@ -39,6 +39,10 @@ pub const DTYPE: Dtype = Dtype::Float32;
 pub const DEVICE: DeviceRequest = DeviceRequest::Auto;
 /// Seconds the ranks of a verification may take.
 pub const TIMEOUT_S: f64 = 600.0;
+/// `-- COMMAND`: seconds a leg may go on once its trace is complete (training done) before
+/// its processes are stopped and the trace judged: a rank hung in its process group's
+/// teardown at exit loses no verdict.
+pub const EXIT_GRACE_S: f64 = 30.0;
 /// `split --epoch`.
 pub const SPLIT_EPOCH: u64 = 0;
 /// `explore --cases`.

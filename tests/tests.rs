@@ -21,6 +21,7 @@
 //! | kernels | portable kernels, where a golden holds, no verdict from kernels that do not repeat |
 //! | optimizer_step | AdamW, clipping and schedules through the binary |
 //! | own_loop | the recorder on users' own PyTorch loops |
+//! | public_scripts | what public scripts hit: shared working folders, hangs at exit, dropout, hard-coded CUDA |
 //! | readers | trace and golden readers on corrupted bytes |
 //! | reports | every report format |
 //! | resnet | the ResNets against torchvision, and through the binary |
@@ -83,6 +84,8 @@ mod kernels;
 mod optimizer_step;
 #[path = "it/own_loop.rs"]
 mod own_loop;
+#[path = "it/public_scripts.rs"]
+mod public_scripts;
 #[path = "it/readers.rs"]
 mod readers;
 #[path = "it/reports.rs"]

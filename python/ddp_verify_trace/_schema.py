@@ -34,6 +34,7 @@ HEADER = {
     "ddp_built_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "ddp_settings": ("text", None, False),
     "dropout": ("text", None, False),
+    "start_weights": ("text", None, False),
     "dropout_off": ("text", None, False),
     "device_mapped": ("text", None, False),
     "coupled": ("text", None, False),
@@ -97,6 +98,7 @@ class Key:
     DDP_BUILT_BY = "ddp_built_by"
     DDP_SETTINGS = "ddp_settings"
     DROPOUT = "dropout"
+    START_WEIGHTS = "start_weights"
     DROPOUT_OFF = "dropout_off"
     DEVICE_MAPPED = "device_mapped"
     COUPLED = "coupled"

@@ -118,7 +118,7 @@ fn recorded_notes(o: &Outcome) -> Vec<String> {
     let mut notes = Vec::new();
     for (label, t) in [(&o.runs.left, &o.accumulation), (&o.runs.right, &o.ddp)] {
         if let Some(off) = &t.header.dropout_off {
-            notes.push(format!("{label}: {off} (--no-dropout): the check holds for the script without dropout"));
+            notes.push(format!("{label}: {off}; the check holds for the script without dropout"));
         }
         if let Some(mapped) = &t.header.device_mapped {
             notes.push(format!("{label}: ran on the CPU with gloo (--device cpu): {mapped}"));

@@ -154,6 +154,9 @@ pub enum Numbers {
         calls: f64,
     },
     StepCount(Steps),
+    /// The legs' weights as their first step found them differ (recorded checksums): one
+    /// resumed from a checkpoint, or was initialised otherwise.
+    OtherStart,
     EngineBoundary {
         per_step: usize,
         gas: usize,
@@ -380,6 +383,7 @@ impl Numbers {
             N::UnreducedTail { .. } => (M::UnreducedTail, R::UnsyncedGradient),
             N::SteppedEarly { .. } => (M::SteppedEarly, R::StepCount),
             N::StepCount(_) => (M::StepCount, R::StepCount),
+            N::OtherStart => (M::OtherStart, R::OtherStart),
             N::EngineBoundary { .. } => (M::EngineBoundary, R::EngineBoundary),
             N::Unsynced { .. } => (M::Unsynced, R::UnsyncedGradient),
             N::RanksDiffer { .. } => (M::RanksDiffer, R::RanksDiffer),

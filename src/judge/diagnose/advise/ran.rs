@@ -51,6 +51,13 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
             owner.name()
         ),
         Numbers::StepCount(steps) => step_count(steps, w),
+        Numbers::OtherStart => format!(
+            "{} and {} started from other weights: the trained weights as each run's first optimizer step found \
+             them differ (recorded checksums), so nothing after can agree. One resumed from a checkpoint (another \
+             leg's, or an earlier run's left in the working folder), or the model was initialised from another seed \
+             or state; start both from the same weights (no resume, one seed before the model is built)",
+            w.left, w.right
+        ),
         &Numbers::EngineBoundary { per_step, gas } => {
             let every = match gas {
                 1 => "every backward".to_string(),

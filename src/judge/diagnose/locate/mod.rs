@@ -30,7 +30,9 @@ fn runs(tier: Tier) -> &'static [Locator] {
     match tier {
         Tier::SharedFacts | Tier::SharedShapes => &[],
         Tier::Launch => &[sync::one_process],
-        Tier::Structure => &[samples::uneven_data, sync::unreduced_tail, steps::step_count, steps::engine_boundary],
+        Tier::Structure => {
+            &[steps::other_start, samples::uneven_data, sync::unreduced_tail, steps::step_count, steps::engine_boundary]
+        }
         Tier::Synchronisation => &[sync::rank_drift, sync::configured_divide],
         Tier::LibraryStage | Tier::ScriptStage => &[walked],
         Tier::Recorded => &[

@@ -44,6 +44,13 @@ pub fn step_count(ev: &Evidence) -> Option<Parting> {
     Some(Parting::new(None, Some(Stage::Update), None, Numbers::StepCount(steps)))
 }
 
+/// The runs started from other weights: the checksums of the weights as each run's first
+/// step found them differ. Before anything else of the structure: nothing after can agree.
+pub fn other_start(ev: &Evidence) -> Option<Parting> {
+    let (a, b) = (ev.a.header.start_weights.as_ref()?, ev.b.header.start_weights.as_ref()?);
+    (a != b).then(|| Parting::new(Some(0), Some(Stage::Update), None, Numbers::OtherStart))
+}
+
 /// A framework's optimizer wrapper told to accumulate n micro-batches whose optimizer
 /// stepped after fewer, the script's step() calls counted.
 fn stepped_early(ev: &Evidence) -> Option<Parting> {

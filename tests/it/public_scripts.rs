@@ -1,0 +1,105 @@
+//! What public training scripts hit under `ddp-verify -- COMMAND`, unmodified: a snapshot in
+//! the working folder the legs share, a rank that hangs at exit after training, dropout on as
+//! libraries' defaults have it, and CUDA and NCCL hard-coded on a CPU runner.
+
+use std::path::Path;
+
+use crate::util::{repo, stdout};
+
+/// Runs `ddp-verify FLAGS -- torchrun --nproc-per-node 2 examples/EXAMPLE/train.py ARGS` from
+/// `folder`, its traces in `folder/traces`: the exit code and the JSON report.
+fn from_folder(folder: &Path, flags: &str, example: &str, args: &str) -> (Option<i32>, serde_json::Value) {
+    let report = folder.join("report.json");
+    let torchrun = repo(".venv/bin/torchrun").display().to_string();
+    let script = repo(&format!("examples/{example}/train.py")).display().to_string();
+    let traces = folder.join("traces").display().to_string();
+    let report_file = report.display().to_string();
+    let mut argv: Vec<&str> = "--acc-steps 4 --gpus 2 --report json --force --report-file".split(' ').collect();
+    argv.extend([report_file.as_str(), "--save-trace", traces.as_str()]);
+    argv.extend(flags.split_whitespace());
+    argv.extend(["--", torchrun.as_str(), "--nproc-per-node", "2", script.as_str()]);
+    argv.extend(args.split_whitespace());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
+        .args(&argv)
+        .current_dir(folder)
+        .output()
+        .expect("ddp-verify runs");
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!("{e}: {}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    });
+    (out.status.code(), serde_json::from_str(&text).unwrap())
+}
+
+fn notes(report: &serde_json::Value) -> String {
+    report["notes"]
+        .as_array()
+        .map_or(String::new(), |n| n.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join("\n"))
+}
+
+/// The DDP tutorial's resume: without the move, the DDP leg would resume from the first
+/// leg's snapshot and train other steps from other weights.
+#[test]
+fn a_legs_snapshot_is_moved_aside_so_the_next_leg_starts_as_the_first_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = from_folder(dir.path(), "", "checkpoints", "--grad-accum {local_acc_steps} --dropout 0");
+    assert_eq!(code, Some(0), "{report}");
+    let said = notes(&report);
+    assert!(said.contains("accumulation leg's new files") && said.contains("checkpoints"), "{said}");
+    // Nothing deleted: the folder as the last leg left it, the first leg's snapshot kept.
+    assert!(dir.path().join("checkpoints/snapshot.pt").is_file());
+    assert!(dir.path().join("traces/files/accumulation/checkpoints/snapshot.pt").is_file());
+}
+
+/// A snapshot already there before the check is one the first leg changes: the next leg
+/// reads the first leg's version, and the report says so.
+#[test]
+fn a_snapshot_there_before_the_check_and_changed_by_a_leg_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "--grad-accum {local_acc_steps} --dropout 0";
+    from_folder(dir.path(), "", "checkpoints", args);
+    let (code, report) = from_folder(dir.path(), "", "checkpoints", args);
+    assert_eq!((code, report["diagnosis"]["reason"].as_str()), (Some(1), Some("other initial weights")), "{report}");
+    assert!(notes(&report).contains("was in the working folder before the check"), "{report}");
+}
+
+/// timm's rank 0 blocking in gloo's process-group destructor at exit: the traces are
+/// complete, so the verdict is given, and the rank named.
+#[test]
+fn a_rank_that_hangs_at_exit_after_training_loses_no_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let args = "--grad-accum {local_acc_steps} --dropout 0 --hang-at-exit 1";
+    let (code, report) = from_folder(dir.path(), "--exit-grace 5 --timeout 300", "checkpoints", args);
+    assert_eq!(code, Some(0), "{report}");
+    let said = notes(&report);
+    assert!(said.contains("the ddp leg was still running 5 s after its trace was complete"), "{said}");
+    assert!(said.contains("rank 1 (pid"), "{said}");
+    assert!(started.elapsed().as_secs() < 300, "waited out --timeout");
+}
+
+/// Dropout on, as libraries' defaults have it: named as the cause; with --no-dropout the rest
+/// of the loop is checked, and the report says dropout was off.
+#[test]
+fn dropout_on_is_named_and_no_dropout_checks_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = from_folder(dir.path(), "", "checkpoints", "--grad-accum {local_acc_steps}");
+    assert_eq!((code, report["diagnosis"]["reason"].as_str()), (Some(1), Some("dropout masks")), "{report}");
+    assert!(report["diagnosis"]["detail"].as_str().unwrap_or_default().contains("--no-dropout"), "{report}");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = from_folder(dir.path(), "--no-dropout", "checkpoints", "--grad-accum {local_acc_steps}");
+    assert_eq!(code, Some(0), "{report}");
+    assert!(notes(&report).contains("--no-dropout"), "{report}");
+    assert!(report["traces"]["left"]["meta"]["dropout"].is_null(), "{report}");
+}
+
+/// nanoGPT's `device="cuda"`, `backend="nccl"`, `device_ids=[...]`, `set_device` on a CPU
+/// runner: refused as the script is, run with `--device cpu`, and the mapping said.
+#[test]
+fn a_script_that_hard_codes_cuda_runs_on_the_cpu_with_device_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "--grad-accum {local_acc_steps}";
+    let (code, report) = from_folder(dir.path(), "--device cpu", "cuda_hardcoded", args);
+    assert_eq!(code, Some(0), "{report}");
+    let said = notes(&report);
+    assert!(said.contains("--device cpu") && said.contains("nccl"), "{said}");
+}

@@ -19,14 +19,19 @@ from typing import Any, Callable
 class Patch:
     """One attribute replaced: where, what was there, and ours."""
 
-    def __init__(self, owner: Any, name: str, original: Any, replacement: Any) -> None:
+    def __init__(self, owner: Any, name: str, original: Any, replacement: Any, inherited: bool = False) -> None:
         self.owner, self.name, self.original, self.replacement = owner, name, original, replacement
+        # Found on a base class (torch.Tensor.to is TensorBase's): put back by deleting ours.
+        self.inherited = inherited
         self.given_back = False  # put back by `undo`: at the last close, or sooner where asked
 
     def undo(self) -> None:
         # Only our own patch, and only where nothing patched over it since.
         if getattr(self.owner, self.name) is self.replacement:
-            setattr(self.owner, self.name, self.original)
+            if self.inherited:
+                delattr(self.owner, self.name)
+            else:
+                setattr(self.owner, self.name, self.original)
             self.given_back = True
 
 
@@ -41,14 +46,32 @@ _PLACES: dict[tuple[int, str], tuple[Any, str, Any]] = {}
 def replace(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
     """`owner.name` replaced until the last recording closes; returns what puts it back sooner."""
     original = getattr(owner, name)
+    inherited = isinstance(owner, type) and name not in vars(owner)
     replacement.__wrapped__ = original  # type: ignore[attr-defined]
     replacement.__doc__ = original.__doc__
     setattr(owner, name, replacement)
-    patch = Patch(owner, name, original, replacement)
+    patch = Patch(owner, name, original, replacement, inherited)
     _PLACES.setdefault((id(owner), name), (owner, name, original))
     _MADE.append(patch)
     _UNDO.append(patch.undo)
     return patch.undo
+
+
+def keep_builtin(replacement: Any, original: Any) -> None:
+    """A replaced torch builtin (torch.zeros, torch.dropout) still compiles as that builtin
+    where TorchScript meets the replacement, until the patches come out (TorchScript knows
+    builtins by identity, and cannot compile a wrapper)."""
+    try:
+        from torch.jit import _builtins
+
+        op = _builtins._find_builtin(original)
+        if op is None:
+            return
+        _builtins._register_builtin(replacement, op)
+    except Exception:  # noqa: BLE001 - a torch without that table: TorchScript is no concern there
+        return
+    # Out with the patches: the table knows the replacement by id, which a later object may take.
+    _UNDO.append(lambda: _builtins._get_builtin_table().pop(id(replacement), None))
 
 
 def on_undo(then: Callable[[], None]) -> None:

@@ -18,6 +18,10 @@ framework calls it (Trainer through Accelerate, Lightning's precision plugins, p
   (`_stages`), each micro-batch's samples and loss and who called backward or zeroed;
 - DistributedSampler.__iter__, BatchSampler.__iter__ (and Accelerate's BatchSamplerShard's):
   how the samples were dealt (`_deal`).
+Two change the run, where ddp-verify asks (its environment): `--no-dropout` makes every
+dropout the identity (`_no_dropout`), `--device cpu` runs a script's CUDA and NCCL on the CPU
+with gloo (`_cpu_device`); they go in first, before the script runs, and their own refusal of
+a wrong setting comes before anything is patched.
 
 Each recording opens a `Watch` (`open_watch`), which sees only what happens while it is open.
 The patches go in through the registry (`_patches`) when the first watch opens and come out
@@ -32,7 +36,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _deal, _outermost, _owners, _patches, engines, frameworks
+from . import _cpu_device, _deal, _no_dropout, _outermost, _owners, _patches, engines, frameworks
 from ._patches import Patches
 from ._watch import OPEN, Watch, dealt, epoch_started
 
@@ -62,6 +66,9 @@ def _patch_all() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.utils.data import BatchSampler, DistributedSampler
 
+    _no_dropout.enabled(), _cpu_device.enabled()  # a wrong setting refused before any patch
+    _no_dropout.patch()
+    _cpu_device.patch()
     clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
 
     def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -13,10 +13,18 @@
                                ddp-verify's progress line (`_progress`)
   DDP_VERIFY_PERTURB           the control leg only: each step's gradients nudged by this
                                fraction of each tensor's largest |g| (`_perturb`)
+  DDP_VERIFY_NO_DROPOUT        optional: 1 (`--no-dropout`): every dropout of the run is the
+                               identity, said in the header's dropout_off (`_no_dropout`)
+  DDP_VERIFY_DEVICE            optional: cpu (`--device cpu`): the script's hard-coded CUDA and
+                               NCCL run on the CPU with gloo, said in the header's
+                               device_mapped; what has no CPU meaning raises one line
+                               (`_cpu_device`)
 
-A setting `record()` refuses raises here, at start-up, never inside the script's training:
-Python reports it ("Error in sitecustomize", then the error's one line) and runs the script
-unrecorded, and ddp-verify then quotes that line (exit 2).
+Those two are read by the patches `record()` installs (`_torch_patches`), at start-up, before
+the script runs; a value other than those is refused there. A setting `record()` refuses
+raises here, at start-up, never inside the script's training: Python reports it ("Error in
+sitecustomize", then the error's one line) and runs the script unrecorded, and ddp-verify
+then quotes that line (exit 2).
 """
 from __future__ import annotations
 

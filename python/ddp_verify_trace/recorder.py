@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _deal, _extras, _groups, _owners, _perturb, _progress, _schema, _torch_patches, _watch, engines
+from . import _collectives, _cpu_device, _deal, _extras, _groups, _no_dropout, _owners, _perturb, _progress, _schema
+from . import _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, coupled, unwrap
 from ._followed import Followed
@@ -103,8 +104,8 @@ class Recorder(Followed):
                 self._warnings.append(self.engine.no_magnitudes)
             how = None
         self._meta.update(self.engine.start(self._params, self._sampling))  # collectives
-        for key, fact in ((K.DROPOUT, active_dropout(self._module)), (K.COUPLED, coupled(self._module))):
-            if fact:  # dropout draws its own masks; BatchNorm mixes a micro-batch's samples
+        for key, fact in ((K.DROPOUT, _no_dropout.unless_off(active_dropout(self._module))), (K.COUPLED, coupled(self._module))):
+            if fact:  # dropout draws its own masks (none under --no-dropout); BatchNorm mixes samples
                 self._meta[key] = fact
         self._world = rank_world()[1]
         # Opened by rank 0 at its first step, when the process group says which rank is 0.
@@ -573,9 +574,8 @@ class Recorder(Followed):
             K.MAGNITUDES: magnitudes.get(self._magnitudes or "", _schema.Magnitudes.FALSE),
             **self._meta,
         }
-        for key, value in self.engine.closing_facts(self._world).items():
-            meta.setdefault(key, value)
-        for key, value in _deal.header(self._watch.deal, self._world).items():
+        facts = (self.engine.closing_facts(self._world), _deal.header(self._watch.deal, self._world))
+        for key, value in [kv for d in (*facts, _no_dropout.header(), _cpu_device.header()) for kv in d.items()]:
             meta.setdefault(key, value)
         warnings = self._warnings + self.engine.warnings()
         if warnings:

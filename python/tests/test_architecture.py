@@ -31,6 +31,8 @@ LAYERS = [
                 "_progress", "_deal", "_detect", "_perturb", "_groups", "_extras"]),  # fmt: skip
     # Every patch goes through one registry, and `Patches`.
     ("patching", ["_patches"]),
+    # What changes the run where ddp-verify asks: every dropout the identity, CUDA run on the CPU.
+    ("run changes", ["_no_dropout", "_cpu_device"]),
     # Whose code made a call: one walk over frames, by the prefixes frameworks register.
     ("owners", ["_owners"]),
     # Stage facts: pure functions, and the per-rank state a watch holds.

@@ -13,7 +13,11 @@ A framework whose backwards run inside DDP's forward (Lightning's manual optimiz
 backward itself, by preparing DDP's reducer where it runs it, and the flag the forward then
 ends with decides nothing (Lightning clears it there). Such a framework reports each of those
 backwards through `prepared` and marks the forward with `decided_inside`, whose end is then
-not counted as a micro-batch."""
+not counted as a micro-batch.
+
+Under `--device cpu` (`_cpu_device`) DDP's construction drops `device_ids` and
+`output_device`, which a module on the CPU refuses: done in this engine's own patch of
+`__init__`, the one DDP is built through."""
 from __future__ import annotations
 
 import sys
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .. import _owners, _schema
+from .. import _cpu_device, _owners, _schema
 from .._patches import Patches
 from .base import Engine
 
@@ -56,7 +60,8 @@ class Ddp(Engine):
         init = DistributedDataParallel.__init__
 
         def __init__(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
+            args, kwargs = _cpu_device.without(init, (self, *args), kwargs, ("device_ids", "output_device"), "DDP")
+            init(*args, **kwargs)
             try:
                 global _BUILT
                 _BUILT = (_owners.caller(sys._getframe(1)), weakref.ref(self))

@@ -14,7 +14,7 @@ def active_dropout(module: torch.nn.Module) -> str | None:
     """The dropout that trains (layers with p > 0 in training mode), in words, or None: runs
     with it draw their own masks, which compare must say before anything finer."""
     ps = [m.p for m in module.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
-    return f"{len(ps)} dropout layers, p up to {max(ps):g}" if ps else None
+    return f"{len(ps)} dropout layer{'s' if len(ps) != 1 else ''}, p up to {max(ps):g}" if ps else None
 
 
 def coupled(module: torch.nn.Module) -> str | None:

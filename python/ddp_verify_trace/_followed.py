@@ -11,7 +11,6 @@ there (or after the closure a step is handed runs its backward); `TraceRecorder.
 before `optimizer.step()`, and `Recorder.step` nudges itself."""
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
@@ -112,20 +111,10 @@ class Followed:
             return
         self._weights = None
         world = rank_world()[1]
-        replicated = world == 1 or self.engine.weights_replicated
-        if not self._steps and self._params and K.START_WEIGHTS not in self._meta and replicated:
-            self._start_weights()
+        if self._watch.start_weights:  # the weights as the first forward found them
+            self._meta[K.START_WEIGHTS] = self._watch.start_weights
         if world > 1 and self.engine.weights_replicated and self.engine.rank_checksums(bool(self._sampling.positions)):
             self._weights = (self._steps, *self._weight_bits())
-
-    def _start_weights(self) -> None:
-        """The weights as the first step finds them, one checksum (`start_weights`): a leg
-        resumed from another's checkpoint, or seeded otherwise, starts apart."""
-        names, sums = self._weight_bits()
-        held = set(names)
-        values = sums[: len(self._params)].tolist()
-        rows = sorted(f"{n}={int(v)}" for (n, _), v in zip(self._params, values) if n in held)
-        self._meta[K.START_WEIGHTS] = hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
     def _weight_bits(self) -> tuple[list[str], torch.Tensor]:
         """(the parameters checksummed: those that train and the other optimizers' own; one

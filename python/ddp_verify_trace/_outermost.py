@@ -56,6 +56,8 @@ class Outer:
             norm = normaliser(kwargs)
             who = _owners.caller(frame) if norm is not None else None
             for watch in watches:
+                if watch.start_weights is None:
+                    watch.take_start(module)
                 watch.batches.forward(fp, norm, who)
                 watch.hook_local(module)
         except Exception:  # noqa: BLE001 - a fact not taken; the forward goes on

@@ -58,6 +58,9 @@ class Watch:
         self.zeroed_in_window = 0  # zero_grad calls after a backward of the step, before it
         self.zeroed_by: str | None = None
         self.boundary_by: str | None = None  # who marked an engine's accumulation boundary by hand
+        # The trained weights as the first outermost forward found them, one checksum
+        # (`take_start`): "" where they are sharded (not the whole weights on each rank).
+        self.start_weights: str | None = None
         self._in_api = 0  # a framework's backward API calls under way (one may call another)
         # How samplers and loaders dealt the data (`_deal`), by header key, this rank's.
         self.deal: dict[str, Any] = {}
@@ -86,6 +89,25 @@ class Watch:
     def zeroed(self, who: str) -> None:
         self.zeroed_in_window += 1
         self.zeroed_by = who
+
+    def take_start(self, module: torch.nn.Module) -> None:
+        """The trained weights as the first forward finds them, before any backward, one
+        checksum: a run resumed from another's checkpoint, or initialised from another
+        seed, starts apart. By value, not by name (DDP, compile and frameworks prefix the
+        names otherwise in each leg); not of sharded parameters (a rank holds a part)."""
+        import hashlib
+
+        from ._tensors import bits
+
+        rows = []
+        for p in module.parameters():
+            if not p.requires_grad:
+                continue
+            if hasattr(p, "to_local") or hasattr(p, "ds_id") or p.is_meta:
+                self.start_weights = ""
+                return
+            rows.append(f"{p.numel()}:{int(bits(p.detach()))}")
+        self.start_weights = hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()[:16] if rows else ""
 
     def hook_local(self, module: torch.nn.Module) -> None:
         """Sums each backward's own gradient of `module`'s parameters (once per module and

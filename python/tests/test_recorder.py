@@ -123,6 +123,7 @@ def test_layout_and_metadata(run):
     assert [t[f"clips.{s}"].item() for s in range(4)] == [0] * 4
     assert not os.path.exists(str(path) + ".part")
     assert meta.pop("versions").startswith("torch==")
+    assert len(meta.pop("start_weights")) == 16  # the weights' checksum as step 0 found them
     assert meta == {
         "loss_handed_by": "plain", "backward_by": "plain",
         "format": _schema.FORMAT, "run": "single", "world_size": "1", "dtype": "float32",

@@ -137,7 +137,7 @@ header! {
             "the DistributedDataParallel module's settings that change when and what it reduces, in words";
         dropout: String = DROPOUT "dropout" optional "the dropout layers that train, in words";
         start_weights: String = START_WEIGHTS "start_weights" optional
-            "a checksum of the trained weights as the first optimizer step found them (the same weights, the same text)";
+            "a checksum of the trained weights as the first forward found them, before any backward (the same weights, the same text)";
         dropout_off: String = DROPOUT_OFF "dropout_off" optional
             "--no-dropout: the dropout the recorder made the identity (modules, calls, attention), in words";
         device_mapped: String = DEVICE_MAPPED "device_mapped" optional

@@ -52,7 +52,7 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
         ),
         Numbers::StepCount(steps) => step_count(steps, w),
         Numbers::OtherStart => format!(
-            "{} and {} started from other weights: the trained weights as each run's first optimizer step found \
+            "{} and {} started from other weights: the trained weights as each run's first forward found \
              them differ (recorded checksums), so nothing after can agree. One resumed from a checkpoint (another \
              leg's, or an earlier run's left in the working folder), or the model was initialised from another seed \
              or state; start both from the same weights (no resume, one seed before the model is built)",

@@ -45,7 +45,7 @@ pub fn step_count(ev: &Evidence) -> Option<Parting> {
 }
 
 /// The runs started from other weights: the checksums of the weights as each run's first
-/// step found them differ. Before anything else of the structure: nothing after can agree.
+/// forward found them differ. Before anything else of the structure: nothing after can agree.
 pub fn other_start(ev: &Evidence) -> Option<Parting> {
     let (a, b) = (ev.a.header.start_weights.as_ref()?, ev.b.header.start_weights.as_ref()?);
     (a != b).then(|| Parting::new(Some(0), Some(Stage::Update), None, Numbers::OtherStart))

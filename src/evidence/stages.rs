@@ -40,6 +40,29 @@ pub struct Rows {
     pub every: u64,
 }
 
+impl StageStep {
+    /// Where `other` holds this step's samples grouped into other micro-batches (each
+    /// micro-batch's samples hashed alike in both, the multisets equal, the micro-batches'
+    /// inputs apart): how many micro-batches the step was cut into, the more of the two.
+    /// None where either did not hash its samples, or they are not the same samples.
+    pub fn regrouped(&self, other: &StageStep) -> Option<usize> {
+        let every = |s: &StageStep| -> Option<Vec<u64>> { s.batches.iter().map(|b| b.rows.map(|r| r.every)).collect() };
+        let (ea, eb) = (every(self)?, every(other)?);
+        if ea.is_empty() || eb.is_empty() || ea.iter().chain(&eb).any(|e| *e != ea[0]) {
+            return None;
+        }
+        let sorted = |mut v: Vec<u64>| {
+            v.sort_unstable();
+            v
+        };
+        if sorted(self.samples.clone()) != sorted(other.samples.clone()) {
+            return None;
+        }
+        let inputs = |s: &StageStep| -> Option<Vec<u64>> { s.batches.iter().map(|b| b.fingerprint).collect() };
+        (sorted(inputs(self)?) != sorted(inputs(other)?)).then(|| self.batches.len().max(other.batches.len()))
+    }
+}
+
 impl Batch {
     /// The loss as the forward made it: the model's own where it returned one, else the
     /// root before its constant factors.

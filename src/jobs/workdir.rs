@@ -168,10 +168,12 @@ impl Folder {
 }
 
 /// Folders no leg's outputs live in, and that may be huge: the trace folder, Python's
-/// caches, version control, virtual environments.
+/// caches, version control, virtual environments, build caches (CACHEDIR.TAG: cargo's
+/// target, pip's cache).
 fn skipped(name: &std::ffi::OsStr, abs: &Path, skip: &[PathBuf]) -> bool {
     matches!(name.to_str(), Some("__pycache__" | ".git" | ".hg" | "node_modules"))
         || abs.join("pyvenv.cfg").is_file()
+        || abs.join("CACHEDIR.TAG").is_file()
         || skip.iter().any(|s| std::fs::canonicalize(abs).is_ok_and(|a| a == *s))
 }
 

@@ -3,7 +3,7 @@
 
 use super::elementwise::{compare_group, Scales};
 use super::summaries::Wholes;
-use super::{Agreement, Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, ScalerMismatch};
+use super::{Agreement, Comparison, GroupDiff, LrMismatch, NotJudged, RangeParted, Regrouped, ScalerMismatch};
 use crate::evidence::{Params, Trace};
 use crate::spec::Tolerance;
 
@@ -23,6 +23,11 @@ pub struct Comparer {
     bounded: bool,
     /// Compare the final weights (not where no bound holds them: `judge::finals_judged`).
     finals: bool,
+    /// Hold a step whose samples the two runs grouped into other micro-batches to the
+    /// tolerance times its micro-batches (`regroupable`; not an explicit tolerance).
+    regroup: bool,
+    /// Per step, the micro-batches it was regrouped from (1: not regrouped).
+    regrouped: Vec<u32>,
 }
 
 impl Comparer {
@@ -38,7 +43,17 @@ impl Comparer {
             right_steps: 0,
             bounded: false,
             finals: true,
+            regroup: false,
+            regrouped: Vec::new(),
         }
+    }
+
+    /// Regrouped steps are held to the tolerance times their micro-batches: each run's
+    /// micro-batch gradients are then kernels' sums over other samples, whose rounding no
+    /// longer cancels between the runs (docs/bounds.md, "Regrouped samples").
+    pub fn regroupable(mut self, on: bool) -> Self {
+        self.regroup = on;
+        self
     }
 
     /// Elements are held to the bounds `allowed` gives (from the accumulation run) instead
@@ -77,12 +92,17 @@ impl Comparer {
             self.bounded |= bounds.is_some();
             let magnitudes: Vec<Params> = magnitudes.iter().map(|m| self.sampled(m)).collect();
             let scales = Scales::TensorPeakAnd(&magnitudes);
-            self.steps.push(compare_group(&a, &b, &self.tol, scales, bounds.as_ref(), wholes));
+            let k = self.regrouped.get(self.steps.len()).copied().unwrap_or(1);
+            self.steps.push(compare_group(&a, &b, &self.tol.times(k), scales, bounds.as_ref(), wholes));
         }
     }
 
     /// Final weights and buffers; `a` and `b` may hold steps, which are compared first.
     pub fn finish(mut self, a: &Trace, b: &Trace, buffers_counted: bool) -> Comparison {
+        if self.regroup {
+            let (sa, sb) = (&a.facts.stages, &b.facts.stages);
+            self.regrouped = sa.iter().zip(sb).map(|(x, y)| x.regrouped(y).map_or(1, |k| k as u32)).collect();
+        }
         for i in 0..a.steps.len().max(b.steps.len()) {
             let none = Params::new();
             let allowed = a.allowances.steps.get(i).unwrap_or(&none);
@@ -122,7 +142,11 @@ impl Comparer {
         let finals = match (range_parted.is_some(), self.finals) {
             (true, _) => GroupDiff::not_judged(NotJudged::RangeParted),
             (false, false) => GroupDiff::not_judged(NotJudged::Optimizer),
-            (false, true) => compare_group(&af, &bf, &self.tol, Scales::Given(&scales), bounds.as_ref(), wholes),
+            // Weights trained through regrouped steps carry those steps' rounding.
+            (false, true) => {
+                let k = self.regrouped.iter().copied().max().unwrap_or(1);
+                compare_group(&af, &bf, &self.tol.times(k), Scales::Given(&scales), bounds.as_ref(), wholes)
+            }
         };
         let buffers = (!a.buffers.is_empty() || !b.buffers.is_empty()).then(|| {
             compare_group(&self.sampled(&a.buffers), &self.sampled(&b.buffers), &self.tol, Scales::Own, None, None)
@@ -166,6 +190,7 @@ impl Comparer {
             scaler,
             range_parted,
             hidden_factor: None,
+            regrouped: Regrouped::of(&self.regrouped),
             verdict,
         }
     }

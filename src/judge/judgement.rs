@@ -191,7 +191,8 @@ fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareO
     let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
     // Under AdamW the final weights are held to what its steps make of each step's allowance.
     let finals_carried = adamw_finals(a, b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds);
-    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, finals_carried.is_ok());
+    let regroup = !opts.tolerance.given();
+    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, finals_carried.is_ok()).regroupable(regroup);
     let finals_unbounded = finals_carried.is_err() && !finals_judged(a, b);
     // Accumulation against a big-batch trace: one process, one batch of each step's samples.
     // A mismatch there while DDP agrees is a normalisation both runs share (a per-micro-batch
@@ -199,7 +200,7 @@ fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareO
     let big = big.map(|leg| {
         let (acc, trace) = (&mut leg.accumulation, &leg.trace);
         let carried = adamw_finals(acc, trace, &tolerance, dtype).map(|bounds| acc.allowances.finals = bounds);
-        (traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok()), false)
+        (traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok()).regroupable(regroup), false)
     });
     let pair = TracePair {
         paths: opts.paths.clone(),

@@ -282,7 +282,25 @@ pub struct Comparison {
     /// (`judgement`): not the same training, though the clipped gradients agree.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden_factor: Option<f64>,
+    /// Steps whose samples the runs grouped into other micro-batches, held to the tolerance
+    /// times their micro-batches (`Comparer::regroupable`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regrouped: Option<Regrouped>,
     pub verdict: Agreement,
+}
+
+/// Regrouped steps, and the most micro-batches one was cut into (the widest tolerance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Regrouped {
+    pub steps: usize,
+    pub micro_batches: u32,
+}
+
+impl Regrouped {
+    fn of(per_step: &[u32]) -> Option<Regrouped> {
+        let steps = per_step.iter().filter(|k| **k > 1).count();
+        (steps > 0).then(|| Regrouped { steps, micro_batches: per_step.iter().copied().max().unwrap_or(1) })
+    }
 }
 
 #[cfg(test)]

@@ -230,6 +230,16 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         "held to: the fixed tolerance, {} ulp or rel {:e} or abs {:e} (traces carry no bound derived from the arithmetic)",
         tol.max_ulps, tol.rtol, tol.atol
     ));
+    for (c, what) in [(Some(&o.runs), "the runs"), (o.big_batch.as_ref().map(|b| &b.comparison), "the big batch")] {
+        if let Some(r) = c.and_then(|c| c.regrouped) {
+            lines.push(format!(
+                "regrouped: {} step(s) of {what} hold the same samples in other micro-batches (another sampler's \
+                 deal, or one big batch); held to up to {} times the tolerance, one kernel's rounding per \
+                 micro-batch regrouped (docs/bounds.md)",
+                r.steps, r.micro_batches
+            ));
+        }
+    }
     lines.push(match &pair.finals_carried {
         Ok(()) => "final weights: each step's allowance carried through AdamW (its betas, eps and learning rates \
                    as recorded), never less than the fixed tolerance"

@@ -36,6 +36,14 @@
 #[path = "it/util.rs"]
 mod util;
 
+/// The tests run side by side in the repository's folder: the `ddp-verify` processes they
+/// start share it unwatched, or each check would move the others' files aside
+/// (`tests/it/public_scripts.rs` watches its own folders). Set before any thread starts.
+#[ctor::ctor]
+fn shared_folder() {
+    std::env::set_var(ddp_verify::jobs::workdir::SHARE_FOLDER_ENV, "1");
+}
+
 /// Every test in this process computes with the portable kernels, as the goldens were made:
 /// pinned when the binary loads, before any test thread makes a tensor (libtorch fixes its
 /// kernels at the first). The `ddp-verify` processes the tests start pin their own.

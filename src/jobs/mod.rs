@@ -19,7 +19,7 @@ pub mod script_suite;
 pub mod suite;
 #[cfg(feature = "libtorch")]
 pub mod verify;
-mod workdir;
+pub mod workdir;
 
 #[cfg(feature = "libtorch")]
 pub use devices::devices;

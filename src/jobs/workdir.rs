@@ -9,6 +9,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+/// Set to 1, the legs share the working folder as it is, unwatched: for a caller that runs
+/// several checks at once in one folder (each would move the others' files aside), as the
+/// test suite does. Said in the report.
+pub const SHARE_FOLDER_ENV: &str = "DDP_VERIFY_SHARE_FOLDER";
+
 /// A listing longer than this (a huge tree) stops the watch: the legs then share the folder
 /// as before, and the report says so.
 const LISTING_BUDGET: Duration = Duration::from_secs(2);
@@ -37,6 +42,13 @@ impl Folder {
     pub fn watch(out: &Path) -> Folder {
         let root = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let shared = std::env::var(SHARE_FOLDER_ENV).is_ok_and(|v| v == "1");
+        let off = shared.then(|| {
+            format!(
+                "the legs shared the working folder unwatched ({SHARE_FOLDER_ENV}=1): a file one leg wrote there, \
+                 another could read"
+            )
+        });
         Folder {
             keep: out.join("files"),
             skip: vec![abs(out)],
@@ -46,7 +58,7 @@ impl Folder {
             moved: Vec::new(),
             changed: Vec::new(),
             failed: Vec::new(),
-            off: None,
+            off,
         }
     }
 

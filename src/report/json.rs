@@ -57,7 +57,9 @@ pub fn json(o: &Outcome) -> Value {
     v["runs"] = json!(o.runs);
     v["diagnosis"] = json!(o.diagnosis);
     v["caution"] = json!(o.caution);
-    v["notes"] = json!(o.notes);
+    if !o.notes.is_empty() {
+        v["notes"] = json!(o.notes);
+    }
     if let Some(cfg) = o.config() {
         v["big_batch"] = match &o.big_batch {
             Some(b) => json!({

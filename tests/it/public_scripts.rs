@@ -34,6 +34,7 @@ fn run_in(
     argv.extend(args.split_whitespace());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
         .args(&argv)
+        .env_remove(ddp_verify::jobs::workdir::SHARE_FOLDER_ENV)
         .current_dir(folder)
         .output()
         .expect("ddp-verify runs");

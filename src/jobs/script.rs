@@ -309,8 +309,9 @@ fn lingered_words(leg: &str, l: &ddp_verify_launch::Lingered) -> String {
     let who = if who.is_empty() { "its processes".to_string() } else { who.join("; ") };
     format!(
         "the {leg} leg was still running {:.0} s after its trace was complete (--exit-grace): {who}. Its training had \
-         ended; a process hung at exit, in the script's own process-group teardown or the interpreter's, not in \
-         training. It was stopped and its complete trace judged",
+         ended (the trace is complete), so what hung or went on was after it: the script's own process-group \
+         teardown, the interpreter's exit, or work after training. It was stopped and the complete trace judged; \
+         raise --exit-grace if the script has work to finish after training",
         l.after.as_secs_f64()
     )
 }

@@ -59,7 +59,7 @@ class Watch:
         self.zeroed_by: str | None = None
         self.boundary_by: str | None = None  # who marked an engine's accumulation boundary by hand
         # The trained weights as the first outermost forward found them, one checksum
-        # (`take_start`): "" where they are sharded (not the whole weights on each rank).
+        # (`take_start`): "" where a rank holds only part of them.
         self.start_weights: str | None = None
         self._in_api = 0  # a framework's backward API calls under way (one may call another)
         # How samplers and loaders dealt the data (`_deal`), by header key, this rank's.
@@ -94,7 +94,8 @@ class Watch:
         """The trained weights as the first forward finds them, before any backward, one
         checksum: a run resumed from another's checkpoint, or initialised from another
         seed, starts apart. By value, not by name (DDP, compile and frameworks prefix the
-        names otherwise in each leg); not of sharded parameters (a rank holds a part)."""
+        names otherwise in each leg); not where a rank holds only part of a parameter (a
+        tensor subclass wraps it, or its own storage is emptied)."""
         import hashlib
 
         from ._tensors import bits
@@ -103,7 +104,7 @@ class Watch:
         for p in module.parameters():
             if not p.requires_grad:
                 continue
-            if hasattr(p, "to_local") or hasattr(p, "ds_id") or p.is_meta:
+            if type(p) not in (torch.nn.Parameter, torch.Tensor) or p.is_meta or not p.numel():
                 self.start_weights = ""
                 return
             rows.append(f"{p.numel()}:{int(bits(p.detach()))}")

@@ -30,7 +30,7 @@ pub fn walk(ev: &Evidence) -> Option<Parting> {
 
 /// Whether dropout draws masks in either leg (a user's model; ours key theirs by sample):
 /// then the losses and gradients of the same samples differ by the masks alone, and the
-/// walk reads only what masks cannot move (samples, normalisers, scalings, the divide).
+/// walk reads only what masks cannot move (samples, normalisers, each leg's own divide).
 /// Where none of those parts, the Dropout tier names the masks.
 fn masked(a: &Leg, b: &Leg) -> bool {
     a.trace.header.dropout.is_some() || b.trace.header.dropout.is_some()
@@ -277,22 +277,22 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Par
             return at(s, stage, Some(leg.side), Numbers::Lost { marked_by: leg.trace.header.boundary_by });
         }
     }
-    if let Some(p) = scaled_in_backward(a, b, s).filter(|_| !masked) {
+    // Under dropout the roots differ by the masks, and a scaling over its normaliser misses
+    // what a framework multiplies in between (Trainer's W): no ratio is read.
+    if masked {
+        return None;
+    }
+    if let Some(p) = scaled_in_backward(a, b, s) {
         return Some(p);
     }
     let (da, db) = (da.unwrap_or(1.0), db.unwrap_or(b.world as f64));
-    // Each matched micro-batch's root reaches the applied gradient divided by the reduction
-    // (under dropout its scaling over its normaliser, what masks cannot move); where none
-    // match (the same samples grouped otherwise), each leg's one scaling of micro-batches
-    // alike in size.
-    let reach = |x: &Batch, d: f64| match masked {
-        false => Some(x.root? / d),
-        true => Some(x.scaling()? / (x.normaliser.unwrap_or(1.0) * d)),
-    };
-    let pairs = matched(a.batches, b.batches);
-    let pairs = pairs.iter().filter(|(x, y)| !masked || x.normaliser.is_some() == y.normaliser.is_some());
-    let ratio = median(pairs.filter_map(|(x, y)| Some(reach(y, db)? / reach(x, da)?)).collect())
-        .or_else(|| Some((uniform(b)? / db) / (uniform(a)? / da)).filter(|_| same_sizes(a, b)))?;
+    // Each matched micro-batch's root reaches the applied gradient divided by the reduction;
+    // where none match (the same samples grouped otherwise), each leg's one scaling of
+    // micro-batches alike in size.
+    let ratio = median(
+        matched(a.batches, b.batches).iter().filter_map(|(x, y)| Some((y.root? / db) / (x.root? / da))).collect(),
+    )
+    .or_else(|| Some((uniform(b)? / db) / (uniform(a)? / da)).filter(|_| same_sizes(a, b)))?;
     if near(ratio, 1.0, FACTOR_REL) {
         return None;
     }

@@ -51,26 +51,20 @@ fn notes(report: &serde_json::Value) -> String {
 }
 
 /// The DDP tutorial's resume: without the move, the DDP leg would resume from the first
-/// leg's snapshot and train other steps from other weights.
+/// leg's snapshot and train other steps from other weights. Checked again in the same
+/// folder, the snapshot the first check left is one the first leg resumes from and changes:
+/// the legs start from other weights, named so, and the changed file is said.
 #[test]
-fn a_legs_snapshot_is_moved_aside_so_the_next_leg_starts_as_the_first_did() {
+fn a_legs_snapshot_is_moved_aside_and_one_there_before_the_check_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let (code, report) = from_folder(dir.path(), "", "checkpoints", "--grad-accum {local_acc_steps} --dropout 0");
+    let args = "--grad-accum {local_acc_steps} --dropout 0";
+    let (code, report) = from_folder(dir.path(), "", "checkpoints", args);
     assert_eq!(code, Some(0), "{report}");
     let said = notes(&report);
     assert!(said.contains("accumulation leg's new files") && said.contains("checkpoints"), "{said}");
     // Nothing deleted: the folder as the last leg left it, the first leg's snapshot kept.
     assert!(dir.path().join("checkpoints/snapshot.pt").is_file());
     assert!(dir.path().join("traces/files/accumulation/checkpoints/snapshot.pt").is_file());
-}
-
-/// A snapshot already there before the check is one the first leg changes: the next leg
-/// reads the first leg's version, and the report says so.
-#[test]
-fn a_snapshot_there_before_the_check_and_changed_by_a_leg_is_said() {
-    let dir = tempfile::tempdir().unwrap();
-    let args = "--grad-accum {local_acc_steps} --dropout 0";
-    from_folder(dir.path(), "", "checkpoints", args);
     let (code, report) = from_folder(dir.path(), "", "checkpoints", args);
     assert_eq!((code, report["diagnosis"]["reason"].as_str()), (Some(1), Some("other initial weights")), "{report}");
     assert!(notes(&report).contains("was in the working folder before the check"), "{report}");

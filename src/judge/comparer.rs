@@ -101,7 +101,11 @@ impl Comparer {
     pub fn finish(mut self, a: &Trace, b: &Trace, buffers_counted: bool) -> Comparison {
         if self.regroup {
             let (sa, sb) = (&a.facts.stages, &b.facts.stages);
-            self.regrouped = sa.iter().zip(sb).map(|(x, y)| x.regrouped(y).map_or(1, |k| k as u32)).collect();
+            self.regrouped = sa
+                .iter()
+                .zip(sb)
+                .map(|(x, y)| x.regrouped(y).map_or(1, |k| u32::try_from(k).unwrap_or(u32::MAX)))
+                .collect();
         }
         for i in 0..a.steps.len().max(b.steps.len()) {
             let none = Params::new();

@@ -101,7 +101,7 @@ fn dropout_on_is_named_and_no_dropout_checks_the_rest() {
 }
 
 /// nanoGPT's `device="cuda"`, `backend="nccl"`, `device_ids=[...]`, `set_device` on a CPU
-/// runner: refused as the script is, run with `--device cpu`, and the mapping said.
+/// runner: run with `--device cpu`, and the mapping said.
 #[test]
 fn a_script_that_hard_codes_cuda_runs_on_the_cpu_with_device_cpu() {
     let dir = tempfile::tempdir().unwrap();

@@ -164,19 +164,7 @@ pub struct Lingerer {
 /// in sessions of their own), read from /proc: those with a RANK (the training's), else all
 /// (a one-process leg).
 fn lingering(group: i32, root: i32) -> Vec<Lingerer> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    // (pid, parent, group, comm) of every process.
-    let table: Vec<(i32, i32, i32, String)> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (head, rest) = stat.rsplit_once(')')?;
-            // "P (comm) S PPID PGRP ...": the parent and group after ')'.
-            let mut f = rest.split_whitespace().skip(1);
-            let (parent, pgrp) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
-            Some((pid, parent, pgrp, head.split_once('(').map_or("", |(_, n)| n).to_string()))
-        })
-        .collect();
+    let table = processes();
     let mut ours: Vec<i32> = table.iter().filter(|p| p.2 == group || p.0 == root).map(|p| p.0).collect();
     let mut at = 0;
     while at < ours.len() {
@@ -321,15 +309,21 @@ fn stop_group(group: i32, child: &mut Child) {
 
 /// Processes whose parent is `pid`, from /proc.
 fn children_of(pid: i32) -> Vec<i32> {
+    processes().into_iter().filter(|p| p.1 == pid).map(|p| p.0).collect()
+}
+
+/// (pid, parent, process group, comm) of every process, from /proc.
+fn processes() -> Vec<(i32, i32, i32, String)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| {
-            // /proc/P/stat is "P (comm) S PPID ...": the comm may hold spaces, so read after ')'.
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|st| st.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<i32>().ok())
-                == Some(pid)
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // "P (comm) S PPID PGRP ...": the comm may hold spaces, so read after the last ')'.
+            let (head, rest) = stat.rsplit_once(')')?;
+            let mut f = rest.split_whitespace().skip(1);
+            let (parent, pgrp) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+            Some((pid, parent, pgrp, head.split_once('(').map_or("", |(_, n)| n).to_string()))
         })
         .collect()
 }

@@ -31,6 +31,10 @@ pub fn without_libtorch(cli: &Cli) -> Option<Result<Exit>> {
                 false => jobs::script_suite::command(&o),
             })
         }
+        Some(Command::Watch(args)) => lower::watch(args).and_then(|o| match validate_only() {
+            true => Ok(Exit::Equivalent),
+            false => jobs::watch::command(&o),
+        }),
         Some(Command::Explore(args)) if !args.script.is_empty() => {
             lower::explore::script(args).and_then(|o| match validate_only() {
                 true => Ok(Exit::Equivalent),

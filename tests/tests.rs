@@ -116,3 +116,5 @@ mod tiny_lm;
 mod torch_optim;
 #[path = "it/user_loops.rs"]
 mod user_loops;
+#[path = "it/watch.rs"]
+mod watch;

@@ -55,6 +55,7 @@ HEADER = {
     "backward_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "zeroed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "boundary_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "loss_reduction": ("text", None, False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
     "sampler_dataset": ("count", None, False),
@@ -119,6 +120,7 @@ class Key:
     BACKWARD_BY = "backward_by"
     ZEROED_BY = "zeroed_by"
     BOUNDARY_BY = "boundary_by"
+    LOSS_REDUCTION = "loss_reduction"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
     SAMPLER_DATASET = "sampler_dataset"

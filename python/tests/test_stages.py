@@ -186,3 +186,23 @@ def test_after_the_first_step_the_model_alone_carries_hooks_and_its_facts_go_on(
         # later micro-batch is still seen, with its own samples.
         assert r.shape[0] == 2 and r[0, FIELD["fingerprint"]] != r[1, FIELD["fingerprint"]]
         assert torch.allclose(r[:, FIELD["peeled"]], torch.tensor(losses[2 * s : 2 * s + 2], dtype=torch.float64))
+
+
+def test_the_loss_reduction_is_read_under_its_constant_factors():
+    from ddp_verify_trace._stages.loss import peel_to, reduction
+
+    x = torch.randn(4, 3, requires_grad=True)
+    y = torch.tensor([0, 1, 2, 0])
+    cases = [
+        (torch.nn.functional.cross_entropy(x, y) / 4, "mean"),
+        (torch.nn.functional.cross_entropy(x, y, reduction="sum") / 8, "sum"),
+        (torch.nn.functional.mse_loss(x, torch.zeros(4, 3)) * 2, "mean"),
+        ((x**2).mean() / 2, "mean"),
+        ((x**2).sum(), "sum"),
+        # A sum of losses, or label smoothing's mix: no one reduction.
+        (torch.nn.functional.cross_entropy(x, y, label_smoothing=0.1), None),
+        ((x**2).mean() + (x**3).mean(), None),
+    ]
+    for loss, want in cases:
+        factor, node = peel_to(loss)
+        assert reduction(node) == want, (loss.grad_fn, want)

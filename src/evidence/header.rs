@@ -172,6 +172,8 @@ header! {
             "whose code zeroed the gradients inside an accumulation window (plain: the script)";
         boundary_by: Framework = BOUNDARY_BY "boundary_by" optional
             "whose code marked the engine's accumulation boundaries by hand (set_gradient_accumulation_boundary)";
+        loss_reduction: String = LOSS_REDUCTION "loss_reduction" optional
+            "how every loss backward ran on reduced its micro-batch, under its constant factors: mean or sum (absent: mixed, or no plain reduction)";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional
@@ -276,6 +278,12 @@ impl std::fmt::Display for HeaderProblem {
 }
 
 impl TraceHeader {
+    /// Every loss backward ran on was a mean over its micro-batch (`loss_reduction`): what
+    /// its scaling must be follows from the micro-batches alone.
+    pub fn loss_is_mean(&self) -> bool {
+        self.loss_reduction.as_deref() == Some("mean")
+    }
+
     /// The header of `raw` (a safetensors `__metadata__`; empty when the file has none).
     pub fn parse(raw: &BTreeMap<String, String>) -> Result<TraceHeader, HeaderProblem> {
         if raw.is_empty() {

@@ -121,7 +121,7 @@ fn node_rank(value: Option<String>, shown: &str) -> Result<Option<usize>, String
 
 /// The Python a launcher runs the script with: the one beside it (a virtualenv's bin/),
 /// else `python3` as the launcher's own shebang would find it.
-fn python_of(program: &str) -> String {
+pub fn python_of(program: &str) -> String {
     if Path::new(program).file_name().is_some_and(|f| f.to_string_lossy().starts_with("python")) {
         return program.to_string();
     }

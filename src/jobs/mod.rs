@@ -19,6 +19,7 @@ pub mod script_suite;
 pub mod suite;
 #[cfg(feature = "libtorch")]
 pub mod verify;
+pub mod watch;
 pub mod workdir;
 
 #[cfg(feature = "libtorch")]

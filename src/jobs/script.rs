@@ -297,7 +297,7 @@ fn run_leg(
 }
 
 /// A leg stopped after its trace was complete, in words: who lingered, and where.
-fn lingered_words(leg: &str, l: &ddp_verify_launch::Lingered) -> String {
+pub(super) fn lingered_words(leg: &str, l: &ddp_verify_launch::Lingered) -> String {
     let who: Vec<String> = l
         .processes
         .iter()
@@ -333,7 +333,7 @@ fn arrives(trace: &Path) -> bool {
 
 /// The recorder's refusal of its settings at start-up, where the log has one: Python prints
 /// "Error in sitecustomize", then the error's line, and runs the script unrecorded.
-fn refused_setting(log: &Path) -> Option<String> {
+pub(super) fn refused_setting(log: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     let mut lines = text.lines().skip_while(|l| !l.starts_with("Error in sitecustomize"));
     lines.next()?;
@@ -341,12 +341,12 @@ fn refused_setting(log: &Path) -> Option<String> {
 }
 
 /// The recorder's own line where an exception stopped it (the training went on), if any.
-fn stopped(log: &Path) -> Option<String> {
+pub(super) fn stopped(log: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     text.lines().find(|l| l.contains(crate::evidence::schema::STOPPED)).map(|l| l.trim().to_string())
 }
 
 /// The log's exception, by the rank that raised it, where it has one; else its last line.
-fn quoted(log: &Path) -> String {
+pub(super) fn quoted(log: &Path) -> String {
     super::failure::quote(&std::fs::read_to_string(log).unwrap_or_default())
 }

@@ -13,6 +13,7 @@ mod judgement;
 mod outcome;
 mod summaries;
 mod ulps;
+mod watch;
 
 pub use carried::{adamw_finals, finals_judged};
 pub use comparer::{compare, Comparer};
@@ -20,12 +21,13 @@ pub use control::MARGIN as CONTROL_MARGIN;
 pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
     big_batch as diagnose_big_batch, caution, cautioned, diagnose, hidden_by_clipping, Context, Diagnosis, Loss,
-    Numbers, Origin, Parting, Reason, ShortWindow,
+    Numbers, Origin, Parting, Reason, ShortWindow, Stage,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use judgement::{judge, Judging, Terms};
 pub use outcome::{BigBatch, Outcome, SampledPair, Subject, TracePair};
 pub use ulps::ulps_between;
+pub use watch::{watch, Contract, Held, Watched};
 
 use serde::Serialize;
 

@@ -23,6 +23,7 @@ mod split;
 mod suite;
 #[cfg(feature = "libtorch")]
 mod verify;
+mod watch;
 
 pub use compare::compare;
 #[cfg(feature = "libtorch")]
@@ -34,6 +35,7 @@ pub use suite::suite;
 pub use suite::{is_script_suite, script_suite};
 #[cfg(feature = "libtorch")]
 pub use verify::verification;
+pub use watch::{watch, WATCH_FILES};
 
 /// `--report FORMAT [--report-file PATH]...`, paired by position; the table on stdout by default.
 pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {

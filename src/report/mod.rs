@@ -9,6 +9,7 @@ mod markdown;
 pub mod plot;
 pub mod suite;
 mod table;
+pub mod watch;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -36,7 +36,7 @@ pub use kernels::{KernelFacts, Machine, Platform};
 pub use launcher::{Launcher, LauncherKind};
 pub use model::{LinearConfig, LmConfig, ModelConfig, ResnetConfig};
 pub use optim::OptimConfig;
-pub use options::{CompareOptions, ScriptCase, ScriptOptions, ScriptSuite, Suite, SuiteCase};
+pub use options::{CompareOptions, ScriptCase, ScriptOptions, ScriptSuite, Suite, SuiteCase, WatchOptions};
 pub use precision::{AmpConfig, Precision, OVERFLOW_FACTOR};
 pub use report::ReportTarget;
 pub use run::RunShape;

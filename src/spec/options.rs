@@ -45,6 +45,19 @@ impl Suite {
     }
 }
 
+/// `ddp-verify watch -- COMMAND`: a user's launch command run once, as written, and judged
+/// by each stage's contract.
+pub struct WatchOptions {
+    pub command: Vec<String>,
+    /// The Python that runs the script (beside the launcher), which must import the recorder.
+    pub python: String,
+    /// Where the trace and the log go (--save-trace, or a fresh temporary directory).
+    pub out: PathBuf,
+    pub timeout: f64,
+    pub exit_grace: f64,
+    pub reports: Vec<ReportTarget>,
+}
+
 /// `ddp-verify --acc-steps K --gpus W -- python train.py ARGS`: a user's script as both legs.
 #[derive(Clone)]
 pub struct ScriptOptions {

@@ -3,7 +3,8 @@
 //! `ddp-verify --acc-steps 4 --gpus 2 -- PYTHON train.py`: the buggy version NOT EQUIVALENT
 //! with the case's stage and the library at its pinned version as the owner, the fixed one
 //! EQUIVALENT. The environments are scripts/setup-shipped.sh's; tests/shipped/run.py runs
-//! the cases (and holds every exit code); this test holds what each report says.
+//! the cases (and holds every exit code); this test holds what each report says. Under
+//! `ddp-verify watch` too: each case's DDP command once, judged by its stages' contracts.
 
 use std::process::Command;
 
@@ -11,11 +12,24 @@ use crate::util::repo;
 
 #[test]
 fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
+    corpus(false);
+}
+
+/// One run of each case's DDP command: the buggy version breaks a contract at the stage and
+/// owner the two-run check names, the fixed one keeps them all; a case whose `watch` says why
+/// no contract can see its bug keeps them in both versions.
+#[test]
+fn shipped_bugs_break_a_contract_in_one_run_under_watch() {
+    corpus(true);
+}
+
+fn corpus(watch: bool) {
     let keep = tempfile::tempdir().unwrap();
     let out = Command::new(repo(".venv/bin/python"))
         .arg(repo("tests/shipped/run.py"))
         .env("DDP_VERIFY", env!("CARGO_BIN_EXE_ddp-verify"))
         .env("SHIPPED_KEEP", keep.path())
+        .env("SHIPPED_WATCH", if watch { "1" } else { "0" })
         .output()
         .expect("tests/shipped/run.py runs");
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -26,6 +40,13 @@ fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
     assert!(cases.len() >= 10 && libraries.len() >= 5, "the corpus: {} bugs from {libraries:?}", cases.len());
     let open = cases.iter().filter(|c| c.get("cause_open").is_some()).count();
     assert!(open * 4 <= cases.len(), "most causes must be named: {open} open of {}", cases.len());
+    let unseen = cases.iter().filter(|c| c.get("watch").is_some()).count();
+    assert!(unseen * 4 <= cases.len(), "one run must see most bugs: {unseen} unseen of {}", cases.len());
+    // Where each report keeps its cause.
+    let cause = |report: &serde_json::Value| match watch {
+        true => report["fault"]["diagnosis"].clone(),
+        false => report["diagnosis"].clone(),
+    };
     let mut wrong = vec![];
     for case in cases {
         let name = case["name"].as_str().unwrap();
@@ -34,8 +55,12 @@ fn shipped_bugs_get_their_verdict_stage_and_owner_on_both_versions() {
             serde_json::from_str(&text).unwrap()
         };
         let (buggy, fixed) = (read("buggy"), read("fixed"));
-        assert!(fixed["diagnosis"].is_null(), "{name}: the fixed version has a cause: {fixed}");
-        let d = &buggy["diagnosis"];
+        assert!(cause(&fixed).is_null(), "{name}: the fixed version has a cause: {fixed}");
+        let d = &cause(&buggy);
+        if watch && case.get("watch").is_some() {
+            assert!(d.is_null(), "{name}: said unseen in one run, yet a contract broke: {buggy}");
+            continue;
+        }
         assert!(!d.is_null(), "{name}: the buggy version has no cause: {buggy}");
         if case.get("cause_open").is_some() {
             continue; // an open gap, said in the manifest: the verdicts alone are held

@@ -14,6 +14,10 @@ rendezvous on a loaded machine) is run once more, as tests/it/user_loops.rs does
                                   SHIPPED_DETAIL=1 prints each diagnosis.detail too
                                   DDP_VERIFY_KEEP_TRACES=DIR keeps each run's traces in
                                   DIR/shipped.CASE.SIDE (bench/causes.py)
+                                  SHIPPED_WATCH=1 runs each case's DDP command once under
+                                  `ddp-verify watch` (one run judged by its stages'
+                                  contracts); a case whose `watch` field says why no
+                                  contract can see its bug wants exit 0 from both versions
 Standard library only (Python 3.11+).
 """
 import json
@@ -30,6 +34,25 @@ sys.path.insert(0, HERE)
 import manifest  # noqa: E402
 
 EXPECTED = {"buggy": 1, "fixed": 0}
+WATCH = os.environ.get("SHIPPED_WATCH") == "1"
+
+
+def expected(case, side):
+    """A bug no contract of one run can see (`watch` in cases.toml) leaves both versions held."""
+    return 0 if WATCH and case.get("watch") else EXPECTED[side]
+
+
+def ddp_command(case, py):
+    """The case's DDP leg as ddp-verify -- COMMAND would launch it: torchrun over W, the
+    placeholders filled as that leg fills them."""
+    flags = shlex.split(case.get("ddp_verify", "--acc-steps 4 --gpus 2"))
+    k, w = int(flags[flags.index("--acc-steps") + 1]), int(flags[flags.index("--gpus") + 1])
+    fills = {"{acc_steps}": k, "{local_acc_steps}": k // w, "{gpus}": w, "{world}": w, "{leg}": "ddp"}
+    args = case.get("args", "")
+    for key, value in fills.items():
+        args = args.replace(key, str(value))
+    return [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(w), case["script"],
+            *shlex.split(args)]
 
 
 def run_one(binary, case, side, keep):
@@ -47,6 +70,9 @@ def run_one(binary, case, side, keep):
         flags += ["--save-trace", os.path.join(os.path.abspath(traces), "shipped." + tag)]
     argv = [binary, *flags, "--report", "json", "--report-file", report, "--force",
             "--", py, case["script"], *shlex.split(case.get("args", ""))]
+    if WATCH:
+        argv = [binary, "watch", "--timeout", "300", "--report", "json", "--report-file", report, "--force",
+                "--", *ddp_command(case, py)]
     env = dict(os.environ)
     # The recorder: this checkout's (a torch environment, shared by clones, has none of its own).
     recorder = os.path.abspath(os.environ.get("SHIPPED_RECORDER") or os.path.join(ROOT, "python"))
@@ -68,7 +94,8 @@ def run_one(binary, case, side, keep):
     seconds = time.monotonic() - t0
     try:
         with open(report) as f:
-            diagnosis = json.load(f).get("diagnosis") or {}
+            got = json.load(f)
+        diagnosis = (got.get("fault") or {}).get("diagnosis") or {} if WATCH else got.get("diagnosis") or {}
         reason, detail = diagnosis.get("reason", "none"), diagnosis.get("detail", "")
     except (OSError, ValueError):
         with open(log) as f:
@@ -98,11 +125,12 @@ def main():
     for case in cases:
         for side in ("buggy", "fixed"):
             rc, reason, detail, seconds = run_one(binary, case, side, keep)
-            ok = rc == EXPECTED[side]
+            want = expected(case, side)
+            ok = rc == want
             if not ok:
                 failed.append(f"{case['name']} {side}")
-            mark = "" if ok else "  <-- want exit %d" % EXPECTED[side]
-            print(f"{case['name']:<{width}}  {label[case['name'], side]:<{vwidth}} {rc:>4} {EXPECTED[side]:>4}  "
+            mark = "" if ok else "  <-- want exit %d" % want
+            print(f"{case['name']:<{width}}  {label[case['name'], side]:<{vwidth}} {rc:>4} {want:>4}  "
                   f"{seconds:>7.1f}  {reason}{mark}", flush=True)
             if detail_too and detail:
                 print(f"{'':<{width}}    {detail}", flush=True)

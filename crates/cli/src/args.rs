@@ -40,6 +40,9 @@ pub enum Command {
     Compare(CompareArgs),
     /// Run the cases of a TOML file (CI gates); cases with the same W share ranks started once.
     Suite(SuiteArgs),
+    /// Run your launch command once, recorded, and judge that one run by each stage's contract
+    /// (no reference run): -- torchrun --nproc-per-node 8 train.py ARGS.
+    Watch(WatchArgs),
     /// Show what this machine computes with (CPU, kernels, GPUs, NCCL, what --device auto picks) and
     /// check that its kernels repeat themselves for every model and dtype: a self-test for a new runner.
     Devices {
@@ -49,6 +52,30 @@ pub enum Command {
         #[command(flatten)]
         kernels: KernelArgs,
     },
+}
+
+#[derive(Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub reports: ReportArgs,
+    /// Keep the run's trace and log in DIR (watch.safetensors, watch.log); default: a fresh
+    /// temporary directory.
+    #[arg(long, value_name = "DIR")]
+    pub save_trace: Option<PathBuf>,
+    /// The run must finish within this many seconds, or every process is stopped (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = d::TIMEOUT_S, value_parser = seconds)]
+    pub timeout: f64,
+    /// Seconds the run may go on once its trace is complete (a rank hung at exit) before it is
+    /// stopped and its complete trace judged.
+    #[arg(long, value_name = "SECONDS", default_value_t = d::EXIT_GRACE_S, value_parser = seconds)]
+    pub exit_grace: f64,
+    /// Let --save-trace and --report-file replace existing files.
+    #[arg(long)]
+    pub force: bool,
+    /// The launch command, exactly as you run it: -- torchrun --nproc-per-node 2 train.py ARGS
+    /// (python, torchrun, accelerate launch, deepspeed).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub script: Vec<String>,
 }
 
 #[derive(Args)]

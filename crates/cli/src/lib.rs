@@ -12,7 +12,7 @@ pub mod values;
 
 pub use args::{
     AmpArgs, Cli, Command, CompareArgs, ExploreArgs, KernelArgs, NetArgs, OptimArgs, ReportArgs, RunArgs, SplitArgs,
-    SplitShape, SuiteArgs, ToleranceArgs, Verification,
+    SplitShape, SuiteArgs, ToleranceArgs, Verification, WatchArgs,
 };
 pub use case::{case_keys, parse_case, CaseError, CaseValue};
 /// `Cli::try_parse()` needs the trait in scope; the core takes it from here.

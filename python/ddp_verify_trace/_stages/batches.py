@@ -9,7 +9,7 @@ import torch
 
 from .. import _schema
 from .fingerprint import Seen
-from .loss import peel
+from .loss import peel_to, reduction
 
 FIELDS = _schema.BATCH_FIELDS
 _MASK = (1 << 52) - 1  # fingerprints are kept exact in float64
@@ -32,6 +32,7 @@ class Batches:
         self.backward_by: str | None = None  # whose code called torch's backward
         self.api: str | None = None  # the framework whose backward API took the loss
         self.normalised_by: str | None = None
+        self._reductions: set[str | None] = set()  # how each backward's loss reduced its micro-batch
 
     def forward(self, fp: Seen | None, norm: Any, who: str | None) -> None:
         if fp is not None:
@@ -61,13 +62,21 @@ class Batches:
         self.backward_by = who
         if self._handed is None:
             self.handed_by = who
+        factor, node = peel_to(root)
+        if len(self._reductions) < 2:
+            self._reductions.add(reduction(node))
         self.rows.append(
             {"fingerprint": self._inputs, "normaliser": self._norm, "forward": self._loss,
-             "root": root.detach(), "factor": peel(root), "handed": self._handed,
+             "root": root.detach(), "factor": factor, "handed": self._handed,
              "samples": self._rows, "every": self._every}  # fmt: skip
         )
         self._inputs = self._norm = self._loss = self._handed = None
         self._rows, self._every = [], 1
+
+    @property
+    def loss_reduction(self) -> str | None:
+        """"mean" or "sum" where every backward's loss so far reduced its micro-batch so."""
+        return next(iter(self._reductions)) if len(self._reductions) == 1 else None
 
     def take(self, rank: int) -> tuple[list[list[float]], list[float]]:
         """The rows since the last take, as numbers (the one sync of the step's facts), and

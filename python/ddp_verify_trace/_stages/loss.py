@@ -30,6 +30,31 @@ def peel(root: torch.Tensor) -> Any:
     """The product of the constant scalar factors at the top of `root`'s graph (x * c, x / c,
     c * x): what scaled the loss before backward. 1.0 where none; a float where every factor
     is on the host (a Python number's is), else a tensor (no device sync per micro-batch)."""
+    return peel_to(root)[0]
+
+
+# Nodes that reduce a loss over its elements, and how (`reduction`): torch's own losses save
+# their reduction (at::Reduction: 1 mean, 2 sum).
+_MEAN_NODES = ("MeanBackward0", "MeanBackward1")
+_SUM_NODES = ("SumBackward0", "SumBackward1")
+
+
+def reduction(node: Any) -> str | None:
+    """How the loss under the constant factors reduced its micro-batch: "mean", "sum", or
+    None where it is no plain reduction (a sum of losses, label smoothing's mix)."""
+    if node is None:
+        return None
+    kind = type(node).__name__
+    if kind in _MEAN_NODES:
+        return "mean"
+    if kind in _SUM_NODES:
+        return "sum"
+    saved = getattr(node, "_saved_reduction", None)
+    return {1: "mean", 2: "sum"}.get(saved) if isinstance(saved, int) else None
+
+
+def peel_to(root: torch.Tensor) -> tuple[Any, Any]:
+    """`peel`'s factor, and the node under the factors (the loss as the forward made it)."""
     factor: Any = 1.0
     node = root.grad_fn
     for _ in range(16):
@@ -56,7 +81,7 @@ def peel(root: torch.Tensor) -> Any:
         v: Any = c.item() if c.is_cpu else c.detach().double()
         factor = _divide(factor, v) if kind == "DivBackward0" else factor * v
         node = nexts[live[0]][0]
-    return factor
+    return factor, node
 
 
 def _divide(a: Any, b: Any) -> Any:

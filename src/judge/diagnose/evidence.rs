@@ -16,6 +16,9 @@ pub enum Pair {
     /// Accumulation against one big batch of each step's samples; `shared`: DDP agreed with
     /// accumulation and the steps match, so what both runs share is asked first.
     BigBatch { shared: bool },
+    /// One run judged by its stages' contracts (`ddp-verify watch`): both legs are the run,
+    /// and `first` is the step judged.
+    OneRun,
 }
 
 pub struct Evidence<'a> {

@@ -31,7 +31,7 @@ use serde::Serialize;
 pub use annotate::KnownFix;
 pub use context::{Context, Loss, Origin, ShortWindow};
 pub use evidence::{Evidence, Pair};
-pub use measure::most_apart;
+pub use measure::{most_apart, scales_inside};
 pub use owner::Owner;
 pub use parting::{ControlPath, Numbers, Parting};
 pub use source::{Source, Tier, Words};
@@ -53,6 +53,9 @@ pub struct Diagnosis {
     /// what the numbers suggest (`judge::control` asks).
     #[serde(skip)]
     pub tier: Option<Tier>,
+    /// The step the cause shows at, where one does (None: the whole run).
+    #[serde(skip)]
+    pub step: Option<usize>,
 }
 
 impl Diagnosis {
@@ -115,7 +118,21 @@ fn said(p: &Parting, owner: Owner, w: &Words, locates: bool) -> Diagnosis {
         true => p.stage.map(|stage| Located { stage, owner, known_fix }),
         false => None,
     };
-    Diagnosis { reason: p.reason(), detail, located, tier: None }
+    Diagnosis { reason: p.reason(), detail, located, tier: None, step: p.step }
+}
+
+/// One run judged by its stages' contracts, step by step (`ddp-verify watch`): the first
+/// step that breaks one, named by the pipeline as two runs' partings are; None where every
+/// contract held. `c`: the run against itself (what the locators that read a comparison
+/// read: the ranks' drift).
+pub fn contracts(t: &Trace, c: &Comparison) -> Option<Diagnosis> {
+    let cx = Context::of_traces(t, t);
+    let steps = t.facts.stages.len().max(t.steps.len()).max(1);
+    (0..steps).find_map(|s| {
+        let mut ev = Evidence::new(t, t, c, &cx, Pair::OneRun);
+        ev.first = Some(s);
+        name(&ev, true)
+    })
 }
 
 /// The likely cause of a divergence between accumulation `a` and DDP `b`; None where they
@@ -189,6 +206,8 @@ pub fn cautioned(p: &Parting, left: &str, right: &str) -> Diagnosis {
     said(p, Owner::Script, &w, false)
 }
 
+#[cfg(test)]
+mod contract_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -14,9 +14,10 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
     let t = src.trace(p.leg.unwrap_or(Side::Right));
     let framework = |f: Option<Framework>, api: &str| Owner::of_framework(t, f.unwrap_or(Framework::Plain), api);
     match &p.numbers {
-        Numbers::DealtUnevenly(_) | Numbers::DifferentInputs { .. } | Numbers::Regrouped { .. } => {
-            dealer(src.trace(Side::Right))
-        }
+        Numbers::DealtUnevenly(_)
+        | Numbers::DifferentInputs { .. }
+        | Numbers::Regrouped { .. }
+        | Numbers::SharedSamples { .. } => dealer(src.trace(Side::Right)),
         Numbers::SteppedEarly { .. } => framework(t.header.framework, "its optimizer wrapper's step()"),
         // A DDP module a framework built decides, with that framework, when it reduces.
         Numbers::Unsynced { synced, .. } if *synced != Synced::NoDdpForward => {
@@ -25,7 +26,7 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
         Numbers::Reduction { configured: true, .. } => Owner::Script,
         Numbers::Reduction { .. } | Numbers::Lost { .. } => reducer(t),
-        Numbers::NormaliserPerRank { .. } | Numbers::ScaledPerRank { .. } => {
+        Numbers::NormaliserPerRank { .. } | Numbers::NormalisersApart { .. } | Numbers::ScaledPerRank { .. } => {
             framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
         }
         Numbers::WindowDivided { .. } => divider(t),

@@ -1,4 +1,4 @@
-//! A parting: where two runs (or, later, one run's stages) part, as facts only: the step, the
+//! A parting: where two runs (or one run's stages and their contracts) part, as facts only: the step, the
 //! stage, the mechanism, the leg whose facts show it and the numbers measured there. Locators
 //! make them; `own` names the owner, `advise` the words, `annotate` a known fix.
 
@@ -196,6 +196,19 @@ pub enum Numbers {
     Regrouped {
         layers: String,
     },
+    /// One run: ranks `ranks` trained on `shared` of the `of` samples the first of them
+    /// held in one step (kept 1 in `every` by hash).
+    SharedSamples {
+        ranks: (usize, usize),
+        shared: usize,
+        of: usize,
+        every: u64,
+    },
+    /// One run: the ranks' micro-batches were passed other normalisers and each of their
+    /// items weighs otherwise in the applied gradient: (rank, normaliser, what an item weighs).
+    NormalisersApart {
+        by_rank: Vec<(usize, f64, f64)>,
+    },
     NormaliserPerRank {
         losses: (f64, f64),
         normalisers: (f64, f64),
@@ -391,7 +404,8 @@ impl Numbers {
             N::Reduction { .. } => (M::DividedAgain, R::SummedOverRanks),
             N::DifferentInputs { .. } => (M::DifferentInputs, R::DifferentSamples),
             N::Regrouped { .. } => (M::Regrouped, R::Regrouped),
-            N::NormaliserPerRank { .. } => (M::NormaliserPerRank, R::TokenCountPerRank),
+            N::NormaliserPerRank { .. } | N::NormalisersApart { .. } => (M::NormaliserPerRank, R::TokenCountPerRank),
+            N::SharedSamples { .. } => (M::SharedSamples, R::DifferentSamples),
             N::LossDiffers { .. } => (M::LossDiffers, R::DifferentGradients),
             N::ZeroedInWindow { .. } => (M::ZeroedInWindow, R::ZeroedInWindow),
             N::ScaledInBackward { .. } => (M::ScaledInBackward, R::LossScaling),

@@ -77,6 +77,7 @@ words! {
         DividedAgain = "divided again",
         // The stages, from their recorded facts.
         DifferentInputs = "different inputs",
+        SharedSamples = "same samples on several ranks",
         Regrouped = "samples grouped otherwise",
         NormaliserPerRank = "normaliser per rank",
         LossDiffers = "loss differs",

@@ -44,6 +44,48 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                  differ): {by}"
             )
         }
+        Numbers::SharedSamples { ranks: (r0, r1), shared, of, every } => {
+            let kept = match every {
+                1 => String::new(),
+                n => format!(" (kept 1 in {n} by hash)"),
+            };
+            let by = match owner.is_library() {
+                true => format!(
+                    "{} deals the batches to the ranks; check that its data loader is prepared for the run (its \
+                     sharding of the loader)",
+                    owner.describe()
+                ),
+                false => "each rank must read its own share of the data: a DistributedSampler (with set_epoch each \
+                          epoch), or a seed that differs by rank where each rank draws its own samples"
+                    .into(),
+            };
+            format!(
+                "at step {s} ranks {r0} and {r1} trained on the same samples ({shared} of rank {r0}'s {of} \
+                 samples{kept} were also rank {r1}'s): averaging ranks that hold the same data is not one process \
+                 accumulating the step's micro-batches; {by}"
+            )
+        }
+        Numbers::NormalisersApart { by_rank } => {
+            let each: Vec<String> =
+                by_rank.iter().map(|(r, n, w)| format!("rank {r} num_items_in_batch={n}, each item {w:.4e}")).collect();
+            let advice = match owner.is_library() {
+                true => format!(
+                    "{} counts the normaliser on each rank alone; this is the library's, not your script's: upgrade \
+                     it, or where it has the setting, count tokens across ranks (Transformers: \
+                     TrainingArguments(average_tokens_across_devices=True))",
+                    owner.describe()
+                ),
+                false => "your script passes each rank its own count: all-reduce the count over the ranks and \
+                          multiply the loss by W before backward (DDP averages)"
+                    .into(),
+            };
+            format!(
+                "at step {s} the ranks' micro-batches were normalised by counts of their own and their items weigh \
+                 differently in the averaged gradient (recorded: {}), where one process accumulating the step \
+                 weighs every item of the window alike; {advice}",
+                each.join("; ")
+            )
+        }
         Numbers::WindowDivided { held, k } => {
             let fix = match owner.is_library() {
                 true => format!(

@@ -6,6 +6,7 @@
 
 mod big_batch;
 mod cautions;
+mod contracts;
 mod dropout;
 mod rounding;
 mod samples;
@@ -71,6 +72,19 @@ fn shared(tier: Tier) -> &'static [Locator] {
     }
 }
 
+/// One run judged by its stages' contracts at the step `ev.first`: the facts that need no
+/// reference run. Dropout draws each rank's masks, which no contract compares.
+fn one_run(tier: Tier) -> &'static [Locator] {
+    match tier {
+        Tier::Structure => {
+            &[contracts::shared_samples, steps::stepped_early, sync::unreduced_tail, steps::engine_boundary]
+        }
+        Tier::Synchronisation => &[sync::rank_drift, sync::configured_divide],
+        Tier::LibraryStage | Tier::ScriptStage => &[walked],
+        _ => &[],
+    }
+}
+
 /// Dropout's masks, where the walk found no fact masks cannot move apart (a script's scaling
 /// under dropout is still the script's, named in its later tier).
 fn masks(ev: &Evidence) -> Option<Parting> {
@@ -80,13 +94,24 @@ fn masks(ev: &Evidence) -> Option<Parting> {
 /// The walk's parting, walked once for both of its tiers (the pipeline keeps it where its
 /// owner puts it).
 fn walked(ev: &Evidence) -> Option<Parting> {
-    ev.walked.get_or_init(|| walk::walk(ev)).clone()
+    let walk = match ev.pair {
+        Pair::OneRun => contracts::walk,
+        _ => walk::walk,
+    };
+    ev.walked.get_or_init(|| walk(ev)).clone()
 }
 
 impl Source for Evidence<'_> {
     fn locate(&self, tier: Tier) -> Option<Parting> {
         let own = match self.pair {
             Pair::BigBatch { shared: true } => shared(tier),
+            // A parting at a later step than the one judged is found at its own.
+            Pair::OneRun => {
+                let later = |p: &Parting| p.step.zip(self.first).is_some_and(|(at, judged)| at > judged);
+                // Both legs are the run: every parting points at it.
+                let run = |p: Parting| Parting { leg: Some(Side::Right), ..p };
+                return one_run(tier).iter().filter_map(|l| l(self)).find(|p| !later(p)).map(run);
+            }
             _ => &[],
         };
         own.iter().chain(runs(tier)).find_map(|l| l(self))

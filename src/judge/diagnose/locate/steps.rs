@@ -53,7 +53,7 @@ pub fn other_start(ev: &Evidence) -> Option<Parting> {
 
 /// A framework's optimizer wrapper told to accumulate n micro-batches whose optimizer
 /// stepped after fewer, the script's step() calls counted.
-fn stepped_early(ev: &Evidence) -> Option<Parting> {
+pub fn stepped_early(ev: &Evidence) -> Option<Parting> {
     ev.sides().into_iter().find_map(|(side, t)| {
         let told = t.header.framework_accumulation?;
         let micro = median(t.facts.micro.iter().map(|&m| m as f64).collect())?;

@@ -6,10 +6,9 @@
 
 use crate::evidence::{Batch, Framework};
 use crate::judge::diagnose::measure::factor::is_whole;
-use crate::judge::diagnose::measure::legs::{engine_accumulates, fit, matched, ran_backward, Leg};
+use crate::judge::diagnose::measure::legs::{engine_accumulates, fit, how_scaled, matched, ran_backward, Leg};
 use crate::judge::diagnose::measure::{median, near, FACTOR_REL};
-use crate::judge::diagnose::owner::Owner;
-use crate::judge::diagnose::parting::{Numbers, Parting, Scaled, Side};
+use crate::judge::diagnose::parting::{Numbers, Parting, Side};
 use crate::judge::diagnose::{Evidence, Stage};
 
 /// Relative agreement of two recorded losses of the same inputs and weights.
@@ -340,29 +339,8 @@ fn scaling(a: &Leg, b: &Leg, scales: (f64, f64), ratio: f64, s: usize) -> Option
     };
     let (dev_a, dev_b) = (scales.0 / expected(a, b), scales.1 / expected(b, a));
     let (leg, sc, dev) = if dev_a.ln().abs() > dev_b.ln().abs() { (a, scales.0, dev_a) } else { (b, scales.1, dev_b) };
-    let t = leg.trace;
-    let k = leg.per_rank();
-    // Divided too much (a division on top of a framework's, or by K on every rank), or not
-    // enough (a loss never divided): opposite advice.
-    let too_much = dev < 1.0;
     let normalised = follows_normaliser(leg, if leg.side == a.side { b } else { a });
-    let one = |v: f64| near(v, 1.0, FACTOR_REL);
-    let how = match (leg.split(), t.header.loss_api) {
-        // A loss normalised over the window (num_items_in_batch) handed to an API that
-        // divides by its accumulation steps again.
-        (Some((_, by_api)), Some(api)) if normalised && too_much && !one(by_api) => {
-            Scaled::NormalisedTwice { by_api, api }
-        }
-        (Some((pre, by_api)), Some(api)) if !one(pre) && !one(by_api) && too_much => Scaled::Twice { pre, by_api, api },
-        (Some((pre, by_api)), Some(api)) if one(pre) && !one(by_api) => match t.header.framework_accumulation {
-            Some(n) if near(by_api, 1.0 / n as f64, FACTOR_REL) => {
-                let api = Owner::of_framework(t, api, "its backward's division of the loss");
-                Scaled::ToldAll { n, k, api }
-            }
-            _ => Scaled::ByApi { by_api, k, api },
-        },
-        _ => Scaled::Own { sc, k, dev, handed: t.header.loss_handed_by.unwrap_or(Framework::Plain) },
-    };
+    let how = how_scaled(leg, sc, dev, normalised);
     let numbers = Numbers::Scaling { ratio, scales, whole: is_whole(ratio, FACTOR_REL), how };
     at(s, Stage::Scaling, Some(leg.side), numbers)
 }

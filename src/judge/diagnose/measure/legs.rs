@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use super::median;
+use super::{median, near, FACTOR_REL};
 use crate::evidence::{Batch, Engine, Framework, StageStep, Trace};
-use crate::judge::diagnose::parting::Side;
+use crate::judge::diagnose::owner::Owner;
+use crate::judge::diagnose::parting::{Scaled, Side};
 
 /// One leg at one step.
 pub struct Leg<'a> {
@@ -100,7 +101,8 @@ impl<'a> Leg<'a> {
         (0..self.trace.facts.stages.len()).find_map(|s| self.divide_at(s))
     }
 
-    fn divide_at(&self, s: usize) -> Option<f64> {
+    /// What the reduction divided by at step `s` alone (`divide`).
+    pub fn divide_at(&self, s: usize) -> Option<f64> {
         let t = self.trace;
         let local = &t.facts.stages.get(s)?.local;
         if local.is_empty() {
@@ -126,11 +128,46 @@ impl<'a> Leg<'a> {
     }
 }
 
+/// Who scaled a leg's losses wrong, and how, as its facts split it: `sc` its scaling,
+/// `dev` that over what its micro-batches need (below 1: divided too much), `normalised`:
+/// its losses follow a normaliser over the window (num_items_in_batch).
+pub fn how_scaled(l: &Leg, sc: f64, dev: f64, normalised: bool) -> Scaled {
+    let t = l.trace;
+    let k = l.per_rank();
+    let too_much = dev < 1.0;
+    let one = |v: f64| near(v, 1.0, FACTOR_REL);
+    match (l.split(), t.header.loss_api) {
+        // A loss normalised over the window (num_items_in_batch) handed to an API that
+        // divides by its accumulation steps again.
+        (Some((_, by_api)), Some(api)) if normalised && too_much && !one(by_api) => {
+            Scaled::NormalisedTwice { by_api, api }
+        }
+        (Some((pre, by_api)), Some(api)) if !one(pre) && !one(by_api) && too_much => Scaled::Twice { pre, by_api, api },
+        (Some((pre, by_api)), Some(api)) if one(pre) && !one(by_api) => match t.header.framework_accumulation {
+            Some(n) if near(by_api, 1.0 / n as f64, FACTOR_REL) => {
+                let api = Owner::of_framework(t, api, "its backward's division of the loss");
+                Scaled::ToldAll { n, k, api }
+            }
+            _ => Scaled::ByApi { by_api, k, api },
+        },
+        _ => Scaled::Own { sc, k, dev, handed: t.header.loss_handed_by.unwrap_or(Framework::Plain) },
+    }
+}
+
 /// An engine that accumulates and reduces the gradients itself, out of the script's reach
 /// (DeepSpeed's ZeRO: its engine.backward and step).
 pub fn engine_accumulates(t: &Trace) -> bool {
     matches!(t.header.engine, Some(e) if e != Engine::Ddp && e != Engine::Fsdp2)
         || t.header.loss_api == Some(Framework::DeepSpeed)
+}
+
+/// An engine that accumulates itself, handed each loss and running backward on it
+/// unscaled: it divides inside backward (DeepSpeed's hooks on the forward's outputs since
+/// 0.18.3), out of the roots' sight, so the roots do not show what reached the gradient.
+pub fn scales_inside(t: &Trace) -> bool {
+    let mut handed =
+        t.facts.stages.iter().flat_map(|s| &s.batches).filter_map(|b| Some((b.root?, b.handed?))).peekable();
+    engine_accumulates(t) && handed.peek().is_some() && handed.all(|(r, h)| near(r, h, FACTOR_REL))
 }
 
 /// The framework whose code ran torch's backward, else the API the loss was handed to.

@@ -5,6 +5,8 @@
 pub mod factor;
 pub mod legs;
 
+pub use legs::scales_inside;
+
 use crate::evidence::Framework;
 use crate::judge::{Agreement, Comparison};
 

@@ -1,0 +1,42 @@
+//! `ddp-verify watch -- COMMAND`: the command as written, its Python, where its trace goes.
+
+use ddp_verify_cli::WatchArgs;
+
+use super::reports;
+use crate::error::{Error, Result};
+use crate::spec::WatchOptions;
+
+/// The trace and log file names `watch` keeps in its folder.
+pub const WATCH_FILES: [&str; 2] = ["watch.safetensors", "watch.log"];
+
+pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
+    let reports = reports(&args.reports)?;
+    crate::report::check_targets(&reports, None, args.force)?;
+    let python = crate::jobs::launcher::python_of(&args.script[0]);
+    let out = match &args.save_trace {
+        Some(dir) => {
+            crate::outputs::check_dir("--save-trace", dir, true)?;
+            if let (Some(p), false) = (WATCH_FILES.iter().map(|f| dir.join(f)).find(|p| p.exists()), args.force) {
+                return Err(Error::bad_file(
+                    &p,
+                    "exists",
+                    "pass --force to replace it, or choose another --save-trace",
+                ));
+            }
+            dir.to_path_buf()
+        }
+        None => tempfile::Builder::new()
+            .prefix("ddp-verify-watch-")
+            .tempdir()
+            .map_err(|e| Error::io("creating a directory for the run's trace", e))?
+            .keep(),
+    };
+    Ok(WatchOptions {
+        command: args.script.clone(),
+        python,
+        out,
+        timeout: args.timeout,
+        exit_grace: args.exit_grace,
+        reports,
+    })
+}

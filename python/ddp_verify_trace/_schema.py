@@ -17,6 +17,8 @@ PERTURB_ENV = "DDP_VERIFY_PERTURB"
 NO_DROPOUT_ENV = "DDP_VERIFY_NO_DROPOUT"
 # --device cpu: a script's hard-coded CUDA and NCCL run on the CPU with gloo
 DEVICE_ENV = "DDP_VERIFY_DEVICE"
+# watch --stop-on-fault: the folder rank 0 writes each step's small trace into
+STEP_FILE_ENV = "DDP_VERIFY_STEP_FILE"
 
 # key: (value type, allowed values or None, required)
 HEADER = {
@@ -55,6 +57,7 @@ HEADER = {
     "backward_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "zeroed_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "boundary_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "first_step": ("count", None, False),
     "loss_reduction": ("text", None, False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
@@ -120,6 +123,7 @@ class Key:
     BACKWARD_BY = "backward_by"
     ZEROED_BY = "zeroed_by"
     BOUNDARY_BY = "boundary_by"
+    FIRST_STEP = "first_step"
     LOSS_REDUCTION = "loss_reduction"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"

@@ -19,6 +19,9 @@
                                NCCL run on the CPU with gloo, said in the header's
                                device_mapped; what has no CPU meaning raises one line
                                (`_cpu_device`)
+  DDP_VERIFY_STEP_FILE         optional (`watch --stop-on-fault`): a folder rank 0 writes each
+                               step's small trace into, judged while the run trains
+                               (`_step_file`)
 
 Those two are read by the patches `record()` installs (`_torch_patches`), at start-up, before
 the script runs; a value other than those is refused there. A setting `record()` refuses

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import _collectives, _cpu_device, _deal, _extras, _groups, _no_dropout, _owners, _perturb, _progress, _schema
-from . import _torch_patches, _watch, engines
+from . import _step_file, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, coupled, unwrap
 from ._followed import Followed
@@ -388,13 +388,13 @@ class Recorder(Followed):
         self._weights = None
         if averaged is not None:
             sums = averaged
-        # Only rank 0 writes: the others take part in the collectives above and keep nothing,
-        # so they do not slow every DDP step with copies of their gradients.
+        # Only rank 0 writes: the others take part in the collectives and keep nothing (no copies).
         if rank_world()[0] != 0:
             self._tensors = {}
             self._steps += 1
             return
         self._keep_step(s, grads, gathered, sums, rank_bits)
+        _step_file.flush(self, s, grads)  # watch --stop-on-fault only
         self._steps += 1
         self._seen = set()
         _progress.tick(self._steps)

@@ -172,6 +172,8 @@ header! {
             "whose code zeroed the gradients inside an accumulation window (plain: the script)";
         boundary_by: Framework = BOUNDARY_BY "boundary_by" optional
             "whose code marked the engine's accumulation boundaries by hand (set_gradient_accumulation_boundary)";
+        first_step: usize = FIRST_STEP "first_step" optional
+            "watch --stop-on-fault: the run's step that this trace of its latest steps holds as step 0";
         loss_reduction: String = LOSS_REDUCTION "loss_reduction" optional
             "how every loss backward ran on reduced its micro-batch, under its constant factors: mean or sum (absent: mixed, or no plain reduction)";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional

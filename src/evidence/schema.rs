@@ -31,6 +31,11 @@ pub const NO_DROPOUT_ENV: &str = "DDP_VERIFY_NO_DROPOUT";
 /// to gloo, says so in the header, and refuses in one line what it cannot map.
 pub const DEVICE_ENV: &str = "DDP_VERIFY_DEVICE";
 
+/// `watch --stop-on-fault`: the folder where rank 0 writes, after each optimizer step, a small
+/// trace of that step and the one before (`step-<s>.safetensors`: stage facts, checksums,
+/// each applied gradient's sum), which the watcher judges in turn while the run goes on.
+pub const STEP_FILE_ENV: &str = "DDP_VERIFY_STEP_FILE";
+
 /// The columns of a `groups.<step>` row: one row per param group of every optimizer the
 /// recorder saw step (the optimizer's index in the order first seen, the group's index, its
 /// parameter count, then its settings; NaN where the group has no such setting).
@@ -354,6 +359,8 @@ pub fn python_module() -> String {
     let _ = writeln!(out, "NO_DROPOUT_ENV = {NO_DROPOUT_ENV:?}");
     let _ = writeln!(out, "# --device cpu: a script's hard-coded CUDA and NCCL run on the CPU with gloo");
     let _ = writeln!(out, "DEVICE_ENV = {DEVICE_ENV:?}");
+    let _ = writeln!(out, "# watch --stop-on-fault: the folder rank 0 writes each step's small trace into");
+    let _ = writeln!(out, "STEP_FILE_ENV = {STEP_FILE_ENV:?}");
     let _ = writeln!(out, "\n# key: (value type, allowed values or None, required)\nHEADER = {{");
     for k in keys() {
         let allowed = match k.value {

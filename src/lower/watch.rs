@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::spec::WatchOptions;
 
 /// The trace and log file names `watch` keeps in its folder.
-pub const WATCH_FILES: [&str; 2] = ["watch.safetensors", "watch.log"];
+pub const WATCH_FILES: [&str; 3] = ["watch.safetensors", "watch.log", "watch.steps"];
 
 pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
     let reports = reports(&args.reports)?;
@@ -37,6 +37,7 @@ pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
         out,
         timeout: args.timeout,
         exit_grace: args.exit_grace,
+        stop_on_fault: args.stop_on_fault,
         reports,
     })
 }

@@ -55,6 +55,9 @@ pub struct WatchOptions {
     pub out: PathBuf,
     pub timeout: f64,
     pub exit_grace: f64,
+    /// `--stop-on-fault`: judge each step while the run trains, and stop it at the first
+    /// broken one.
+    pub stop_on_fault: bool,
     pub reports: Vec<ReportTarget>,
 }
 

@@ -273,6 +273,9 @@ fn no_source_file_is_over_600_lines() {
 /// jobs load, call `judge::judge` and report, and hold no judgement of their own.
 const WHAT_JOBS_READ_OF_THE_JUDGE: &[&str] = &[
     "judge",
+    // `watch`: one run judged by its contracts, as `judge` judges two.
+    "watch",
+    "Watched",
     "Terms",
     "Judging",
     "Outcome",

@@ -96,3 +96,37 @@ fn a_failed_run_and_bad_usage_are_named() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
 }
+
+/// `--stop-on-fault`: a run of 160 steps whose reduction breaks at step 0 is stopped long
+/// before its end, every process gone, the fault named at step 0; an honest run trains to
+/// its end and keeps every contract.
+#[test]
+fn stop_on_fault_stops_every_rank_at_the_first_broken_step() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().display().to_string();
+    let py = repo(".venv/bin/python").display().to_string();
+    let script = repo("examples/nanogpt/train.py").display().to_string();
+    let run = |bug: &[&str]| {
+        let report = t.path().join("r.json").display().to_string();
+        let mut argv = vec!["watch", "--stop-on-fault", "--force", "--save-trace", &dir, "--report", "json"];
+        argv.extend(["--report-file", &report, "--", &py, "-m", "torch.distributed.run", "--standalone"]);
+        argv.extend(["--nproc_per_node", "2", &script, "--grad-accum", "4", "--epochs", "40"]);
+        argv.extend(bug);
+        let out = ddp_verify(&argv);
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        (out, r)
+    };
+    let (out, r) = run(&["--bug", "sync-after-forward"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(r["fault"]["step"], 0, "{r}");
+    let note = r["notes"][0].as_str().unwrap_or_default();
+    assert!(note.contains("--stop-on-fault: the run was stopped after"), "{r}");
+    assert!(r["steps"].as_u64().unwrap() < 160, "not stopped early: {r}");
+    // Every rank named in the note is gone.
+    for pid in note.split("(pid ").skip(1).filter_map(|p| p.split(')').next()) {
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still runs: {note}");
+    }
+    let (out, r) = run(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(r["steps"], 160, "{r}");
+}

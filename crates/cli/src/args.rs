@@ -69,6 +69,10 @@ pub struct WatchArgs {
     /// stopped and its complete trace judged.
     #[arg(long, value_name = "SECONDS", default_value_t = d::EXIT_GRACE_S, value_parser = seconds)]
     pub exit_grace: f64,
+    /// Stop every process of the run at the first optimizer step that breaks a contract
+    /// (judged while it trains; rank 0 rewrites a small trace of the steps so far after each).
+    #[arg(long)]
+    pub stop_on_fault: bool,
     /// Let --save-trace and --report-file replace existing files.
     #[arg(long)]
     pub force: bool,

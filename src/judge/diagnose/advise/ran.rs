@@ -200,8 +200,8 @@ fn reduction(d: f64, world: usize, s: usize, label: &str, owner: &Owner) -> Stri
     format!(
         "at step {s} {label}'s reduction divided the {world} ranks' local gradients by {d:.2} where averaging divides \
          by {world} (recorded: each parameter's local gradient before the reduction, summed over ranks, against the \
-         gradient the optimizer applied); {} {what}. The loss scaling before backward matches the other run, so \
-         this is the library's reduction, not your script: upgrade {} (or average yourself only where its docs \
+         gradient the optimizer applied); {} {what}. The divide is measured around the reduction itself, whatever \
+         scaled the loss before backward, so this is the library's reduction, not your script: upgrade {} (or average yourself only where its docs \
          say so)",
         owner.describe(),
         owner.name()

@@ -108,8 +108,10 @@ impl Source for Evidence<'_> {
             // A parting at a later step than the one judged is found at its own.
             Pair::OneRun => {
                 let later = |p: &Parting| p.step.zip(self.first).is_some_and(|(at, judged)| at > judged);
-                // Both legs are the run: every parting points at it.
-                let run = |p: Parting| Parting { leg: Some(Side::Right), ..p };
+                // Both legs are the run: every parting points at it, at the run's own step
+                // (a trace of the latest steps of a run still training starts later).
+                let first = self.b.header.first_step.unwrap_or(0);
+                let run = |p: Parting| Parting { leg: Some(Side::Right), step: p.step.map(|s| s + first), ..p };
                 return one_run(tier).iter().filter_map(|l| l(self)).find(|p| !later(p)).map(run);
             }
             _ => &[],

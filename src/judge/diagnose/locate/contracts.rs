@@ -120,15 +120,7 @@ fn scaled_per_rank(l: &Leg, s: usize) -> Option<Parting> {
     if l.world < 2 || l.batches.iter().any(|b| b.normaliser.is_some()) {
         return None;
     }
-    let mut by: Vec<(usize, f64)> = Vec::new();
-    for x in l.batches {
-        let f = x.scaling()?;
-        match by.iter().find(|(r, _)| *r == x.rank) {
-            Some((_, g)) if !near(f, *g, FACTOR_REL) => return None,
-            Some(_) => {}
-            None => by.push((x.rank, f)),
-        }
-    }
+    let by = l.scaling_per_rank()?;
     if by.len() < 2 || by.iter().all(|(_, f)| near(*f, by[0].1, FACTOR_REL)) {
         return None;
     }

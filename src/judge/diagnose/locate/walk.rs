@@ -212,15 +212,7 @@ fn scaled_per_rank(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
         !v.is_empty() && v.iter().all(|x| near(*x, v[0], FACTOR_REL))
     };
     let per_rank = |l: &Leg| -> Option<Vec<(usize, f64)>> {
-        let mut by: Vec<(usize, f64)> = Vec::new();
-        for x in l.batches {
-            let f = x.scaling()?;
-            match by.iter().find(|(r, _)| *r == x.rank) {
-                Some((_, g)) if !near(f, *g, FACTOR_REL) => return None,
-                Some(_) => {}
-                None => by.push((x.rank, f)),
-            }
-        }
+        let by = l.scaling_per_rank()?;
         (l.world > 1 && by.len() > 1 && by.iter().any(|(_, f)| !near(*f, by[0].1, FACTOR_REL))).then_some(by)
     };
     let (leg, other) = if alike(a) { (b, a) } else { (a, b) };

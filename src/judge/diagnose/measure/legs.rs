@@ -72,6 +72,21 @@ impl<'a> Leg<'a> {
         self.trace.facts.stages.iter().any(|s| !s.local.is_empty())
     }
 
+    /// Each rank's one scaling of its micro-batches' losses, by rank in order of first
+    /// appearance; None where a rank scaled its own micro-batches apart, or one is unknown.
+    pub fn scaling_per_rank(&self) -> Option<Vec<(usize, f64)>> {
+        let mut by: Vec<(usize, f64)> = Vec::new();
+        for x in self.batches {
+            let f = x.scaling()?;
+            match by.iter().find(|(r, _)| *r == x.rank) {
+                Some((_, g)) if !near(f, *g, FACTOR_REL) => return None,
+                Some(_) => {}
+                None => by.push((x.rank, f)),
+            }
+        }
+        Some(by)
+    }
+
     /// The typical factor that scaled a loss before backward.
     pub fn scaling(&self) -> Option<f64> {
         median(self.batches.iter().filter_map(Batch::scaling).collect())

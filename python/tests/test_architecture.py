@@ -29,6 +29,8 @@ LAYERS = [
     # Leaves: the generated schema, and what needs nothing of the recorder but the schema.
     ("leaves", ["_schema", "_args", "_tensors", "_collectives", "_positions", "_magnitudes", "_stream",
                 "_progress", "_deal", "_detect", "_perturb", "_groups", "_extras"]),  # fmt: skip
+    # `watch --stop-on-fault`: each step's small trace, written with the trace's own writer.
+    ("step file", ["_step_file"]),
     # Every patch goes through one registry, and `Patches`.
     ("patching", ["_patches"]),
     # What changes the run where ddp-verify asks: every dropout the identity, CUDA run on the CPU.

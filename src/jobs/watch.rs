@@ -12,6 +12,10 @@ use super::script::{autoload_dir, lingered_words, quoted, refused_setting, stopp
 use crate::error::{Error, Exit, Result};
 use crate::spec::WatchOptions;
 
+/// What `watch` keeps in its folder: the trace, the run's log, and (`--stop-on-fault`) the
+/// steps' small traces.
+pub const WATCH_FILES: [&str; 3] = ["watch.safetensors", "watch.log", "watch.steps"];
+
 pub fn command(o: &WatchOptions) -> Result<Exit> {
     let watched = run(o)?;
     crate::report::watch::write_all(&watched, &o.reports)?;
@@ -21,7 +25,7 @@ pub fn command(o: &WatchOptions) -> Result<Exit> {
 /// Runs the command and judges its trace.
 pub fn run(o: &WatchOptions) -> Result<crate::judge::Watched> {
     std::fs::create_dir_all(&o.out).map_err(|e| Error::io(format!("creating {}", o.out.display()), e))?;
-    let [trace_name, log_name, steps_name] = crate::lower::WATCH_FILES;
+    let [trace_name, log_name, steps_name] = WATCH_FILES;
     let (trace, log, steps) = (o.out.join(trace_name), o.out.join(log_name), o.out.join(steps_name));
     let _ = std::fs::remove_file(&trace);
     let _ = std::fs::remove_dir_all(&steps);

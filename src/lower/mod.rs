@@ -35,7 +35,7 @@ pub use suite::suite;
 pub use suite::{is_script_suite, script_suite};
 #[cfg(feature = "libtorch")]
 pub use verify::verification;
-pub use watch::{watch, WATCH_FILES};
+pub use watch::watch;
 
 /// `--report FORMAT [--report-file PATH]...`, paired by position; the table on stdout by default.
 pub fn reports(args: &ReportArgs) -> Result<Vec<ReportTarget>> {

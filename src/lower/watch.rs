@@ -6,9 +6,6 @@ use super::reports;
 use crate::error::{Error, Result};
 use crate::spec::WatchOptions;
 
-/// The trace and log file names `watch` keeps in its folder.
-pub const WATCH_FILES: [&str; 3] = ["watch.safetensors", "watch.log", "watch.steps"];
-
 pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
@@ -16,7 +13,9 @@ pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
     let out = match &args.save_trace {
         Some(dir) => {
             crate::outputs::check_dir("--save-trace", dir, true)?;
-            if let (Some(p), false) = (WATCH_FILES.iter().map(|f| dir.join(f)).find(|p| p.exists()), args.force) {
+            if let (Some(p), false) =
+                (crate::jobs::watch::WATCH_FILES.iter().map(|f| dir.join(f)).find(|p| p.exists()), args.force)
+            {
                 return Err(Error::bad_file(
                     &p,
                     "exists",

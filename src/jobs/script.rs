@@ -181,13 +181,7 @@ fn run_leg(
     let argv = leg_command(o, leg);
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
-    let path = std::env::var_os("PYTHONPATH").map_or(autoload.as_os_str().to_owned(), |p| {
-        let mut joined = autoload.as_os_str().to_owned();
-        joined.push(":");
-        joined.push(p);
-        joined
-    });
-    cmd.env("PYTHONPATH", path)
+    cmd.env("PYTHONPATH", pythonpath(autoload))
         .env("DDP_VERIFY_TRACE", trace)
         // The control is the accumulation leg again, and its trace says so.
         .env("DDP_VERIFY_LEG", if nudge.is_some() { "accumulation" } else { leg.name })
@@ -256,11 +250,7 @@ fn run_leg(
     }
     // The leg is gone, whatever its end: a trace it was still streaming (stopped at the
     // deadline or by Ctrl-C, which run no cleanup of the recorder's) goes with it.
-    for suffix in [".part", ".part2"] {
-        let mut part = trace.as_os_str().to_owned();
-        part.push(suffix);
-        let _ = std::fs::remove_file(part);
-    }
+    remove_parts(trace);
     let status = status?;
     let written = trace.is_file() || (status.success() && leg.world > 1 && o.launcher.nodes > 1 && arrives(trace));
     match (status.success(), written) {
@@ -293,6 +283,26 @@ fn run_leg(
             problem: format!("{what} failed ({status}): {}", quoted(&log)),
             fix: format!("see its log, {}", log.display()),
         }),
+    }
+}
+
+/// PYTHONPATH with the recorder's start-up folder first, ahead of the caller's own.
+pub(super) fn pythonpath(autoload: &Path) -> std::ffi::OsString {
+    let mut joined = autoload.as_os_str().to_owned();
+    if let Some(p) = std::env::var_os("PYTHONPATH") {
+        joined.push(":");
+        joined.push(p);
+    }
+    joined
+}
+
+/// What the recorder was still streaming into `trace` when its run went (stopped at a
+/// deadline, a fault or Ctrl-C, which run no cleanup of the recorder's).
+pub(super) fn remove_parts(trace: &Path) {
+    for suffix in [".part", ".part2"] {
+        let mut part = trace.as_os_str().to_owned();
+        part.push(suffix);
+        let _ = std::fs::remove_file(part);
     }
 }
 

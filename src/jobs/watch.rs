@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::script::{autoload_dir, lingered_words, quoted, refused_setting, stopped};
+use super::script::{autoload_dir, lingered_words, pythonpath, quoted, refused_setting, remove_parts, stopped};
 use crate::error::{Error, Exit, Result};
 use crate::spec::WatchOptions;
 
@@ -32,13 +32,7 @@ pub fn run(o: &WatchOptions) -> Result<crate::judge::Watched> {
     let autoload = autoload_dir(&o.python)?;
     let mut cmd = Command::new(&o.command[0]);
     cmd.args(&o.command[1..]);
-    let path = std::env::var_os("PYTHONPATH").map_or(autoload.as_os_str().to_owned(), |p| {
-        let mut joined = autoload.as_os_str().to_owned();
-        joined.push(":");
-        joined.push(p);
-        joined
-    });
-    cmd.env("PYTHONPATH", path).env("DDP_VERIFY_TRACE", &trace).env("DDP_VERIFY_LEG", "ddp");
+    cmd.env("PYTHONPATH", pythonpath(&autoload)).env("DDP_VERIFY_TRACE", &trace).env("DDP_VERIFY_LEG", "ddp");
     if o.stop_on_fault {
         cmd.env(crate::evidence::schema::STEP_FILE_ENV, &steps);
     }
@@ -71,10 +65,12 @@ pub fn run(o: &WatchOptions) -> Result<crate::judge::Watched> {
     let ended =
         ddp_verify_launch::run_leg(cmd, &log, timeout, &what, &mut |t| progress.tick(t), Some((&done, Duration::ZERO)));
     progress.clear();
-    for suffix in [".part", ".part2"] {
-        let mut part = trace.as_os_str().to_owned();
-        part.push(suffix);
-        let _ = std::fs::remove_file(part);
+    remove_parts(&trace);
+    // A step's small trace being written when the run was stopped: named `.step-*`.
+    for f in std::fs::read_dir(&steps).into_iter().flatten().filter_map(|e| e.ok()) {
+        if f.file_name().to_string_lossy().starts_with(".step-") {
+            let _ = std::fs::remove_file(f.path());
+        }
     }
     let mut notes = Vec::new();
     let stopped_at_fault = fault.borrow_mut().take();

@@ -81,7 +81,7 @@ pub fn watch(t: Trace, notes: Vec<String>) -> Watched {
         })
         .collect();
     Watched {
-        steps: t.steps.len().max(t.facts.stages.len()) + t.header.first_step.unwrap_or(0),
+        steps: t.steps.len().max(t.facts.stages.len()).saturating_add(t.header.first_step.unwrap_or(0)),
         world: t.header.world_size.unwrap_or(1),
         fault,
         contracts,

@@ -111,7 +111,8 @@ impl Source for Evidence<'_> {
                 // Both legs are the run: every parting points at it, at the run's own step
                 // (a trace of the latest steps of a run still training starts later).
                 let first = self.b.header.first_step.unwrap_or(0);
-                let run = |p: Parting| Parting { leg: Some(Side::Right), step: p.step.map(|s| s + first), ..p };
+                let run =
+                    |p: Parting| Parting { leg: Some(Side::Right), step: p.step.map(|s| s.saturating_add(first)), ..p };
                 return one_run(tier).iter().filter_map(|l| l(self)).find(|p| !later(p)).map(run);
             }
             _ => &[],

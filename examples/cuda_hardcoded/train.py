@@ -64,6 +64,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.smoothing = 0.0
 
     def forward(self, idx, targets):
         pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
@@ -71,7 +72,17 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        flat = logits.view(-1, logits.size(-1))
+        return logits, F.cross_entropy(flat, targets.view(-1), label_smoothing=self.smoothing)
+
+
+# Planted bugs, each done by the DDP leg alone (W > 1; the one process trains honestly).
+BUGS = {
+    "loss-x1.03": "each micro-batch's loss multiplied by 1.03 (a loss 'calibrated' on the ranks)",
+    "label-smoothing": "cross-entropy with label_smoothing=0.1",
+    "autocast-only": "autocast only here (the one process computes in float32)",
+    "bf16-model": "the model cast to bfloat16 (model.to(torch.bfloat16)) before DDP wraps it",
+}
 
 
 def main():
@@ -81,6 +92,11 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dropout", type=float, default=0.0, help="nanoGPT's default for finetuning and small runs")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--bug",
+        choices=list(BUGS),
+        help="a planted precision bug, under DDP only: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items()),
+    )
     args = p.parse_args()
     vocab, block = 32, 16
 
@@ -104,8 +120,16 @@ def main():
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     ctx = nullcontext() if device_type == "cpu" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
+    bug = args.bug if ddp_world_size > 1 else None
+    if bug == "autocast-only":
+        ctx = torch.amp.autocast(device_type=device_type, dtype=torch.bfloat16)
+    elif args.bug == "autocast-only":
+        ctx = nullcontext()
     model = GPT(vocab, block, d=32, heads=2, layers=2, dropout=args.dropout)
+    model.smoothing = 0.1 if bug == "label-smoothing" else 0.0
     model.to(device)
+    if bug == "bf16-model":
+        model.to(torch.bfloat16)
     scaler = torch.cuda.amp.GradScaler(enabled=(args.dtype == "float16"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     if ddp:
@@ -137,6 +161,8 @@ def main():
             X, Y = get_batch(step, micro_step)
             with ctx:
                 logits, loss = model(X, Y)
+                if bug == "loss-x1.03":
+                    loss = loss * 1.03
                 loss = loss / args.grad_accum
             running += loss.detach().float()
             scaler.scale(loss).backward()

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import _collectives, _extras, _groups, _perturb, _schema, engines
+from . import _collectives, _divisor, _extras, _groups, _perturb, _schema, engines
 from ._args import rank_world
 from ._positions import Sampling
 from ._stages.exchange import all_gather
@@ -209,3 +209,12 @@ class Followed:
         self._meta.update(self.engine.step_facts(w, world, reduced))
         if w.compute_dtype is not None and w.compute_dtype != self._dtype and w.compute_dtype in DTYPES:
             self._meta[K.COMPUTE_DTYPE] = DTYPES[w.compute_dtype]
+        if w.autocast in DTYPES:
+            self._meta[K.AUTOCAST] = DTYPES[w.autocast]
+            if w.autocast_mixed:
+                self._warn("autocast ran some outermost forwards and not others (or in another dtype)")
+        control = _divisor.ACTIVE
+        if control is not None:
+            self._meta[K.DIVISOR_CONTROL] = repr(control.by)
+        if _divisor.WARNING:
+            self._warn(_divisor.WARNING)

@@ -16,9 +16,26 @@ from typing import Any, Callable
 
 import torch
 
-from . import _owners
+from . import _divisor, _owners
 from ._stages.fingerprint import seen
 from ._stages.loss import forward_loss, normaliser
+
+
+def autocast_of(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype autocast runs this forward in on its parameters' device (None: off), read
+    from torch's own state, so every framework's switch (Lightning's precision, Accelerate's
+    mixed_precision, Trainer's bf16) is seen alike."""
+    p = next(module.parameters(), None)
+    device = p.device.type if p is not None else "cpu"
+    try:
+        if torch.is_autocast_enabled(device):  # torch >= 2.4 takes the device type
+            return torch.get_autocast_dtype(device)
+        return None
+    except (TypeError, AttributeError, RuntimeError):
+        pass
+    if device == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
 
 
 class Outer:
@@ -55,7 +72,11 @@ class Outer:
             fp = seen(args, kwargs)
             norm = normaliser(kwargs)
             who = _owners.caller(frame) if norm is not None else None
+            precision = autocast_of(module)
+            if _divisor.ACTIVE is not None:
+                _divisor.ACTIVE.hook(module)
             for watch in watches:
+                watch.autocast_seen(precision)
                 if watch.start_weights is None:
                     watch.take_start(module)
                 watch.batches.forward(fp, norm, who)

@@ -13,6 +13,8 @@ SAMPLE_FROM_PARAMETERS = 4000000
 STOPPED = "ddp_verify_trace: recording stopped"
 # The control run's nudge: each step's gradients moved by this fraction of each tensor's largest |g|
 PERTURB_ENV = "DDP_VERIFY_PERTURB"
+# The precision control: each backward seeded by W and each gradient divided back
+DIVISOR_ENV = "DDP_VERIFY_DIVISOR"
 # --no-dropout: every dropout of the run is the identity where this is 1
 NO_DROPOUT_ENV = "DDP_VERIFY_NO_DROPOUT"
 # --device cpu: a script's hard-coded CUDA and NCCL run on the CPU with gloo
@@ -50,6 +52,8 @@ HEADER = {
     "engine": ("one of", ("ddp", "fsdp2", "deepspeed-zero0", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3",), False),
     "grad_divide": ("number", None, False),
     "compute_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
+    "autocast": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
+    "divisor_control": ("number", None, False),
     "engine_accumulation": ("count", None, False),
     "versions": ("text", None, False),
     "loss_api": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
@@ -116,6 +120,8 @@ class Key:
     ENGINE = "engine"
     GRAD_DIVIDE = "grad_divide"
     COMPUTE_DTYPE = "compute_dtype"
+    AUTOCAST = "autocast"
+    DIVISOR_CONTROL = "divisor_control"
     ENGINE_ACCUMULATION = "engine_accumulation"
     VERSIONS = "versions"
     LOSS_API = "loss_api"
@@ -155,7 +161,7 @@ class RunKind:
 
 
 class Dtype:
-    """The words the dtype and compute_dtype keys hold."""
+    """The words the dtype and compute_dtype and autocast keys hold."""
 
     FLOAT32 = "float32"
     FLOAT64 = "float64"

@@ -36,7 +36,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from . import _cpu_device, _deal, _no_dropout, _outermost, _owners, _patches, engines, frameworks
+from . import _cpu_device, _deal, _divisor, _no_dropout, _outermost, _owners, _patches, engines, frameworks
 from ._patches import Patches
 from ._watch import OPEN, Watch, dealt, epoch_started
 
@@ -69,6 +69,9 @@ def _patch_all() -> None:
     _no_dropout.enabled(), _cpu_device.enabled()  # a wrong setting refused before any patch
     _no_dropout.patch()
     _cpu_device.patch()
+    # The precision control (ddp-verify's, never a user's run): its backwards seeded by W.
+    _divisor.start()
+    _patches.on_undo(_divisor.stop)
     clip_grad_norm = torch.nn.utils.clip_grad.clip_grad_norm_
 
     def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -245,6 +248,12 @@ def _patch_stages() -> None:
                     watch.batches.backward(root, who)
             except Exception:  # noqa: BLE001 - a fact not taken; the backward goes on
                 pass
+        control = _divisor.ACTIVE
+        if control is not None and isinstance(root, torch.Tensor) and root.numel() == 1 and root.grad_fn is not None:
+            if not args and kwargs.get("grad_tensors") is None:
+                kwargs["grad_tensors"] = control.seed(root)
+            elif args and args[0] is None:
+                args = (control.seed(root), *args[1:])
         return backward(tensors, *args, **kwargs)
 
     _patches.replace(torch.autograd, "backward", autograd_backward)

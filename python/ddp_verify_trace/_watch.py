@@ -38,6 +38,11 @@ class Watch:
         self.engine: str | None = None
         self.divide: float | None = None
         self.compute_dtype: torch.dtype | None = None
+        # The dtype autocast ran the outermost forwards in (None: off in every one so far),
+        # and whether some forwards ran with it and others without (or in another dtype).
+        self.autocast: torch.dtype | None = None
+        self.autocast_mixed = False
+        self._forwards = 0
         # Called once before the default process group is destroyed (an engine's
         # parts of the weights can be gathered only while it lives).
         self.on_destroy: Callable[[], None] | None = None
@@ -64,6 +69,14 @@ class Watch:
         self._in_api = 0  # a framework's backward API calls under way (one may call another)
         # How samplers and loaders dealt the data (`_deal`), by header key, this rank's.
         self.deal: dict[str, Any] = {}
+
+    def autocast_seen(self, dtype: torch.dtype | None) -> None:
+        """An outermost forward ran under autocast in `dtype` (None: off)."""
+        if self._forwards and dtype != self.autocast:
+            self.autocast_mixed = True
+        if self.autocast is None:
+            self.autocast = dtype
+        self._forwards += 1
 
     def dealt(self, facts: dict[str, Any]) -> None:
         """How the data was dealt (the first epoch's, per key): see `_deal`."""

@@ -33,8 +33,9 @@ LAYERS = [
     ("step file", ["_step_file"]),
     # Every patch goes through one registry, and `Patches`.
     ("patching", ["_patches"]),
-    # What changes the run where ddp-verify asks: every dropout the identity, CUDA run on the CPU.
-    ("run changes", ["_no_dropout", "_cpu_device"]),
+    # What changes the run where ddp-verify asks: every dropout the identity, CUDA run on the CPU,
+    # the precision control's backwards at DDP's loss divisor.
+    ("run changes", ["_no_dropout", "_cpu_device", "_divisor"]),
     # Whose code made a call: one walk over frames, by the prefixes frameworks register.
     ("owners", ["_owners"]),
     # Stage facts: pure functions, and the per-rank state a watch holds.

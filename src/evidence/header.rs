@@ -158,6 +158,10 @@ header! {
             "what the sharded engine divided the reduced gradients by (W: averaged)";
         compute_dtype: Dtype = COMPUTE_DTYPE "compute_dtype" optional
             "the forward and backward's dtype, where the engine casts the weights";
+        autocast: Dtype = AUTOCAST "autocast" optional
+            "the dtype torch's autocast ran the outermost forwards in (absent: off)";
+        divisor_control: f64 = DIVISOR_CONTROL "divisor_control" optional
+            "a precision control run: each backward seeded by this (DDP's divisor against one process's) and each gradient divided back (DDP_VERIFY_DIVISOR)";
         engine_accumulation: usize = ENGINE_ACCUMULATION "engine_accumulation" optional
             "the engine's own gradient_accumulation_steps (DeepSpeed)";
         versions: String = VERSIONS "versions" optional

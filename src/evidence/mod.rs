@@ -37,3 +37,5 @@ pub const SAVED_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors
 /// The control run's trace beside them, where one ran (`judge::control`): `compare DIR`
 /// judges with it.
 pub const CONTROL_FILE: &str = "control.safetensors";
+/// The precision control's trace (`judge::precision`), beside the two `--save-trace` names.
+pub const PRECISION_FILE: &str = "precision-control.safetensors";

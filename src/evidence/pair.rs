@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use super::trace::{Params, Trace};
+use super::values::Elem;
 use crate::error::{Error, Result};
 
 /// The runs judged against each other: accumulation (a user's first trace), DDP (the
@@ -20,6 +21,9 @@ pub struct Legs {
     /// The control run: the accumulation leg again, its gradients nudged
     /// (`judge::control`), where one ran or was given.
     pub control: Option<Trace>,
+    /// The precision control: the accumulation leg again with DDP's loss divisor
+    /// (`judge::precision`), where one ran or was given.
+    pub precision: Option<Trace>,
 }
 
 /// One big batch of each step's samples, with the accumulation leg as it is held against it.
@@ -33,7 +37,12 @@ pub struct BigLeg {
 impl Legs {
     /// Two traces recorded elsewhere, and a big batch's where given: loaded, named alike,
     /// sampled alike and lined up; else the first mismatch, exit 2.
-    pub fn load(paths: &[PathBuf; 2], big: Option<&Path>, control: Option<&Path>) -> Result<Legs> {
+    pub fn load(
+        paths: &[PathBuf; 2],
+        big: Option<&Path>,
+        control: Option<&Path>,
+        precision: Option<&Path>,
+    ) -> Result<Legs> {
         let [pa, pb] = paths;
         let (mut a, mut b) = (Trace::load(pa)?, Trace::load(pb)?);
         strip_ddp_prefix(&mut a, &b);
@@ -49,7 +58,11 @@ impl Legs {
             Some(path) => Some(big_leg(&a, path, pa)?.trace),
             None => None,
         };
-        Ok(Legs { accumulation: a, ddp: b, big, sampled, control })
+        let precision = match precision {
+            Some(path) => Some(big_leg(&a, path, pa)?.trace),
+            None => None,
+        };
+        Ok(Legs { accumulation: a, ddp: b, big, sampled, control, precision })
     }
 }
 
@@ -135,7 +148,10 @@ fn line_up(a: &Trace, b: &Trace, pa: &Path, pb: &Path) -> Result<()> {
             if t.size() != u.size() {
                 return refuse(format!("{what}: {name} has shape {:?} there, {:?} here", t.size(), u.size()));
             }
-            if t.elem() != u.elem() {
+            // Float tensors of runs recorded at other dtypes are judged, their precision apart a fact.
+            let floats = |e: Elem| matches!(e, Elem::F32 | Elem::F64 | Elem::Bf16 | Elem::F16);
+            let other_dtype = a.header.dtype.is_some() && a.header.dtype != b.header.dtype;
+            if t.elem() != u.elem() && !(other_dtype && floats(t.elem()) && floats(u.elem())) {
                 return refuse(format!("{what}: {name} is {} there, {} here", t.elem().name(), u.elem().name()));
             }
         }

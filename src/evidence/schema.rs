@@ -23,6 +23,11 @@ pub const STOPPED: &str = "ddp_verify_trace: recording stopped";
 /// the recorder adds to every element of each step's gradients.
 pub const PERTURB_ENV: &str = "DDP_VERIFY_PERTURB";
 
+/// The environment variable that makes a leg the precision control (`judge::precision`): its
+/// value W seeds each backward of the one process with W (the loss as DDP's ranks
+/// backpropagate it, divided by K/W) and divides each parameter's gradient by W as it arrives.
+pub const DIVISOR_ENV: &str = "DDP_VERIFY_DIVISOR";
+
 /// `--no-dropout`: set to 1, the recorder makes every dropout of the run the identity
 /// (modules, functional calls, attention's `dropout_p`) and says so in the header.
 pub const NO_DROPOUT_ENV: &str = "DDP_VERIFY_NO_DROPOUT";
@@ -355,6 +360,8 @@ pub fn python_module() -> String {
         "# The control run's nudge: each step's gradients moved by this fraction of each tensor's largest |g|"
     );
     let _ = writeln!(out, "PERTURB_ENV = {PERTURB_ENV:?}");
+    let _ = writeln!(out, "# The precision control: each backward seeded by W and each gradient divided back");
+    let _ = writeln!(out, "DIVISOR_ENV = {DIVISOR_ENV:?}");
     let _ = writeln!(out, "# --no-dropout: every dropout of the run is the identity where this is 1");
     let _ = writeln!(out, "NO_DROPOUT_ENV = {NO_DROPOUT_ENV:?}");
     let _ = writeln!(out, "# --device cpu: a script's hard-coded CUDA and NCCL run on the CPU with gloo");

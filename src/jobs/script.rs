@@ -81,7 +81,27 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
         folder.after(leg.name);
         steps = steps.or(made);
     }
-    let outcome = super::compare::judge_traces(&compare)?;
+    let mut outcome = super::compare::judge_traces(&compare)?;
+    // A leg that ran narrower than float32 at a divisor ratio no power of two: the
+    // accumulation leg again with DDP's loss divisor measures that rounding
+    // (`judge::precision`), and the runs are judged against it.
+    let given = o.compare.tolerance.given();
+    if let Some(by) = crate::judge::precision_wanted(&outcome.accumulation, &outcome.ddp).filter(|_| !given) {
+        let (leg, _) = legs.iter().find(|(l, _)| l.name == "accumulation").expect("the accumulation leg");
+        let path = o.out.join(crate::evidence::PRECISION_FILE);
+        if !o.quiet {
+            eprintln!(
+                "ddp-verify: a leg ran in low precision at divisor ratio {by}: running the precision control (the \
+                 accumulation leg, each loss backpropagated at DDP's divisor) to measure its rounding"
+            );
+        }
+        folder.before("precision-control");
+        let control = Control::Divisor(by);
+        run_leg(o, &Leg { name: "precision-control", ..*leg }, autoload, &path, steps, Some(control), &mut notes)?;
+        folder.after("precision-control");
+        compare.precision = Some(path);
+        outcome = super::compare::judge_traces(&compare)?;
+    }
     // Runs that part after step 0 with no recorded fact apart: the accumulation leg again,
     // nudged, measures whether rounding explains it (`judge::control`).
     let outcome = match outcome.control_wanted {
@@ -95,7 +115,8 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
                 );
             }
             folder.before("control");
-            run_leg(o, &Leg { name: "control", ..*leg }, autoload, &control, steps, Some(scale), &mut notes)?;
+            let nudge = Some(Control::Perturb(scale));
+            run_leg(o, &Leg { name: "control", ..*leg }, autoload, &control, steps, nudge, &mut notes)?;
             folder.after("control");
             compare.control = Some(control);
             super::compare::judge_traces(&compare)?
@@ -167,15 +188,24 @@ fn leg_command(o: &ScriptOptions, leg: &Leg) -> Vec<String> {
     super::launcher::argv(&o.launcher, leg.world).iter().map(fill).collect()
 }
 
+/// What makes the accumulation leg a control run.
+#[derive(Clone, Copy)]
+enum Control {
+    /// Each step's gradients nudged by this fraction (`judge::control`).
+    Perturb(f64),
+    /// Each backward at DDP's loss divisor, this ratio (`judge::precision`).
+    Divisor(f64),
+}
+
 /// Runs one leg, with its progress line; the optimizer steps it made, where recorded.
-/// `nudge`: the control run's (`judge::control`).
+/// `nudge`: what makes it a control run.
 fn run_leg(
     o: &ScriptOptions,
     leg: &Leg,
     autoload: &Path,
     trace: &Path,
     of: Option<usize>,
-    nudge: Option<f64>,
+    nudge: Option<Control>,
     notes: &mut Vec<String>,
 ) -> Result<Option<usize>> {
     let argv = leg_command(o, leg);
@@ -192,9 +222,11 @@ fn run_leg(
     if let Some(n) = &o.sample {
         cmd.env("DDP_VERIFY_SAMPLE", n);
     }
-    if let Some(x) = nudge {
-        cmd.env(crate::evidence::schema::PERTURB_ENV, format!("{x:e}"));
-    }
+    match nudge {
+        Some(Control::Perturb(x)) => cmd.env(crate::evidence::schema::PERTURB_ENV, format!("{x:e}")),
+        Some(Control::Divisor(w)) => cmd.env(crate::evidence::schema::DIVISOR_ENV, format!("{w}")),
+        None => &mut cmd,
+    };
     if o.no_dropout {
         cmd.env(crate::evidence::schema::NO_DROPOUT_ENV, "1");
     }

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use super::control::{self, Proof};
 use super::diagnose::{most_apart, restated, ControlPath, Evidence, Pair, Tier};
 use super::{
-    adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, finals_judged, hidden_by_clipping,
-    needless_sync, Agreement, BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome, Parting, Reason,
-    SampledPair, Subject, TracePair,
+    adamw_finals, caution, cautioned, costs, diagnose, diagnose_big_batch, facts_apart, finals_judged,
+    hidden_by_clipping, needless_sync, Agreement, BigBatch, Comparer, Comparison, Context, Diagnosis, Numbers, Outcome,
+    Parting, Reason, SampledPair, Subject, TracePair,
 };
 use crate::evidence::{BigLeg, Golden, Legs, Params, Trace, Unrepeatable};
 use crate::spec::{CompareOptions, Config, Dtype, Tolerance, ToleranceOverrides};
@@ -48,10 +48,10 @@ struct Bench {
 /// beside an equivalence its caution (a factor clipping hides, needless synchronisation);
 /// and each leg's cost of synchronising, where recorded.
 pub fn judge(legs: Legs, terms: Terms) -> Outcome {
-    let Legs { mut accumulation, ddp, mut big, sampled, control } = legs;
+    let Legs { mut accumulation, ddp, mut big, sampled, control, precision } = legs;
     let bench = match terms {
         Terms::Run(judging) => judging.bench(),
-        Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), opts, sampled),
+        Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), precision.as_ref(), opts, sampled),
     };
     let Bench { subject, runs, buffers, big: big_cmp, golden, context, streamed, finals_unbounded } = bench;
     let ends = |t: &Trace| streamed.then(|| t.without_steps());
@@ -85,6 +85,13 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         if let Some((ratio, d)) = hidden_by_clipping(&accumulation, &ddp, &runs, &context) {
             runs.verdict = Agreement::Diverged;
             runs.hidden_factor = Some(ratio);
+            diagnosis = Some(d);
+        }
+    }
+    // A recorded fact apart decides, however small the numbers' difference.
+    if runs.verdict != Agreement::Diverged {
+        if let Some(d) = facts_apart(&accumulation, &ddp, &runs, &context) {
+            runs.verdict = Agreement::Diverged;
             diagnosis = Some(d);
         }
     }
@@ -183,17 +190,43 @@ fn goldens(
 /// tolerance of their coarsest dtype (they carry no derived bound), the final weights held
 /// to AdamW's carried bound where it can be carried (else judged only where the optimizer
 /// does not amplify rounding), and their buffers where both are runs of one kind.
-fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareOptions, sampled: [bool; 2]) -> Bench {
+fn of_traces(
+    a: &mut Trace,
+    b: &Trace,
+    big: Option<&mut BigLeg>,
+    precision: Option<&Trace>,
+    opts: &CompareOptions,
+    sampled: [bool; 2],
+) -> Bench {
     let dtype = a.finals.first().and_then(|(_, t)| t.dtype()).unwrap_or(Dtype::Float32);
-    let tolerance = users_tolerance(a, b, dtype, &opts.tolerance);
+    // A narrow dtype's rounding measured by the precision control: the gradients' own
+    // tolerance (the reduction's order), plus what the control's distance allows.
+    let measured = precision.filter(|_| !opts.tolerance.given());
+    let mut tolerance = match measured {
+        Some(_) => opts.tolerance.tolerance(dtype, false),
+        None => users_tolerance(a, b, dtype, &opts.tolerance),
+    };
     let labels = labels(&opts.paths);
     // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.
     let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
     // Under AdamW the final weights are held to what its steps make of each step's allowance.
     let finals_carried = adamw_finals(a, b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds);
     let regroup = !opts.tolerance.given();
-    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, finals_carried.is_ok()).regroupable(regroup);
-    let finals_unbounded = finals_carried.is_err() && !finals_judged(a, b);
+    let regrouped: Vec<u32> = a
+        .facts
+        .stages
+        .iter()
+        .zip(&b.facts.stages)
+        .map(|(x, y)| x.regrouped(y).map_or(1, |k| u32::try_from(k).unwrap_or(u32::MAX)))
+        .collect();
+    let held = measured.map(|ctl| super::precision::hold(a, ctl, &tolerance, &regrouped));
+    if let Some(Err(_)) = &held {
+        // A control that did not replay measures nothing: the fixed rule of the coarsest dtype.
+        tolerance = users_tolerance(a, b, dtype, &opts.tolerance);
+    }
+    let bounded = finals_carried.is_ok() || matches!(held, Some(Ok(_)));
+    let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, bounded).regroupable(regroup);
+    let finals_unbounded = !bounded && !finals_judged(a, b);
     // Accumulation against a big-batch trace: one process, one batch of each step's samples.
     // A mismatch there while DDP agrees is a normalisation both runs share (a per-micro-batch
     // mean over samples or tokens of varying count).
@@ -212,6 +245,7 @@ fn of_traces(a: &mut Trace, b: &Trace, big: Option<&mut BigLeg>, opts: &CompareO
         finals_carried,
         big: opts.big.clone(),
         sampling: SampledPair::of(a, b, sampled),
+        precision: held,
     };
     Bench {
         subject: Subject::Traces(Box::new(pair)),
@@ -336,7 +370,10 @@ impl Judging {
             },
             trace,
         });
-        judge(Legs { accumulation, ddp, big, sampled: [false; 2], control: None }, Terms::Run(Box::new(self)))
+        judge(
+            Legs { accumulation, ddp, big, sampled: [false; 2], control: None, precision: None },
+            Terms::Run(Box::new(self)),
+        )
     }
 
     /// Our own runs' terms: by the configuration (its plan says what each step held).
@@ -389,7 +426,7 @@ mod tests {
             b
         };
         let judged = |control: Option<Trace>| {
-            traces(Legs { accumulation: a(), ddp: b(), big: None, sampled: [false; 2], control })
+            traces(Legs { accumulation: a(), ddp: b(), big: None, sampled: [false; 2], control, precision: None })
         };
         let alone = judged(None);
         assert_eq!(alone.runs.verdict, Agreement::Diverged);
@@ -426,7 +463,14 @@ mod tests {
         ddp.header.engine = Some(Engine::Ddp);
         ddp.facts.ddp_sync = vec![vec![true, true]; 2];
         ddp.facts.comm = vec![Some((2, 4_000)); 2];
-        Legs { accumulation: trace(RunKind::Accumulation, 2.0), ddp, big: None, sampled: [false; 2], control: None }
+        Legs {
+            accumulation: trace(RunKind::Accumulation, 2.0),
+            ddp,
+            big: None,
+            sampled: [false; 2],
+            control: None,
+            precision: None,
+        }
     }
 
     fn own(legs: Legs) -> Outcome {
@@ -441,6 +485,7 @@ mod tests {
             paths: [PathBuf::from("acc.safetensors"), PathBuf::from("ddp.safetensors")],
             big: None,
             control: None,
+            precision: None,
             tolerance: ToleranceOverrides::default(),
             reports: Vec::new(),
             plot: None,

@@ -11,6 +11,7 @@ mod elementwise;
 mod events;
 mod judgement;
 mod outcome;
+mod precision;
 mod summaries;
 mod ulps;
 mod watch;
@@ -20,12 +21,13 @@ pub use comparer::{compare, Comparer};
 pub use control::MARGIN as CONTROL_MARGIN;
 pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
-    big_batch as diagnose_big_batch, caution, cautioned, diagnose, hidden_by_clipping, Context, Diagnosis, Loss,
-    Numbers, Origin, Parting, Reason, ShortWindow, Stage,
+    big_batch as diagnose_big_batch, caution, cautioned, diagnose, facts_apart, hidden_by_clipping, Context, Diagnosis,
+    Loss, Numbers, Origin, Parting, Reason, ShortWindow, Stage,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use judgement::{judge, Judging, Terms};
 pub use outcome::{BigBatch, Outcome, SampledPair, Subject, TracePair};
+pub use precision::{narrow as narrow_dtype, wanted as precision_wanted, PrecisionHeld};
 pub use ulps::ulps_between;
 pub use watch::{watch, Contract, Held, Watched};
 

@@ -32,6 +32,8 @@ pub struct TracePair {
     pub big: Option<PathBuf>,
     /// Where the pair was judged sampled: what was kept.
     pub sampling: Option<SampledPair>,
+    /// Where a precision control ran: what it held the runs to, or why it could not.
+    pub precision: Option<Result<super::PrecisionHeld, String>>,
 }
 
 /// A sampled pair: N elements kept of each tensor larger than that, and the summaries.

@@ -53,6 +53,11 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
         (dir, None) => Some(dir.join(crate::evidence::CONTROL_FILE)).filter(|p| p.is_file()),
         _ => None,
     });
+    // And the precision control's, where a narrow dtype's rounding was measured.
+    let precision = match (&args.a, &args.b) {
+        (dir, None) => Some(dir.join(crate::evidence::PRECISION_FILE)).filter(|p| p.is_file()),
+        _ => None,
+    };
     let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
@@ -60,6 +65,7 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
         paths,
         big: args.big_batch.clone(),
         control,
+        precision,
         tolerance,
         reports,
         plot: args.plot.clone(),

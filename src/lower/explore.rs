@@ -133,6 +133,7 @@ pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
             paths: [SAVED_FILES[0].into(), SAVED_FILES[1].into()],
             big: None,
             control: None,
+            precision: None,
             tolerance,
             reports: Vec::new(),
             plot: None,

@@ -69,6 +69,7 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             paths,
             big: None,
             control: None,
+            precision: None,
             tolerance,
             reports,
             plot: args.plot.clone(),

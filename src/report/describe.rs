@@ -226,10 +226,29 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         lines.push(format!("  {:<12} {} ({})", labels[i], pair.paths[i].display(), said.join(", ")));
     }
     let tol = &pair.tolerance;
-    lines.push(format!(
-        "held to: the fixed tolerance, {} ulp or rel {:e} or abs {:e} (traces carry no bound derived from the arithmetic)",
-        tol.max_ulps, tol.rtol, tol.atol
-    ));
+    lines.push(match &pair.precision {
+        Some(Ok(h)) => format!(
+            "held to: {} rounding at divisor ratio {}, measured by a control (the accumulation leg again with DDP's \
+             loss divisor): each tensor within {} times the control's largest difference, plus {} ulp or rel {:e} \
+             or abs {:e} of the gradients' dtype (docs/mixed-precision.md)",
+            h.dtype.name(),
+            h.divisor,
+            h.margin,
+            tol.max_ulps,
+            tol.rtol,
+            tol.atol
+        ),
+        Some(Err(why)) => format!(
+            "held to: the fixed tolerance of the coarsest dtype, {} ulp or rel {:e} or abs {:e}: the precision \
+             control measured nothing ({why})",
+            tol.max_ulps, tol.rtol, tol.atol
+        ),
+        None => format!(
+            "held to: the fixed tolerance, {} ulp or rel {:e} or abs {:e} (traces carry no bound derived from the \
+             arithmetic)",
+            tol.max_ulps, tol.rtol, tol.atol
+        ),
+    });
     for (c, what) in [(Some(&o.runs), "the runs"), (o.big_batch.as_ref().map(|b| &b.comparison), "the big batch")] {
         if let Some(r) = c.and_then(|c| c.regrouped) {
             lines.push(format!(

@@ -45,6 +45,11 @@ pub fn json(o: &Outcome) -> Value {
                 "peaks": pair.peaks,
                 "sampling": pair.sampling,
                 "cost": o.costs,
+                "precision": match &pair.precision {
+                    Some(Ok(h)) => json!(h),
+                    Some(Err(why)) => json!({ "unused": why }),
+                    None => json!(null),
+                },
             });
         }
     }

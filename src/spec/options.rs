@@ -16,6 +16,9 @@ pub struct CompareOptions {
     /// (`DDP_VERIFY_PERTURB`), which proves or refutes rounding where the runs part after
     /// step 0 with no recorded fact apart.
     pub control: Option<PathBuf>,
+    /// The precision control's trace: the accumulation run recorded again with DDP's loss
+    /// divisor (`DDP_VERIFY_DIVISOR`), which measures a narrow dtype's rounding.
+    pub precision: Option<PathBuf>,
     pub tolerance: ToleranceOverrides,
     pub reports: Vec<ReportTarget>,
     pub plot: Option<PathBuf>,

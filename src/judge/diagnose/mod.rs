@@ -189,6 +189,26 @@ pub fn hidden_by_clipping(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) ->
     Some((ratio, d))
 }
 
+/// A recorded fact apart where the numbers agree: the legs' precisions, or at some step a
+/// micro-batch's loss (step 0) or its weight in the applied gradient (`locate::facts_at`).
+/// Facts decide before numbers: a small bug (a loss off by 3% on the ranks) hides under a
+/// low precision's allowance, or under clipping, but not from its fact. None for our own
+/// runs.
+pub fn facts_apart(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
+    if cx.ours() {
+        return None;
+    }
+    let mut ev = Evidence::new(a, b, c, cx, Pair::Runs);
+    if let Some(p) = locate::precision_apart(&ev) {
+        return Some(restated(&p, &ev, Tier::Recorded));
+    }
+    let steps = a.facts.stages.len().min(b.facts.stages.len());
+    (0..steps).find_map(|s| {
+        ev.first = Some(s);
+        locate::facts_at(&ev, s).map(|p| restated(&p, &ev, Tier::Recorded))
+    })
+}
+
 /// The caution beside an equivalence where both runs clipped every step by a steady factor.
 pub fn caution(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
     if c.verdict == Agreement::Diverged {

@@ -221,6 +221,13 @@ pub enum Numbers {
     ZeroedInWindow {
         times: i64,
     },
+    /// The legs ran a stage at other precisions: `what` (autocast, the weights' dtype), as
+    /// each leg recorded it.
+    PrecisionApart {
+        what: &'static str,
+        left: String,
+        right: String,
+    },
     ScaledInBackward {
         ratio: f64,
     },
@@ -408,6 +415,7 @@ impl Numbers {
             N::SharedSamples { .. } => (M::SharedSamples, R::DifferentSamples),
             N::LossDiffers { .. } => (M::LossDiffers, R::DifferentGradients),
             N::ZeroedInWindow { .. } => (M::ZeroedInWindow, R::ZeroedInWindow),
+            N::PrecisionApart { .. } => (M::PrecisionApart, R::PrecisionApart),
             N::ScaledInBackward { .. } => (M::ScaledInBackward, R::LossScaling),
             N::Scaling { how: Scaled::NormalisedTwice { .. } | Scaled::Twice { .. }, whole, .. } => {
                 (M::DividedTwice, factor(*whole))

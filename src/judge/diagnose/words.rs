@@ -42,6 +42,7 @@ words! {
         OptimizerSettings = "optimizer settings",
         Unexplained = "unexplained difference",
         Regrouped = "samples grouped otherwise",
+        PrecisionApart = "precision apart",
     }
 }
 
@@ -50,6 +51,7 @@ words! {
     #[derive(PartialOrd, Ord, Hash)]
     pub enum Stage {
         Samples = "samples",
+        Precision = "precision",
         Loss = "loss",
         Scaling = "scaling",
         LocalGradient = "local gradient",
@@ -79,6 +81,7 @@ words! {
         DifferentInputs = "different inputs",
         SharedSamples = "same samples on several ranks",
         Regrouped = "samples grouped otherwise",
+        PrecisionApart = "precision apart",
         NormaliserPerRank = "normaliser per rank",
         LossDiffers = "loss differs",
         ZeroedInWindow = "zeroed in window",

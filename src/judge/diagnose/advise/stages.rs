@@ -135,6 +135,15 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
              same weights: the forward differs between the runs (a rank's own model state, dropout, or a loss \
              computed from other than the inputs)"
         ),
+        Numbers::PrecisionApart { what, left, right } => {
+            let advice = match owner.is_library() {
+                true => format!("{} set it: give both runs the same precision flag", owner.describe()),
+                false => "give both runs the same precision (the same autocast and model dtype): a run computed \
+                          in another precision is another training"
+                    .into(),
+            };
+            format!("the runs trained at other precisions: {what} {left} in {a}, {right} in {b}; {advice}")
+        }
         Numbers::ZeroedInWindow { times } => {
             let advice = match owner.is_library() {
                 true => format!(

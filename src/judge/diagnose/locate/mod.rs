@@ -8,6 +8,7 @@ mod big_batch;
 mod cautions;
 mod contracts;
 mod dropout;
+mod precision;
 mod rounding;
 mod samples;
 mod shape;
@@ -17,7 +18,8 @@ mod update;
 mod walk;
 
 pub use cautions::hidden_factor;
-pub use walk::scaling_at;
+pub use precision::apart as precision_apart;
+pub use walk::{facts_at, scaling_at};
 
 use super::evidence::{Evidence, Pair};
 use super::parting::{Parting, Side};
@@ -31,9 +33,14 @@ fn runs(tier: Tier) -> &'static [Locator] {
     match tier {
         Tier::SharedFacts | Tier::SharedShapes => &[],
         Tier::Launch => &[sync::one_process],
-        Tier::Structure => {
-            &[steps::other_start, samples::uneven_data, sync::unreduced_tail, steps::step_count, steps::engine_boundary]
-        }
+        Tier::Structure => &[
+            precision::apart,
+            steps::other_start,
+            samples::uneven_data,
+            sync::unreduced_tail,
+            steps::step_count,
+            steps::engine_boundary,
+        ],
         Tier::Synchronisation => &[sync::rank_drift, sync::configured_divide],
         Tier::LibraryStage | Tier::ScriptStage => &[walked],
         Tier::Recorded => &[

@@ -35,6 +35,28 @@ fn masked(a: &Leg, b: &Leg) -> bool {
     a.trace.header.dropout.is_some() || b.trace.header.dropout.is_some()
 }
 
+/// The facts that decide two runs apart before any number is weighed, at step `s`: at step 0
+/// (the same weights) matched micro-batches' losses apart, and at any step each micro-batch's
+/// loss reaching the applied gradient weighed otherwise (its scaling over the reduction's
+/// divide). Honest runs keep both equal at any W, to their own dtype's rounding.
+pub fn facts_at(ev: &Evidence, s: usize) -> Option<Parting> {
+    let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
+    let masked = masked(&a, &b);
+    let decisive = |p: &Parting| matches!(p.numbers, Numbers::LossDiffers { .. } | Numbers::Scaling { .. });
+    let loss = if s == 0 { loss(&a, &b, s, masked).filter(decisive) } else { None };
+    loss.or_else(|| scaling_and_reduction(&a, &b, s, masked).filter(decisive))
+}
+
+/// How far two legs' recorded loss weights may part by rounding alone: a root and its loss
+/// each rounded in the narrowest dtype a leg ran (bfloat16's loss divided by K rounds at 2^-8).
+fn fact_rel(a: &Leg, b: &Leg) -> f64 {
+    [a, b]
+        .iter()
+        .filter_map(|l| crate::judge::narrow_dtype(l.trace))
+        .map(|d| 2.0 * d.epsilon())
+        .fold(FACTOR_REL, f64::max)
+}
+
 /// The scaling before backward and the reduction alone, at step `s`: what the facts say of
 /// a factor clipping hid (the gradients applied agree, so no step parted).
 pub fn scaling_at(ev: &Evidence, s: usize) -> Option<Parting> {
@@ -251,7 +273,7 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Par
     // accumulator): apart by more than that rounding.
     for (leg, d) in [(b, db), (a, da)] {
         let w = leg.world as f64;
-        let rel = FACTOR_REL.max(4.0 * leg.trace.header.compute_dtype.map_or(0.0, |t| t.epsilon()));
+        let rel = FACTOR_REL.max(4.0 * crate::judge::narrow_dtype(leg.trace).map_or(0.0, |t| t.epsilon()));
         if let Some(d) = d.filter(|&d| (leg.world > 1 || engine_accumulates(leg.trace)) && !near(d, w, rel)) {
             let configured = leg.trace.header.grad_divide.is_some_and(|f| !near(f, w, 1e-9));
             let numbers = Numbers::Reduction { divide: d, world: leg.world, configured };
@@ -284,7 +306,7 @@ fn scaling_and_reduction(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Par
         matched(a.batches, b.batches).iter().filter_map(|(x, y)| Some((y.root? / db) / (x.root? / da))).collect(),
     )
     .or_else(|| Some((uniform(b)? / db) / (uniform(a)? / da)).filter(|_| same_sizes(a, b)))?;
-    if near(ratio, 1.0, FACTOR_REL) {
+    if near(ratio, 1.0, fact_rel(a, b)) {
         return None;
     }
     scaling(a, b, (sa, sb), ratio, s)

@@ -17,9 +17,10 @@ sites of a CUDA device (torch.device itself is a builtin type, left alone: a
   manual_seed_all (the CPU's seed is torch.manual_seed's), Tensor.pin_memory and factories'
   `pin_memory=True`; torch.cuda.current_device reads 0;
 - autocast(device_type="cuda") (torch.autocast, torch.amp.autocast, torch.cuda.amp.autocast):
-  the CPU's autocast where its dtype is bfloat16, else autocast off (float32);
-- GradScaler("cuda") (torch.amp's and torch.cuda.amp's): on the CPU, disabled (no float16
-  autocast runs to need it).
+  the CPU's autocast in bfloat16, and in float16 where this torch's CPU autocast runs it
+  (else off: float32);
+- GradScaler("cuda") (torch.amp's and torch.cuda.amp's): the CPU's GradScaler where this torch
+  has one (its scale, unscale_, inf checks and skipped steps as on the GPU), else disabled.
 torch.cuda.is_available() is left as it is, and so are assignments such as
 `torch.backends.cuda.matmul.allow_tf32 = True` (harmless on the CPU).
 
@@ -32,6 +33,7 @@ What was mapped (`header`: the device_mapped key, one line) is what the run met,
 the patches going in until the next round's."""
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -233,20 +235,49 @@ def _autocast(arguments: dict[str, Any]) -> None:
         MET.note("", "autocast(cuda, disabled) -> cpu")
     elif dtype == torch.bfloat16:
         MET.note("", "autocast(cuda, bfloat16) -> autocast(cpu, bfloat16)")
+    elif dtype in (None, torch.float16) and _cpu_runs(torch.float16):
+        arguments["dtype"] = torch.float16
+        MET.note("", "autocast(cuda, float16) -> autocast(cpu, float16)")
     else:
         arguments["enabled"], arguments["dtype"] = False, None
         MET.note("", f"autocast(cuda, {str(dtype or torch.float16).replace('torch.', '')}) -> off (float32 on the CPU)")
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_runs(dtype: torch.dtype) -> bool:
+    """Whether this torch's CPU autocast runs `dtype` (float16 came to it in 2.x; an older
+    one warns, and runs float32): one tiny product under it, its warning kept from the user."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast("cpu", dtype=dtype):
+                return (torch.ones(1, 1) @ torch.ones(1, 1)).dtype == dtype
+        except (RuntimeError, TypeError):
+            return False
+
+
+def _cpu_scaler() -> bool:
+    """Whether this torch has a GradScaler for the CPU (torch.amp.GradScaler("cpu"), with the
+    CPU's inf check and unscale kernels)."""
+    try:
+        return hasattr(torch, "_amp_foreach_non_finite_check_and_unscale_") and torch.amp.GradScaler is not None
+    except AttributeError:
+        return False
 
 
 def _scaler(arguments: dict[str, Any]) -> None:
     if not is_cuda(arguments.get("device", "cuda")):
         return
     arguments["device"] = "cpu"
-    if arguments.get("enabled", True):
+    if not arguments.get("enabled", True):
+        MET.note("", "GradScaler(cuda, disabled) -> cpu")
+    elif _cpu_scaler():
+        MET.note("", "GradScaler(cuda) -> GradScaler(cpu)")
+    else:
         arguments["enabled"] = False
         MET.note("", "GradScaler(cuda) -> disabled")
-    else:
-        MET.note("", "GradScaler(cuda, disabled) -> cpu")
 
 
 def _load(arguments: dict[str, Any]) -> None:

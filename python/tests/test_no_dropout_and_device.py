@@ -148,7 +148,7 @@ def test_device_cpu_runs_a_cuda_hard_coded_loop_on_the_cpu(tmp_path, monkeypatch
             model = DDP(model, device_ids=[local], output_device=local)
             opt = torch.optim.AdamW(model.parameters(), lr=0.01)
             scaler = torch.cuda.amp.GradScaler(enabled=True)
-            assert not scaler.is_enabled()
+            assert scaler.is_enabled() and scaler._device == "cpu"  # the CPU's GradScaler
             assert torch.load(tmp_path / "ckpt.pt", map_location=device)["w"].device.type == "cpu"
             for step in range(2):
                 x = torch.randn(8, 4, device=torch.device("cuda", local))
@@ -158,8 +158,8 @@ def test_device_cpu_runs_a_cuda_hard_coded_loop_on_the_cpu(tmp_path, monkeypatch
                 with torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16):
                     out = model(x)
                     assert out.dtype == torch.bfloat16  # the CPU's bfloat16 autocast
-                with torch.autocast(device_type="cuda"):  # float16 by default: off on the CPU
-                    assert model(x).dtype == torch.float32
+                with torch.autocast(device_type="cuda"):  # float16 by default: the CPU's float16
+                    assert model(x).dtype == torch.float16
                 scaler.scale(F.mse_loss(out.float(), y)).backward()
                 scaler.step(opt)
                 scaler.update()
@@ -181,8 +181,8 @@ def test_device_cpu_runs_a_cuda_hard_coded_loop_on_the_cpu(tmp_path, monkeypatch
         "dropped: init_process_group device_id, DDP device_ids, DDP output_device, barrier device_ids;",
         "no-ops: torch.cuda.set_device, torch.cuda.manual_seed, Tensor.pin_memory, torch.cuda.synchronize;",
         "autocast(cuda, bfloat16) -> autocast(cpu, bfloat16)",
-        "GradScaler(cuda) -> disabled",
-        "autocast(cuda, float16) -> off (float32 on the CPU)",
+        "GradScaler(cuda) -> GradScaler(cpu)",
+        "autocast(cuda, float16) -> autocast(cpu, float16)",
     ):
         assert part in said, said
     assert said.startswith("cuda -> cpu:")

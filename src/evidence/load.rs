@@ -354,11 +354,34 @@ impl Reading {
             ..Trace::default()
         };
         trace.allowances.range_parts = range_parts;
+        if trace.header.recorded_by.is_some() {
+            unscale(&mut trace);
+        }
         if let Some(s) = sampling {
             s.check(&trace)?;
             trace.sampling = Some(s);
         }
         Ok(trace)
+    }
+}
+
+/// A GradScaler multiplies each loss by its scale before backward, so the roots, the local
+/// gradients and the micro-batch magnitudes the recorder took from the backwards carry it,
+/// where the applied gradients do not (`unscale_` took it out). Taken out here, once, so that
+/// every stage, contract and allowance reads the run as it trains: a magnitude 65536 times
+/// too large would allow as much, and `watch` would read the scale as the script's own.
+fn unscale(t: &mut Trace) {
+    for (s, &sc) in t.facts.scaler.scales.iter().enumerate() {
+        if !sc.is_finite() || sc <= 0.0 || sc == 1.0 {
+            continue;
+        }
+        if let Some(st) = t.facts.stages.get_mut(s) {
+            st.batches.iter_mut().filter_map(|b| b.root.as_mut()).for_each(|r| *r /= sc);
+            st.local.values_mut().for_each(|v| *v /= sc);
+        }
+        for (_, v) in t.scales.get_mut(s).into_iter().flatten() {
+            *v = Values::from_f64_as(v.elem(), v.shape(), v.to_f64().iter().map(|x| x / sc).collect());
+        }
     }
 }
 

@@ -132,7 +132,7 @@ fn regrouped_samples_of_a_conv_net_are_held_to_their_kernels_rounding_and_a_smal
 }
 
 /// `ddp-verify --acc-steps K --gpus 3 --device cpu -- torchrun ... cuda_hardcoded/train.py ARGS`
-/// from `folder`: W=3 under its default bfloat16 autocast.
+/// from `folder` (W=3; bfloat16 autocast unless ARGS say otherwise).
 fn bf16_at_w3(folder: &Path, k: usize, args: &str) -> (Option<i32>, serde_json::Value) {
     let report = folder.join("report.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ddp-verify"))
@@ -174,4 +174,23 @@ fn bf16_autocast_at_w3_is_held_to_its_measured_rounding_and_small_bugs_are_named
         let (code, report) = bf16_at_w3(dir.path(), 3, &format!("{args} --bug {bug}"));
         assert_eq!((code, report["diagnosis"]["stage"].as_str()), (Some(1), Some(stage)), "{bug}: {report}");
     }
+}
+
+/// float16 autocast with a GradScaler (65536) at W=3, on the CPU's own GradScaler: the
+/// magnitudes and roots are read with the scale taken out, so the honest run is held to the
+/// unscaled run's rounding (measured by the control) and a loss x1.03 on the ranks is caught
+/// at the scaling stage, its recorded weight 1/K, not 65536/K.
+#[test]
+fn fp16_with_a_grad_scaler_at_w3_is_held_to_the_unscaled_rounding_and_a_small_bug_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "--grad-accum {local_acc_steps} --steps 3 --dtype float16";
+    let (code, report) = bf16_at_w3(dir.path(), 3, args);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["traces"]["precision"]["dtype"].as_str(), Some("float16"), "{report}");
+    assert!(report["runs"]["worst_fraction"].as_f64().unwrap() <= 0.5, "{report}");
+    let said = notes(&report);
+    assert!(said.contains("GradScaler(cuda) -> GradScaler(cpu)"), "{said}");
+    let (code, report) = bf16_at_w3(dir.path(), 3, &format!("{args} --bug loss-x1.03"));
+    assert_eq!((code, report["diagnosis"]["stage"].as_str()), (Some(1), Some("scaling")), "{report}");
+    assert!(report["diagnosis"]["detail"].as_str().unwrap_or_default().contains("1.03x"), "{report}");
 }

@@ -14,10 +14,20 @@ pub fn apart(ev: &Evidence) -> Option<Parting> {
     if !known(ha) || !known(hb) {
         return None;
     }
-    let word = |d: Option<Dtype>| d.map_or("off".to_string(), |d| d.name().to_string());
-    let (what, left, right) = if ha.autocast != hb.autocast {
-        ("autocast", word(ha.autocast), word(hb.autocast))
+    // The forward and backward's precision: autocast's, else an engine's compute dtype
+    // (FSDP2's MixedPrecisionPolicy casts the weights where one process autocasts), else the
+    // weights' own.
+    let compute = |h: &crate::evidence::TraceHeader| match (h.autocast, h.compute_dtype) {
+        (Some(d), _) => Some((d, "autocast")),
+        (None, Some(d)) => Some((d, "the engine's compute dtype")),
+        (None, None) => h.dtype.map(|d| (d, "the weights")),
+    };
+    let said = |c: Option<(Dtype, &str)>| c.map_or("unknown".to_string(), |(d, how)| format!("{} ({how})", d.name()));
+    let (ca, cb) = (compute(ha), compute(hb));
+    let (what, left, right) = if ca.map(|c| c.0) != cb.map(|c| c.0) {
+        ("the forward and backward ran in", said(ca), said(cb))
     } else if ha.dtype.is_some() && hb.dtype.is_some() && ha.dtype != hb.dtype {
+        let word = |d: Option<Dtype>| d.map_or(String::new(), |d| d.name().to_string());
         ("the weights' dtype", word(ha.dtype), word(hb.dtype))
     } else {
         return None;

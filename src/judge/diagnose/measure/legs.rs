@@ -190,14 +190,13 @@ pub fn ran_backward(t: &Trace) -> Option<Framework> {
     t.header.backward_by.filter(|f| *f != Framework::Plain).or(t.header.loss_api)
 }
 
-/// Each parameter's applied gradient summed, with a clip and a loss scale the recorder saw
-/// undone: what the backwards left before them.
+/// Each parameter's applied gradient summed, with a clip the recorder saw undone: what the
+/// backwards left before it (a loss scale is out of every recorded fact: `evidence::load`).
 fn unclipped_sums(t: &Trace, s: usize) -> BTreeMap<String, f64> {
     let clip = t.facts.clip_norms.get(s).copied().flatten().filter(|_| t.facts.clips.get(s).is_some_and(|&c| c > 0));
     let coef = clip.map_or(1.0, |(total, max)| (max / (total + 1e-6)).min(1.0));
-    let scale = t.facts.scaler.scales.get(s).copied().unwrap_or(1.0);
     let mut sums = applied_sums(t, s);
-    sums.values_mut().for_each(|v| *v = *v * scale / coef);
+    sums.values_mut().for_each(|v| *v /= coef);
     sums
 }
 

@@ -85,8 +85,7 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
     // A leg that ran narrower than float32 at a divisor ratio no power of two: the
     // accumulation leg again with DDP's loss divisor measures that rounding
     // (`judge::precision`), and the runs are judged against it.
-    let given = o.compare.tolerance.given();
-    if let Some(by) = crate::judge::precision_wanted(&outcome.accumulation, &outcome.ddp).filter(|_| !given) {
+    if let Some(by) = outcome.precision_wanted {
         let (leg, _) = legs.iter().find(|(l, _)| l.name == "accumulation").expect("the accumulation leg");
         let path = o.out.join(crate::evidence::PRECISION_FILE);
         if !o.quiet {

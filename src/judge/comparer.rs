@@ -194,6 +194,7 @@ impl Comparer {
             scaler,
             range_parted,
             hidden_factor: None,
+            by_fact: false,
             regrouped: Regrouped::of(&self.regrouped),
             verdict,
         }

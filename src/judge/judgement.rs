@@ -49,6 +49,12 @@ struct Bench {
 /// and each leg's cost of synchronising, where recorded.
 pub fn judge(legs: Legs, terms: Terms) -> Outcome {
     let Legs { mut accumulation, ddp, mut big, sampled, control, precision } = legs;
+    let precision_wanted = match &terms {
+        Terms::Traces(opts) if precision.is_none() && !opts.tolerance.given() => {
+            super::precision::wanted(&accumulation, &ddp)
+        }
+        _ => None,
+    };
     let bench = match terms {
         Terms::Run(judging) => judging.bench(),
         Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), precision.as_ref(), opts, sampled),
@@ -92,6 +98,7 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
     if runs.verdict != Agreement::Diverged {
         if let Some(d) = facts_apart(&accumulation, &ddp, &runs, &context) {
             runs.verdict = Agreement::Diverged;
+            runs.by_fact = true;
             diagnosis = Some(d);
         }
     }
@@ -143,6 +150,7 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
         notes: Vec::new(),
         costs,
         control_wanted,
+        precision_wanted,
     }
 }
 
@@ -447,6 +455,43 @@ mod tests {
         let d = left.diagnosis.expect("a cause");
         assert_eq!(d.reason, Reason::Unexplained);
         assert!(d.detail.contains("from step 1") && d.detail.contains("not rounding"), "{}", d.detail);
+    }
+
+    /// Autocast in the DDP leg alone, the gradients agreeing bit for bit: a recorded fact
+    /// apart decides (the precision stage), and the verdict line says the numbers agreed.
+    #[test]
+    fn precision_apart_decides_where_the_numbers_agree() {
+        let t = |run: RunKind, world: usize| Trace {
+            header: TraceHeader {
+                run: Some(run),
+                world_size: Some(world),
+                dtype: Some(Dtype::Float32),
+                torch_version: Some("2.13.0".into()),
+                ..TraceHeader::default()
+            },
+            steps: vec![vec![("w".to_string(), Values::f32s(vec![0.5, -1.0]))]],
+            finals: vec![("w".into(), Values::f32s(vec![0.25, 0.75]))],
+            ..Trace::default()
+        };
+        let mut ddp = t(RunKind::Ddp, 3);
+        ddp.header.autocast = Some(Dtype::Bfloat16);
+        let legs = Legs {
+            accumulation: t(RunKind::Single, 1),
+            ddp,
+            big: None,
+            sampled: [false; 2],
+            control: None,
+            precision: None,
+        };
+        let o = traces(legs);
+        assert!(o.runs.by_fact && o.runs.verdict == Agreement::Diverged);
+        let d = o.diagnosis.as_ref().expect("a cause");
+        assert_eq!(d.reason, Reason::PrecisionApart);
+        assert!(d.detail.contains("bfloat16 (autocast)") && d.detail.contains("float32"), "{}", d.detail);
+        // Legs that reach their precision otherwise ask for no precision control.
+        assert_eq!(o.precision_wanted, None);
+        let line = crate::report::verdict_line(&o);
+        assert!(line.starts_with("NOT EQUIVALENT: a recorded fact differs"), "{line}");
     }
 
     /// Two steps of one parameter, both runs clipped at every step from norms one factor

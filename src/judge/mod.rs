@@ -27,7 +27,7 @@ pub use diagnose::{
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use judgement::{judge, Judging, Terms};
 pub use outcome::{BigBatch, Outcome, SampledPair, Subject, TracePair};
-pub use precision::{narrow as narrow_dtype, wanted as precision_wanted, PrecisionHeld};
+pub use precision::{narrow as narrow_dtype, same_precision, PrecisionHeld};
 pub use ulps::ulps_between;
 pub use watch::{watch, Contract, Held, Watched};
 
@@ -286,6 +286,9 @@ pub struct Comparison {
     /// (`judgement`): not the same training, though the clipped gradients agree.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden_factor: Option<f64>,
+    /// A recorded fact apart decided the verdict where the numbers agree (`facts_apart`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub by_fact: bool,
     /// Steps whose samples the runs grouped into other micro-batches, held to the tolerance
     /// times their micro-batches (`Comparer::regroupable`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -32,11 +32,22 @@ pub fn narrow(t: &Trace) -> Option<Dtype> {
     [h.autocast, h.dtype, h.compute_dtype].into_iter().flatten().find(narrow)
 }
 
+/// Both legs reach their precision the same way (autocast, an engine's compute dtype and the
+/// weights' dtype alike): then the same inputs at the same weights give the same forward,
+/// and the control's rounding is DDP's. FSDP2's MixedPrecisionPolicy against one process's
+/// autocast is not: each rounds other ops.
+pub fn same_precision(a: &Trace, b: &Trace) -> bool {
+    let (x, y) = (&a.header, &b.header);
+    x.autocast == y.autocast && x.compute_dtype == y.compute_dtype && x.dtype == y.dtype
+}
+
 /// The divisor the precision control replays (DDP's world size: the ratio of the one
 /// process's loss divisor K to a rank's K/W), where a leg ran narrow and that ratio is no
-/// power of two (then every op rounds alike in both, and the fixed tolerance holds).
+/// power of two (then every op rounds alike in both, and the fixed tolerance holds), and both
+/// legs reach it the same way (else the control measures one leg's rounding alone, and the
+/// fixed rule of the coarsest dtype holds).
 pub fn wanted(acc: &Trace, ddp: &Trace) -> Option<f64> {
-    narrow(acc).or_else(|| narrow(ddp))?;
+    narrow(acc).or_else(|| narrow(ddp)).filter(|_| same_precision(acc, ddp))?;
     let w = ddp.header.world_size.unwrap_or(1);
     (w > 1 && !w.is_power_of_two()).then_some(w as f64)
 }
@@ -164,6 +175,9 @@ mod tests {
         let mut ddp = trace(vec![], vec![]);
         assert_eq!(wanted(&acc, &ddp), None);
         acc.header.autocast = Some(Dtype::Bfloat16);
+        // Legs that reach their precision otherwise: the control would measure one alone.
+        assert_eq!(wanted(&acc, &ddp), None);
+        ddp.header.autocast = Some(Dtype::Bfloat16);
         assert_eq!(wanted(&acc, &ddp), Some(3.0));
         ddp.header.world_size = Some(4);
         assert_eq!(wanted(&acc, &ddp), None);

@@ -119,6 +119,20 @@ pub(crate) fn worst_first(ds: &mut [&crate::judge::TensorDiff]) {
 /// What elements were held to, in words.
 pub(crate) fn bound_words(o: &Outcome) -> String {
     let tol = o.tolerance();
+    if let Subject::Traces(pair) = &o.subject {
+        if let Some(Ok(h)) = &pair.precision {
+            return format!(
+                "{} times the precision control's largest difference per tensor ({} rounding at divisor ratio {}, \
+                 measured) plus {} ulp or rel {:e} or abs {:e}",
+                h.margin,
+                h.dtype.name(),
+                h.divisor,
+                tol.max_ulps,
+                tol.rtol,
+                tol.atol
+            );
+        }
+    }
     if let (Subject::Traces(_), true) = (&o.subject, o.runs.derived) {
         return format!(
             "{} ulp or rel {:e} or abs {:e}, carried through AdamW's steps to the final weights",
@@ -213,6 +227,18 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
             "NOT EQUIVALENT: {}'s gradients before clipping were {f:.4}x {}'s at every step, a factor the losses' \
              scaling shows; clipping made the applied gradients agree",
             first.right, first.left
+        );
+    }
+    let numbers_part = first.steps.iter().chain([&first.finals]).any(|g| g.verdict == Agreement::Diverged);
+    if first.by_fact && !numbers_part {
+        return format!(
+            "NOT EQUIVALENT: a recorded fact differs between {} and {} ({}), though every gradient and final \
+             weight is within {bound} ({:.2} of it): a difference that rounding or clipping can hide is another \
+             training all the same",
+            first.left,
+            first.right,
+            o.diagnosis.as_ref().map_or("see the cause", |d| d.reason.name()),
+            first.worst_fraction
         );
     }
     let (what, g) = match first.steps.iter().position(|g| g.verdict == Agreement::Diverged) {

@@ -22,9 +22,9 @@ pub fn apart(ev: &Evidence) -> Option<Parting> {
         (None, Some(d)) => Some((d, "the engine's compute dtype")),
         (None, None) => h.dtype.map(|d| (d, "the weights")),
     };
-    let said = |c: Option<(Dtype, &str)>| c.map_or("unknown".to_string(), |(d, how)| format!("{} ({how})", d.name()));
-    let (ca, cb) = (compute(ha), compute(hb));
-    let (what, left, right) = if ca.map(|c| c.0) != cb.map(|c| c.0) {
+    let said = |(d, how): (Dtype, &str)| format!("{} ({how})", d.name());
+    let (ca, cb) = (compute(ha)?, compute(hb)?);
+    let (what, left, right) = if ca.0 != cb.0 {
         ("the forward and backward ran in", said(ca), said(cb))
     } else if ha.dtype.is_some() && hb.dtype.is_some() && ha.dtype != hb.dtype {
         let word = |d: Option<Dtype>| d.map_or(String::new(), |d| d.name().to_string());

@@ -43,7 +43,11 @@ pub fn facts_at(ev: &Evidence, s: usize) -> Option<Parting> {
     let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
     let masked = masked(&a, &b);
     let decisive = |p: &Parting| matches!(p.numbers, Numbers::LossDiffers { .. } | Numbers::Scaling { .. });
-    let loss = if s == 0 { loss(&a, &b, s, masked).filter(decisive) } else { None };
+    // The same inputs at the same weights give the same loss where both reach their
+    // precision the same way (FSDP2's compute dtype against one process's autocast rounds
+    // other ops).
+    let same = crate::judge::same_precision(a.trace, b.trace);
+    let loss = if s == 0 && same { loss(&a, &b, s, masked).filter(decisive) } else { None };
     loss.or_else(|| scaling_and_reduction(&a, &b, s, masked).filter(decisive))
 }
 

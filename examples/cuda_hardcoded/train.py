@@ -92,6 +92,7 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dropout", type=float, default=0.0, help="nanoGPT's default for finetuning and small runs")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--comm-hook", choices=["bf16", "fp16"], help="DDP's bf16_compress_hook or fp16_compress_hook")
     p.add_argument(
         "--bug",
         choices=list(BUGS),
@@ -134,6 +135,11 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     if ddp:
         model = DDP(model, device_ids=[ddp_local_rank])
+        if args.comm_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
+            model.register_comm_hook(None, hook[args.comm_hook])
     raw_model = model.module if ddp else model
 
     def get_batch(step, micro):

@@ -53,6 +53,7 @@ HEADER = {
     "grad_divide": ("number", None, False),
     "compute_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "autocast": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
+    "reduce_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "divisor_control": ("number", None, False),
     "engine_accumulation": ("count", None, False),
     "versions": ("text", None, False),
@@ -121,6 +122,7 @@ class Key:
     GRAD_DIVIDE = "grad_divide"
     COMPUTE_DTYPE = "compute_dtype"
     AUTOCAST = "autocast"
+    REDUCE_DTYPE = "reduce_dtype"
     DIVISOR_CONTROL = "divisor_control"
     ENGINE_ACCUMULATION = "engine_accumulation"
     VERSIONS = "versions"
@@ -161,7 +163,7 @@ class RunKind:
 
 
 class Dtype:
-    """The words the dtype and compute_dtype and autocast keys hold."""
+    """The words the dtype and compute_dtype and autocast and reduce_dtype keys hold."""
 
     FLOAT32 = "float32"
     FLOAT64 = "float64"

@@ -160,6 +160,8 @@ header! {
             "the forward and backward's dtype, where the engine casts the weights";
         autocast: Dtype = AUTOCAST "autocast" optional
             "the dtype torch's autocast ran the outermost forwards in (absent: off)";
+        reduce_dtype: Dtype = REDUCE_DTYPE "reduce_dtype" optional
+            "the dtype the gradients were reduced in where narrower than theirs (a DDP comm hook's cast: bf16_compress_hook)";
         divisor_control: f64 = DIVISOR_CONTROL "divisor_control" optional
             "a precision control run: each backward seeded by this (DDP's divisor against one process's) and each gradient divided back (DDP_VERIFY_DIVISOR)";
         engine_accumulation: usize = ENGINE_ACCUMULATION "engine_accumulation" optional

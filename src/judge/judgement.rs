@@ -211,7 +211,7 @@ fn of_traces(
     // tolerance (the reduction's order), plus what the control's distance allows.
     let measured = precision.filter(|_| !opts.tolerance.given());
     let mut tolerance = match measured {
-        Some(_) => opts.tolerance.tolerance(dtype, false),
+        Some(_) => reduced_in(opts.tolerance.tolerance(dtype, false), a, b, &opts.tolerance),
         None => users_tolerance(a, b, dtype, &opts.tolerance),
     };
     let labels = labels(&opts.paths);
@@ -280,7 +280,18 @@ fn traces_comparer(labels: [&str; 2], tolerance: &Tolerance, carried: bool) -> C
 fn users_tolerance(a: &Trace, b: &Trace, dtype: Dtype, given: &ToleranceOverrides) -> Tolerance {
     let computed = [a.header.compute_dtype, b.header.compute_dtype].into_iter().flatten();
     let coarsest = computed.chain([dtype]).max_by(|x, y| x.epsilon().total_cmp(&y.epsilon())).unwrap_or(dtype);
-    given.tolerance(coarsest, false)
+    reduced_in(given.tolerance(coarsest, false), a, b, given)
+}
+
+/// A reduction the script asked to run narrower than the gradients (a DDP comm hook's cast):
+/// each of W partials cast, W-1 sums and the divide rounded in that dtype, in each leg (one
+/// process's hook rounds too), within 2(W+1)u of the terms (Higham), u its unit roundoff:
+/// equivalent up to the reduction the script chose, never wider where a tolerance is given.
+pub(super) fn reduced_in(tol: Tolerance, a: &Trace, b: &Trace, given: &ToleranceOverrides) -> Tolerance {
+    let narrow = [a.header.reduce_dtype, b.header.reduce_dtype].into_iter().flatten();
+    let Some(eps) = narrow.map(|d| d.epsilon()).reduce(f64::max).filter(|_| !given.given()) else { return tol };
+    let w = b.header.world_size.unwrap_or(1).max(a.header.world_size.unwrap_or(1)) as f64;
+    Tolerance { rtol: tol.rtol.max((w + 1.0) * eps), ..tol }
 }
 
 /// What each side is called in reports: its file name without `.safetensors`, or the

@@ -249,6 +249,14 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
             tol.max_ulps, tol.rtol, tol.atol
         ),
     });
+    if let Some(d) = pair.headers.iter().find_map(|h| h.reduce_dtype) {
+        lines.push(format!(
+            "reduced in: {} (the script's DDP comm hook casts each bucket): equivalent up to the {} reduction the \
+             script asked for, held to 2(W+1) times its unit roundoff of the gradients' magnitudes",
+            d.name(),
+            d.name()
+        ));
+    }
     for (c, what) in [(Some(&o.runs), "the runs"), (o.big_batch.as_ref().map(|b| &b.comparison), "the big batch")] {
         if let Some(r) = c.and_then(|c| c.regrouped) {
             lines.push(format!(

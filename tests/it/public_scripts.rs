@@ -160,7 +160,7 @@ fn bf16_at_w3(folder: &Path, k: usize, args: &str) -> (Option<i32>, serde_json::
 /// (229-381 times it). The precision control measures that rounding on the run itself, and
 /// the honest run is EQUIVALENT well inside it; a loss x1.03 on the ranks, hidden under
 /// clipping, is named from its recorded fact at the scaling stage, and autocast in the DDP
-/// leg alone at the precision stage.
+/// leg alone at the precision stage. A bf16_compress_hook is named and its rounding allowed.
 #[test]
 fn bf16_autocast_at_w3_is_held_to_its_measured_rounding_and_small_bugs_are_named_by_their_facts() {
     let dir = tempfile::tempdir().unwrap();
@@ -170,6 +170,10 @@ fn bf16_autocast_at_w3_is_held_to_its_measured_rounding_and_small_bugs_are_named
     let held = &report["traces"]["precision"];
     assert_eq!((held["divisor"].as_f64(), held["dtype"].as_str()), (Some(3.0), Some("bfloat16")), "{report}");
     assert!(report["runs"]["worst_fraction"].as_f64().unwrap() <= 0.5, "{report}");
+    // DDP's bf16_compress_hook, named and allowed for: equivalent up to the reduction it asked for.
+    let (code, report) = bf16_at_w3(dir.path(), 3, &format!("{args} --comm-hook bf16"));
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["traces"]["right"]["meta"]["reduce_dtype"].as_str(), Some("bfloat16"), "{report}");
     for (bug, stage) in [("loss-x1.03", "scaling"), ("autocast-only", "precision")] {
         let (code, report) = bf16_at_w3(dir.path(), 3, &format!("{args} --bug {bug}"));
         assert_eq!((code, report["diagnosis"]["stage"].as_str()), (Some(1), Some(stage)), "{bug}: {report}");

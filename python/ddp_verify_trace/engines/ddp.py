@@ -74,7 +74,7 @@ class Ddp(Engine):
 
             def register_comm_hook(self: DistributedDataParallel, state: Any, hook: Any) -> Any:
                 out = register(self, state, hook)
-                _HOOKED.add(id(self))
+                _HOOKED[id(self)] = str(getattr(hook, "__name__", type(hook).__name__))
                 return out
 
             patches.replace(DistributedDataParallel, "register_comm_hook", register_comm_hook)
@@ -91,7 +91,11 @@ class Ddp(Engine):
 # Who built the last DistributedDataParallel (a framework's word, or plain), and it; the ids
 # of those given a comm hook.
 _BUILT: tuple[str, Any] | None = None
-_HOOKED: set[int] = set()
+_HOOKED: dict[int, str] = {}  # by id: the hook's name
+
+# The reduction's dtype a comm hook of torch's own casts each bucket to, by its name
+# (`default_hooks.bf16_compress_hook`, `fp16_compress_hook` and their `*_wrapper`s).
+_HOOK_DTYPES = (("bf16", "bfloat16"), ("fp16", "float16"))
 
 
 def built() -> dict[str, str]:
@@ -109,9 +113,15 @@ def built() -> dict[str, str]:
         f"find_unused_parameters={bool(getattr(ddp, 'find_unused_parameters', False))}",
         f"gradient_as_bucket_view={bool(getattr(ddp, 'gradient_as_bucket_view', False))}",
     ]
-    if id(ddp) in _HOOKED:
-        settings.append("a comm hook")
-    return {_schema.Key.DDP_BUILT_BY: who, _schema.Key.DDP_SETTINGS: ", ".join(settings)}
+    facts = {_schema.Key.DDP_BUILT_BY: who}
+    hook = _HOOKED.get(id(ddp))
+    if hook is not None:
+        settings.append(f"comm hook {hook}")
+        dtype = next((d for key, d in _HOOK_DTYPES if key in hook), None)
+        if dtype is not None:
+            facts[_schema.Key.REDUCE_DTYPE] = dtype
+    facts[_schema.Key.DDP_SETTINGS] = ", ".join(settings)
+    return facts
 
 
 # The DDP modules whose forward now ending ran its backwards inside it, each reported where

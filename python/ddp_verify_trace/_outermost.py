@@ -21,12 +21,18 @@ from ._stages.fingerprint import seen
 from ._stages.loss import forward_loss, normaliser
 
 
+# Each trained module's parameters' device type, by module: found at its first outermost call.
+_DEVICES: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+
+
 def autocast_of(module: torch.nn.Module) -> torch.dtype | None:
     """The dtype autocast runs this forward in on its parameters' device (None: off), read
     from torch's own state, so every framework's switch (Lightning's precision, Accelerate's
     mixed_precision, Trainer's bf16) is seen alike."""
-    p = next(module.parameters(), None)
-    device = p.device.type if p is not None else "cpu"
+    device = _DEVICES.get(module)
+    if device is None:  # a module's parameters are walked once (microseconds a forward)
+        p = next(module.parameters(), None)
+        device = _DEVICES[module] = p.device.type if p is not None else "cpu"
     try:
         if torch.is_autocast_enabled(device):  # torch >= 2.4 takes the device type
             return torch.get_autocast_dtype(device)

@@ -9,6 +9,7 @@ batches sees exactly the samples of W processes accumulating K/W.
 `--bug divide-by-k`: the loss divided by K on top of accelerator.accumulate, which already
 divides it (K x K in one process, K/W x K/W under DDP); with `--clip 0.3` only DDP's larger
 gradient is clipped, so the factor arrives bent.
+`--mixed-precision bf16`: Accelerate's bfloat16 autocast (on the CPU, torch's CPU autocast).
 `--bug scheduler-per-process`: the scheduler is prepared by Accelerate, which steps it once
 per process at every optimizer step, so under DDP it runs W times as fast.
 """
@@ -28,8 +29,11 @@ def main():
     p.add_argument("--samples", type=int, default=32, help="N: samples in the data set")
     p.add_argument("--batch", type=int, default=2, help="micro-batch size")
     p.add_argument("--bug", default=None, choices=["divide-by-k", "scheduler-per-process"])
+    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16"], help="Accelerate's mixed_precision")
     args = p.parse_args()
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum)
+    accelerator = Accelerator(
+        cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision
+    )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     g = torch.Generator().manual_seed(1)

@@ -56,6 +56,15 @@ class Outer:
         self._handles: list[Any] = []
         # Per hooked call under way, innermost last: (its module's id, what `enter` said).
         self._calls: list[tuple[int, bool | None]] = []
+        # The outermost call's precision: autocast's dtype as it began, or of an autocast
+        # entered inside it (Accelerate's prepared forward enters its own).
+        self._precision: torch.dtype | None = None
+
+    def autocast_entered(self, dtype: torch.dtype | None) -> None:
+        """An autocast context was entered (`dtype`: None where disabled): inside an outermost
+        call, its forward runs in it."""
+        if self.depth and dtype is not None and self._precision is None:
+            self._precision = dtype
 
     def enter(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Any) -> bool | None:
         """An outermost call starts: None where it is not one (an inner call, no watch, no
@@ -78,11 +87,10 @@ class Outer:
             fp = seen(args, kwargs)
             norm = normaliser(kwargs)
             who = _owners.caller(frame) if norm is not None else None
-            precision = autocast_of(module)
+            self._precision = autocast_of(module)
             if _divisor.ACTIVE is not None:
                 _divisor.ACTIVE.hook(module)
             for watch in watches:
-                watch.autocast_seen(precision)
                 if watch.start_weights is None:
                     watch.take_start(module)
                 watch.batches.forward(fp, norm, who)
@@ -98,6 +106,7 @@ class Outer:
             try:
                 loss = forward_loss(out)
                 for watch in self._watches():
+                    watch.autocast_seen(self._precision)
                     watch.batches.returned(loss)
             except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                 pass

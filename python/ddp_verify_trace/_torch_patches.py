@@ -229,6 +229,23 @@ def _patch_stages() -> None:
 
     unpatch_call = _patches.replace(torch.nn.Module, "__call__", __call__)
 
+    # An autocast entered inside an outermost forward (Accelerate's prepared forward enters
+    # its own, where the script's loop shows none): that forward's precision.
+    from torch.amp.autocast_mode import autocast
+
+    enter_autocast = autocast.__enter__
+
+    def __enter__(self: Any) -> Any:
+        out = enter_autocast(self)
+        if outer.depth and OPEN:
+            try:
+                outer.autocast_entered(self.fast_dtype if self._enabled else None)
+            except Exception:  # noqa: BLE001 - a fact not taken; the forward goes on
+                pass
+        return out
+
+    _patches.replace(autocast, "__enter__", __enter__)
+
     def learned(optimizer: Any, args: Any, kwargs: Any) -> None:
         if outer.learning and outer.learned():
             unpatch_call()

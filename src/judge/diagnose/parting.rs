@@ -225,8 +225,8 @@ pub enum Numbers {
     /// each leg recorded it.
     PrecisionApart {
         what: &'static str,
-        left: String,
-        right: String,
+        left: (crate::spec::Dtype, &'static str),
+        right: (crate::spec::Dtype, &'static str),
     },
     ScaledInBackward {
         ratio: f64,

@@ -142,6 +142,8 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                           in another precision is another training"
                     .into(),
             };
+            let said = |(d, how): &(crate::spec::Dtype, &str)| format!("{} ({how})", d.name());
+            let (left, right) = (said(left), said(right));
             format!("the runs trained at other precisions: {what} {left} in {a}, {right} in {b}; {advice}")
         }
         Numbers::ZeroedInWindow { times } => {

@@ -5,7 +5,6 @@
 
 use crate::judge::diagnose::parting::{Numbers, Parting};
 use crate::judge::diagnose::{Evidence, Stage};
-use crate::spec::Dtype;
 
 pub fn apart(ev: &Evidence) -> Option<Parting> {
     let (ha, hb) = (&ev.a.header, &ev.b.header);
@@ -22,13 +21,11 @@ pub fn apart(ev: &Evidence) -> Option<Parting> {
         (None, Some(d)) => Some((d, "the engine's compute dtype")),
         (None, None) => h.dtype.map(|d| (d, "the weights")),
     };
-    let said = |(d, how): (Dtype, &str)| format!("{} ({how})", d.name());
     let (ca, cb) = (compute(ha)?, compute(hb)?);
     let (what, left, right) = if ca.0 != cb.0 {
-        ("the forward and backward ran in", said(ca), said(cb))
-    } else if ha.dtype.is_some() && hb.dtype.is_some() && ha.dtype != hb.dtype {
-        let word = |d: Option<Dtype>| d.map_or(String::new(), |d| d.name().to_string());
-        ("the weights' dtype", word(ha.dtype), word(hb.dtype))
+        ("the forward and backward ran in", ca, cb)
+    } else if let Some((x, y)) = ha.dtype.zip(hb.dtype).filter(|(x, y)| x != y) {
+        ("the weights' dtype", (x, "the weights"), (y, "the weights"))
     } else {
         return None;
     };

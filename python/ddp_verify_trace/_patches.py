@@ -43,9 +43,33 @@ _UNDO: list[Callable[[], None]] = []
 _PLACES: dict[tuple[int, str], tuple[Any, str, Any]] = {}
 
 
+# What could not be patched (an internal a torch or framework release moved), in words: each
+# is a warning in the trace's header, the part recorded there not recorded; the run goes on.
+_MISSING: dict[str, None] = {}
+_NOTHING = object()
+
+
+def _where(owner: Any) -> str:
+    return str(getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or type(owner).__name__)
+
+
+def _versions() -> str:
+    torch = sys.modules.get("torch")
+    return f"torch {getattr(torch, '__version__', '?')}"
+
+
+def missing() -> list[str]:
+    """What this process could not patch, one line each (the header's warnings)."""
+    return list(_MISSING)
+
+
 def replace(owner: Any, name: str, replacement: Callable[..., Any]) -> Callable[[], None]:
-    """`owner.name` replaced until the last recording closes; returns what puts it back sooner."""
-    original = getattr(owner, name)
+    """`owner.name` replaced until the last recording closes; returns what puts it back sooner.
+    Where `owner` has no `name` (moved in this release), nothing is replaced and it is said."""
+    original = getattr(owner, name, _NOTHING)
+    if original is _NOTHING:
+        _MISSING[f"{_where(owner)}.{name} not found ({_versions()}): what the recorder patches there is not recorded"] = None
+        return lambda: None
     inherited = isinstance(owner, type) and name not in vars(owner)
     replacement.__wrapped__ = original  # type: ignore[attr-defined]
     replacement.__doc__ = original.__doc__
@@ -118,13 +142,27 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         def exec_module(module: Any) -> None:
             run(module)
             for then in thens:
-                try:
-                    then(module)
-                except Exception:  # noqa: BLE001 - an internal renamed: nothing seen, training goes on
-                    pass
+                _then_or_said(then, module)
 
         loader.exec_module = exec_module
         return spec
+
+
+def _then_or_said(then: Callable[[Any], None], module: Any) -> None:
+    """then(module); where it fails (an internal renamed), said, and training goes on."""
+    try:
+        then(module)
+    except Exception as e:  # noqa: BLE001 - the user's run is never broken by a patch
+        _MISSING[f"a patch of {module.__name__} failed ({_versions()}: {type(e).__name__}: {e}): what it records is not recorded"] = None
+
+
+def attempt(what: str, patch: Callable[[], None]) -> None:
+    """patch(): one part's patches, which read torch's internals; where one is missing or moved
+    (AttributeError, ImportError...), that part is said (`missing`) and the rest go in."""
+    try:
+        patch()
+    except Exception as e:  # noqa: BLE001 - the user's run is never broken by a patch
+        _MISSING[f"{what}: not patched ({_versions()}: {type(e).__name__}: {e}): what it records is not recorded"] = None
 
 
 def _drop_finder(finder: Any) -> None:
@@ -138,7 +176,7 @@ def after_import(name: str, then: Callable[[Any], None]) -> None:
     Several for one module all run, in the order given."""
     module = sys.modules.get(name)
     if module is not None:
-        then(module)
+        _then_or_said(then, module)
         return
     finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
     if finder is None:

@@ -137,37 +137,40 @@ def _patch_all() -> None:
 
     _patches.after_import("accelerate.data_loader", shard_facts)
 
-    # torch.cuda.amp.GradScaler inherits this step.
-    scaler_step = GradScaler.step
+    def patch_scaler() -> None:
+        # torch.cuda.amp.GradScaler inherits this step.
+        scaler_step = GradScaler.step
 
-    def step(self: GradScaler, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        watches = list(OPEN)
-        if not self.is_enabled() or not watches:
-            return scaler_step(self, optimizer, *args, **kwargs)
-        scale = float(self.get_scale())
-        stepped: list[torch.optim.Optimizer] = []
-        handle = register_optimizer_step_post_hook(lambda o, a, k: stepped.append(o))
-        for watch in watches:
-            watch.scale = scale
-        try:
-            out = scaler_step(self, optimizer, *args, **kwargs)
-            if not any(o is optimizer for o in stepped):
-                for watch in watches:
-                    if watch.on_skip is not None:
-                        watch.on_skip(optimizer, scale)
-        finally:
-            handle.remove()
+        def step(self: GradScaler, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            watches = list(OPEN)
+            if not self.is_enabled() or not watches:
+                return scaler_step(self, optimizer, *args, **kwargs)
+            scale = float(self.get_scale())
+            stepped: list[torch.optim.Optimizer] = []
+            handle = register_optimizer_step_post_hook(lambda o, a, k: stepped.append(o))
             for watch in watches:
-                watch.scale = None
-        return out
+                watch.scale = scale
+            try:
+                out = scaler_step(self, optimizer, *args, **kwargs)
+                if not any(o is optimizer for o in stepped):
+                    for watch in watches:
+                        if watch.on_skip is not None:
+                            watch.on_skip(optimizer, scale)
+            finally:
+                handle.remove()
+                for watch in watches:
+                    watch.scale = None
+            return out
 
-    _patches.replace(GradScaler, "step", step)
+        _patches.replace(GradScaler, "step", step)
 
-    _patch_destroy()
-    _patch_stages()
+    _patches.attempt("GradScaler.step", patch_scaler)
+
+    _patches.attempt("destroy_process_group", _patch_destroy)
+    _patches.attempt("the stage facts' points", _patch_stages)
     # Each engine's and framework's own points, through the one interface they share.
-    engines.patch(PATCHES)
-    frameworks.patch(PATCHES)
+    _patches.attempt("the engines' points", lambda: engines.patch(PATCHES))
+    _patches.attempt("the frameworks' points", lambda: frameworks.patch(PATCHES))
 
     optimizer_init = torch.optim.Optimizer.__init__
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import _collectives, _cpu_device, _deal, _extras, _groups, _no_dropout, _owners, _perturb, _progress, _schema
-from . import _step_file, _torch_patches, _watch, engines
+from . import _patches, _step_file, _torch_patches, _watch, engines
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, coupled, unwrap
 from ._followed import Followed
@@ -577,7 +577,7 @@ class Recorder(Followed):
         facts = (self.engine.closing_facts(self._world), _deal.header(self._watch.deal, self._world))
         for key, value in [kv for d in (*facts, _no_dropout.header(), _cpu_device.header()) for kv in d.items()]:
             meta.setdefault(key, value)
-        warnings = self._warnings + self.engine.warnings()
+        warnings = self._warnings + self.engine.warnings() + _patches.missing()
         if warnings:
             meta[K.WARNINGS] = "\n".join(warnings)
         if self._others.unrecorded:

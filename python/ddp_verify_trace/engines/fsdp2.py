@@ -148,14 +148,19 @@ def _backward_ended(watch: Any, group: Any, reduced: bool) -> None:
     factor = getattr(group, "gradient_divide_factor", None)
     if factor is not None:  # one group's own factor is the fact, whatever the others'
         watch.divide = float(factor)
+    params = getattr(group, "fsdp_params", [])
+    # The MixedPrecisionPolicy's compute dtype: the group's policy up to torch 2.14, each
+    # parameter's resolved one (FSDPParam.param_dtype, there since FSDP2 began) from 2.15,
+    # whose group has no mp_policy.
     policy = getattr(group, "mp_policy", None)
-    dtype = getattr(policy, "param_dtype", None)
-    if isinstance(dtype, torch.dtype):
+    dtypes = [getattr(policy, "param_dtype", None)] + [getattr(fp, "param_dtype", None) for fp in params]
+    dtype = next((d for d in dtypes if isinstance(d, torch.dtype)), None)
+    if dtype is not None:
         watch.compute_dtype = dtype
     if reduced:
-        params = getattr(group, "fsdp_params", [])
         _local_grads(watch, params)
-        reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or torch.float32
+        orig = next((fp.orig_dtype for fp in params if isinstance(getattr(fp, "orig_dtype", None), torch.dtype)), None)
+        reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or orig or torch.float32
         size = torch.empty((), dtype=reduce).element_size()
         watch.synced(Fsdp2.name, 1, size * sum(int(fp.sharded_param.numel()) for fp in params))
 
@@ -167,7 +172,11 @@ def _local_grads(watch: Any, params: list[Any]) -> None:
     for fp in params:
         if not hasattr(fp, "_unsharded_param"):
             continue
-        for g in (getattr(fp, "unsharded_accumulated_grad", None), fp.unsharded_param.grad):
+        grad = fp.unsharded_param.grad
+        # Up to torch 2.14 a mixed-precision run accumulates in a buffer of its own beside the
+        # grad; from 2.15 `unsharded_accumulated_grad` is that very grad: counted once.
+        accumulated = getattr(fp, "unsharded_accumulated_grad", None)
+        for g in (accumulated if accumulated is not grad else None, grad):
             if isinstance(g, torch.Tensor):
                 watch.local_grad(fp.sharded_param, g)
 

@@ -12,6 +12,7 @@ mod resample;
 mod sampled;
 pub mod schema;
 mod stages;
+mod torch_tested;
 mod trace;
 mod unrepeatable;
 mod values;
@@ -26,6 +27,7 @@ pub use header::{
 pub use pair::{BigLeg, Legs};
 pub use sampled::{Sampled, Sampling, Summaries, Summary};
 pub use stages::{Batch, Rows, StageStep, BATCH_FIELDS};
+pub use torch_tested::{untested as torch_untested, TORCH_TESTED_UP_TO};
 pub use trace::{Allowances, Params, RangePrediction, RankDrift, RankHeld, ScalerRecord, StepFacts, Trace};
 pub use unrepeatable::Unrepeatable;
 pub use values::{Data, Elem, Values, CHUNK};

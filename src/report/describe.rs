@@ -225,6 +225,12 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         }
         lines.push(format!("  {:<12} {} ({})", labels[i], pair.paths[i].display(), said.join(", ")));
     }
+    // A torch newer than the recorder was tested on: said once, where any trace's is.
+    let untested =
+        pair.headers.iter().filter_map(|h| h.torch_version.as_deref().and_then(crate::evidence::torch_untested));
+    if let Some(words) = untested.max() {
+        lines.push(words);
+    }
     let tol = &pair.tolerance;
     lines.push(match &pair.precision {
         Some(Ok(h)) => format!(

@@ -29,9 +29,10 @@ esac
 if ! "$tools/bin/python" -c "
 import importlib.metadata as m
 assert m.version('maturin') == '$MATURIN_VERSION' and m.version('ziglang') == '$ZIG_VERSION'" 2>/dev/null; then
-  echo "build-wheel: installing maturin==$MATURIN_VERSION and ziglang==$ZIG_VERSION into $tools (pip)"
-  python3 -m venv "$tools"
-  "$tools/bin/pip" install -q --disable-pip-version-check "maturin==$MATURIN_VERSION" "ziglang==$ZIG_VERSION"
+  echo "build-wheel: installing maturin==$MATURIN_VERSION and ziglang==$ZIG_VERSION into $tools (uv)"
+  # shellcheck source=scripts/uv.sh
+  . scripts/uv.sh
+  uv_install "$tools/bin/python" "maturin==$MATURIN_VERSION" "ziglang==$ZIG_VERSION"
 fi
 
 out=target/wheels

@@ -8,6 +8,8 @@
 # nothing else is installed beside the wheel (pip --no-index: torch and safetensors must be
 # there already, as the wheel's requirements allow). PYTHON's environment is not changed, and
 # the venv is removed at the end. The checks run on a PATH without cargo:
+#  - a plain `pip install` of it (its plan, --dry-run) installs it alone: PYTHON's torch stays,
+#    whatever release; after the install torch is the one before and `pip check` is clean
 #  - `ddp-verify --version` runs; ldd shows no libtorch, MPI, CUDA or NCCL, nor a library not
 #    found; the binary has no RPATH/RUNPATH (a path on the machine that built it)
 #  - `import ddp_verify_trace` works in that venv, from the venv, with its autoload folder; the
@@ -53,10 +55,25 @@ for p in sys.path[1:]:
 export PATH="$venv/bin:/usr/local/bin:/usr/bin:/bin"
 unset LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV
 
+torch_before=$(python -W ignore -c 'import torch; print(torch.__version__)')
+# What a plain `pip install` of the wheel would do (PyPI reachable): install the wheel alone,
+# never replace the user's torch (the wheel caps no torch release: python/pyproject.toml).
+if python -m pip install -q --dry-run --disable-pip-version-check --report "$tmp/plan.json" "$wheel" 2>"$tmp/plan.err"; then
+  python - "$tmp/plan.json" <<'EOF' || fail "a plain pip install of the wheel would change more than itself beside torch $torch_before"
+import json, sys
+names = sorted(i["metadata"]["name"] for i in json.load(open(sys.argv[1]))["install"])
+print(f"check-wheel: pip install would install {names} (torch stays)")
+assert names == ["ddp-verify"], names
+EOF
+else
+  echo "check-wheel: no index reachable ($(tail -n 1 "$tmp/plan.err")): the install plan not checked"
+fi
 start=$EPOCHREALTIME
 python -m pip install -q --no-index --disable-pip-version-check "$wheel"
 install_s=$(python -c "print(f'{$EPOCHREALTIME - $start:.1f}')")
 
+[ "$(python -W ignore -c 'import torch; print(torch.__version__)')" = "$torch_before" ] || fail "installing the wheel changed torch $torch_before"
+python -m pip check --disable-pip-version-check || fail "pip check: the wheel's requirements beside torch $torch_before"
 bin=$(command -v ddp-verify) || fail "pip put no ddp-verify on the venv's PATH"
 [ "$bin" = "$venv/bin/ddp-verify" ] || fail "ddp-verify is $bin, not the venv's"
 

@@ -35,6 +35,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 root=$PWD
+# shellcheck source=scripts/uv.sh
+. scripts/uv.sh
+uv_ready
 envs_dir=${SHIPPED_ENVS:-$root/.venv-shipped}
 pip_of_main=$root/.venv/bin/pip
 if [ ! -x "$pip_of_main" ]; then
@@ -77,7 +80,8 @@ build_torch() {
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"
   python3 -m venv --without-pip "$venv"
-  "$pip_of_main" --python "$venv/bin/python" install "${pip_flags[@]}" "$@"
+  # uv: torch's wheels in parallel, from the cache the other venvs share.
+  uv_install "$venv/bin/python" "$@"
   # No recorder of its own: clones share it, and scripts/shipped.sh puts theirs on PYTHONPATH.
   PYTHONPATH=$recorder check "$venv/bin/python" "$@"
 }

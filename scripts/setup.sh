@@ -11,6 +11,8 @@
 #  - libnccl.so beside the wheel's libnccl.so.2, the name cudarc opens for GPU runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/uv.sh
+. scripts/uv.sh
 
 need_apt=()
 command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev openmpi-bin)
@@ -24,9 +26,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if ! .venv/bin/python -W ignore -c 'import torch, torchvision, safetensors; assert torch.__version__.startswith("2.13.0")' 2>/dev/null; then
-  echo "setup: installing torch==2.13.0 into .venv (pip, about 1-2 minutes)"
+  echo "setup: installing torch==2.13.0 into .venv (uv, about 30 s)"
   python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check -r fixtures/requirements.txt
+  uv_install .venv/bin/python -r fixtures/requirements.txt
 fi
 
 # The recorder: .venv runs python/'s source through a .pth file naming this checkout's python/
@@ -39,7 +41,10 @@ import os, re, importlib.metadata as m, ddp_verify_trace, pytest
 try: import tomllib
 except ImportError: from pip._vendor import tomli as tomllib  # Python < 3.11
 assert os.path.realpath(ddp_verify_trace.__file__) == os.path.realpath("python/ddp_verify_trace/__init__.py")
-assert "pytest==" + pytest.__version__ in open("python/requirements-test.txt").read().split()
+for line in open("python/requirements-test.txt"):
+    line = line.split("#")[0].strip()
+    if line:
+        assert m.version(line.split("==")[0]) == line.split("==")[1], line
 for dep in tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"]:
     m.version(re.match(r"[\w.-]+", dep)[0])' 2>/dev/null; then
   echo "setup: putting the ddp_verify_trace recorder (python/) on .venv's path; its dependencies and pytest"
@@ -51,7 +56,7 @@ for dep in tomllib.load(open("python/pyproject.toml", "rb"))["project"]["depende
 try: import tomllib
 except ImportError: from pip._vendor import tomli as tomllib  # Python < 3.11
 print(*tomllib.load(open("python/pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")')
-  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-test.txt "${deps[@]}"
+  uv_install .venv/bin/python -r python/requirements-test.txt "${deps[@]}"
   realpath python > "$site/ddp_verify_trace_checkout.pth"
 fi
 
@@ -63,8 +68,8 @@ for line in open("python/requirements-frameworks.txt"):
     if line:
         name, version = line.split("==")
         assert m.version(name) == version, name' 2>/dev/null; then
-  echo "setup: installing the examples' frameworks into .venv (pip, about 30 s)"
-  .venv/bin/pip install -q --disable-pip-version-check -r python/requirements-frameworks.txt
+  echo "setup: installing the examples' frameworks into .venv (uv, about 10 s)"
+  uv_install .venv/bin/python -r python/requirements-frameworks.txt
 fi
 
 torch_dir=$(.venv/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')

@@ -4,12 +4,12 @@
 
 use std::path::Path;
 
-use crate::util::{repo, stdout};
+use crate::util::{repo, stdout, users};
 
 /// Runs `ddp-verify FLAGS -- torchrun --nproc-per-node 2 examples/EXAMPLE/train.py ARGS` from
 /// `folder`, its traces in `folder/traces`: the exit code and the JSON report.
 fn from_folder(folder: &Path, flags: &str, example: &str, args: &str) -> (Option<i32>, serde_json::Value) {
-    let torchrun = repo(".venv/bin/torchrun").display().to_string();
+    let torchrun = users("torchrun");
     run_in(folder, flags, &[torchrun.as_str(), "--nproc-per-node", "2"], example, args)
 }
 
@@ -119,7 +119,7 @@ fn a_script_that_hard_codes_cuda_runs_on_the_cpu_with_device_cpu() {
 #[test]
 fn regrouped_samples_of_a_conv_net_are_held_to_their_kernels_rounding_and_a_small_bug_is_caught() {
     let dir = tempfile::tempdir().unwrap();
-    let python = repo(".venv/bin/python").display().to_string();
+    let python = users("python");
     let args = "--grad-accum {local_acc_steps} --batch {batch}";
     let (code, report) = run_in(dir.path(), "--batch-size 4", &[python.as_str()], "convnet", args);
     assert_eq!(code, Some(0), "{report}");
@@ -134,8 +134,8 @@ fn regrouped_samples_of_a_conv_net_are_held_to_their_kernels_rounding_and_a_smal
 /// `ddp-verify --acc-steps K --gpus 3 --device cpu -- torchrun ... cuda_hardcoded/train.py ARGS`
 /// from `folder` (W=3; bfloat16 autocast unless ARGS say otherwise).
 fn bf16_at_w3(folder: &Path, k: usize, args: &str) -> (Option<i32>, serde_json::Value) {
-    let torchrun = repo(".venv/bin/torchrun");
-    let launcher = [torchrun.to_str().unwrap(), "--nproc-per-node", "3"];
+    let torchrun = users("torchrun");
+    let launcher = [torchrun.as_str(), "--nproc-per-node", "3"];
     at_w3(folder, k, &["--device", "cpu"], &launcher, "cuda_hardcoded", args)
 }
 
@@ -177,9 +177,9 @@ fn at_w3(
 #[test]
 fn accelerates_bf16_at_w3_is_seen_inside_its_forward_and_held_to_its_measured_rounding() {
     let dir = tempfile::tempdir().unwrap();
-    let python = repo(".venv/bin/python");
+    let python = users("python");
     let args = "--grad-accum {local_acc_steps} --samples 36 --mixed-precision bf16";
-    let (code, report) = at_w3(dir.path(), 6, &[], &[python.to_str().unwrap()], "accelerate", args);
+    let (code, report) = at_w3(dir.path(), 6, &[], &[python.as_str()], "accelerate", args);
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["traces"]["left"]["meta"]["autocast"].as_str(), Some("bfloat16"), "{report}");
     assert!(report["runs"]["worst_fraction"].as_f64().unwrap() <= 0.5, "{report}");

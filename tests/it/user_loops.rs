@@ -4,21 +4,35 @@
 
 use std::process::Command;
 
-use crate::util::{ddp_verify, flags, repo, stderr, stdout};
+use crate::util::{ddp_verify, flags, repo, stderr, stdout, users};
 
 /// Runs an example as both legs and returns (exit code, the JSON report). A leg that fails
 /// (exit 3: torchrun's rendezvous under a loaded machine) is run once more, said in the log.
 pub(crate) fn zero_edit(example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
-    zero_edit_with(&[&repo(".venv/bin/python").display().to_string()], example, extra)
+    zero_edit_with(&[&users("python")], example, extra)
 }
 
 /// `zero_edit` with the script started by `launcher` (python, torchrun, accelerate launch).
 pub(crate) fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
+    run_legs(launcher, example, extra, false)
+}
+
+/// `zero_edit`, the legs' traces sampled (`--sample 16`: 16 elements of each larger tensor and
+/// each whole tensor's summaries), held to the same verdict and cause a whole trace gets: about
+/// half the examples' cases here run so, in place of running them all again sampled.
+pub(crate) fn zero_edit_sampled(example: &str, extra: &str) -> (Option<i32>, serde_json::Value) {
+    run_legs(&[&users("python")], example, extra, true)
+}
+
+fn run_legs(launcher: &[&str], example: &str, extra: &str, sample: bool) -> (Option<i32>, serde_json::Value) {
     let t = tempfile::tempdir().unwrap();
     let report = t.path().join("report.json").display().to_string();
     let script = repo(&format!("examples/{example}/train.py")).display().to_string();
     let mut args = flags("--acc-steps 4 --gpus 2 --report json --report-file");
     args.push(report.as_str());
+    if sample {
+        args.extend(["--sample", "16"]);
+    }
     // DDP_VERIFY_KEEP_TRACES=DIR keeps each case's traces and logs (bench/causes.py judges
     // them again with two builds).
     let kept = keep_traces(launcher, example, extra);
@@ -37,8 +51,8 @@ pub(crate) fn zero_edit_with(launcher: &[&str], example: &str, extra: &str) -> (
     }
     let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&out), stderr(&out)));
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    // scripts/test.sh runs these again with the legs' traces sampled: they must have been.
-    if let Ok(n) = std::env::var("DDP_VERIFY_SAMPLE") {
+    // Sampled where asked (or where DDP_VERIFY_SAMPLE is set for the whole run): it must have been.
+    if let Some(n) = sample.then(|| "16".to_string()).or_else(|| std::env::var("DDP_VERIFY_SAMPLE").ok()) {
         assert_eq!(json["traces"]["sampling"]["size"].to_string(), n, "{example} {extra}: {json}");
     }
     (out.status.code(), json)
@@ -63,7 +77,15 @@ pub(crate) fn reason(report: &serde_json::Value) -> &str {
 /// Runs an example with a planted bug and holds it NOT EQUIVALENT (exit 1) with `want` as
 /// the cause, whose detail says `says` where given.
 pub(crate) fn caught(example: &str, extra: &str, want: &str, says: Option<&str>) {
-    let (code, bug) = zero_edit(example, extra);
+    held(zero_edit(example, extra), want, says)
+}
+
+/// `caught` with sampled traces (`zero_edit_sampled`).
+fn caught_sampled(example: &str, extra: &str, want: &str, says: Option<&str>) {
+    held(zero_edit_sampled(example, extra), want, says)
+}
+
+fn held((code, bug): (Option<i32>, serde_json::Value), want: &str, says: Option<&str>) {
     assert_eq!((code, reason(&bug)), (Some(1), want), "{bug}");
     if let Some(phrase) = says {
         assert!(bug["diagnosis"]["detail"].as_str().unwrap_or_default().contains(phrase), "{bug}");
@@ -80,13 +102,13 @@ fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
     // K=4 over 2 ranks: each rank's second micro-batch ran its forward with the flag False.
     let sync = "micro-batch 2 of this rank's 2 ran the backward without DDP's all-reduce";
     caught("nanogpt", "--grad-accum {acc_steps} --bug sync-after-forward", "unsynchronised gradient", Some(sync));
-    caught(
+    caught_sampled(
         "nanogpt",
         "--grad-accum {acc_steps} --bug forward-raw-model",
         "unsynchronised gradient",
         Some("no DistributedDataParallel forward ran"),
     );
-    caught(
+    caught_sampled(
         "nanogpt",
         "--grad-accum {acc_steps} --bug step-every-micro-batch",
         "step count",
@@ -102,9 +124,9 @@ fn nanogpt_honest_is_equivalent_and_the_sync_after_forward_bug_is_named() {
 fn nanogpt_honest_under_adam_and_rmsprop_is_equivalent() {
     let (code, adam) = zero_edit("nanogpt", "--grad-accum {acc_steps} --optimizer adam");
     assert_eq!((code, adam["runs"]["derived"].as_bool()), (Some(0), Some(true)), "{adam}");
-    let (code, rms) = zero_edit("nanogpt", "--grad-accum {acc_steps} --optimizer rmsprop");
-    // Whole traces part beyond the fixed tolerance and a control proves it ("chaos"); the
-    // sampled rerun (scripts/test.sh) may keep no element that parts, and needs none.
+    let (code, rms) = zero_edit_sampled("nanogpt", "--grad-accum {acc_steps} --optimizer rmsprop");
+    // Whole traces part beyond the fixed tolerance and a control proves it ("chaos"); sampled
+    // ones (these) may keep no element that parts, and need none.
     assert_eq!(code, Some(0), "{rms}");
     assert!(rms["caution"].is_null() || rms["caution"]["reason"] == "chaos", "{rms}");
     assert!(rms["runs"]["finals"]["not_judged"].is_null(), "{rms}");
@@ -119,12 +141,12 @@ fn transformers_trainer_honest_is_equivalent_and_dividing_again_is_named() {
     assert_eq!(honest["traces"]["right"]["meta"]["framework"], "transformers", "{honest}");
     assert_eq!(honest["big_batch"]["comparison"]["verdict"], "within-tolerance", "{honest}");
     let (code, bug) =
-        zero_edit("transformers", "--grad-accum {local_acc_steps} --batch {batch} --bug mean-per-micro-batch");
+        zero_edit_sampled("transformers", "--grad-accum {local_acc_steps} --batch {batch} --bug mean-per-micro-batch");
     assert_eq!(code, Some(1), "{bug}");
     assert_eq!(bug["runs"]["verdict"], "within-tolerance", "{bug}");
     assert_eq!(bug["big_batch"]["diagnosis"]["reason"], "per-micro-batch mean", "{bug}");
     // GPT-2's default dropout: the runs draw their own masks, named before anything finer.
-    caught("transformers", "--grad-accum {local_acc_steps} --dropout 0.1", "dropout masks", None);
+    caught_sampled("transformers", "--grad-accum {local_acc_steps} --dropout 0.1", "dropout masks", None);
     caught(
         "transformers",
         "--grad-accum {local_acc_steps} --bug divide-by-accumulation",
@@ -135,7 +157,7 @@ fn transformers_trainer_honest_is_equivalent_and_dividing_again_is_named() {
 
 #[test]
 fn lightning_honest_is_equivalent_and_dividing_again_is_named() {
-    let (code, honest) = zero_edit("lightning", "--grad-accum {local_acc_steps} --gpus {gpus}");
+    let (code, honest) = zero_edit_sampled("lightning", "--grad-accum {local_acc_steps} --gpus {gpus}");
     assert_eq!(code, Some(0), "{honest}");
     caught(
         "lightning",
@@ -149,8 +171,13 @@ fn lightning_honest_is_equivalent_and_dividing_again_is_named() {
 fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
     let (code, honest) = zero_edit("accelerate", "--grad-accum {local_acc_steps}");
     assert_eq!(code, Some(0), "{honest}");
-    caught("accelerate", "--grad-accum {local_acc_steps} --bug scheduler-per-process", "learning-rate schedule", None);
-    caught(
+    caught_sampled(
+        "accelerate",
+        "--grad-accum {local_acc_steps} --bug scheduler-per-process",
+        "learning-rate schedule",
+        None,
+    );
+    caught_sampled(
         "accelerate",
         "--grad-accum {local_acc_steps} --bug divide-by-k --clip 0.3",
         "loss scaling",
@@ -170,7 +197,7 @@ fn accelerate_honest_is_equivalent_and_its_bugs_are_named_through_clipping() {
 /// processes set per leg (1, then W), whatever count the command gave.
 #[test]
 fn torchrun_and_accelerate_launch_commands_run_as_the_legs() {
-    let bin = |name: &str| repo(&format!(".venv/bin/{name}")).display().to_string();
+    let bin = users;
     let worlds = |r: &serde_json::Value| {
         let world = |side: &str| r["traces"][side]["meta"]["world_size"].as_str().unwrap_or("?").to_string();
         (world("left"), world("right"))

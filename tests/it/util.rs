@@ -17,6 +17,14 @@ pub fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+/// A command of the venv the users' examples run in: the current torch release
+/// (`.venv-current`, scripts/setup-current.sh; python/requirements-current.txt), as users run
+/// their scripts on their own torch. The own models, the shipped corpus and the tools' other
+/// tests keep torch 2.13 (`.venv`).
+pub fn users(command: &str) -> String {
+    repo(&format!(".venv-current/bin/{command}")).display().to_string()
+}
+
 pub fn ddp_verify(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ddp-verify")).args(args).output().expect("ddp-verify runs")
 }

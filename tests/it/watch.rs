@@ -2,14 +2,14 @@
 //! by each stage's contract. Honest examples keep every contract; a planted bug breaks one at
 //! its stage; the run's own failure is exit 3; bad usage exit 2.
 
-use crate::util::{ddp_verify, repo, stderr, stdout};
+use crate::util::{ddp_verify, repo, stderr, stdout, users};
 
 /// Runs `example` once under `watch` through torchrun over `w` processes; (exit code, the
 /// JSON report, the other reports' texts by format). A run that fails once (torchrun's
 /// rendezvous on a loaded machine) runs again.
 fn watched(example: &str, w: usize, args: &[&str], formats: &[&str]) -> (Option<i32>, serde_json::Value, Vec<String>) {
     let t = tempfile::tempdir().unwrap();
-    let py = repo(".venv/bin/python").display().to_string();
+    let py = users("python");
     let script = repo(&format!("examples/{example}/train.py")).display().to_string();
     let report = t.path().join("report.json").display().to_string();
     let files: Vec<String> =
@@ -84,7 +84,7 @@ fn a_planted_bug_breaks_its_stages_contract_in_one_run() {
 #[test]
 fn a_failed_run_and_bad_usage_are_named() {
     let t = tempfile::tempdir().unwrap();
-    let py = repo(".venv/bin/python").display().to_string();
+    let py = users("python");
     let out = ddp_verify(&["watch", "--", &py, "-c", "raise SystemExit('no training here')"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("no training here"), "{}", stderr(&out));
@@ -104,7 +104,7 @@ fn a_failed_run_and_bad_usage_are_named() {
 fn stop_on_fault_stops_every_rank_at_the_first_broken_step() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().display().to_string();
-    let py = repo(".venv/bin/python").display().to_string();
+    let py = users("python");
     let script = repo("examples/nanogpt/train.py").display().to_string();
     let run = |bug: &[&str]| {
         let report = t.path().join("r.json").display().to_string();

@@ -62,7 +62,7 @@ if python -m pip install -q --dry-run --disable-pip-version-check --report "$tmp
   python - "$tmp/plan.json" <<'EOF' || fail "a plain pip install of the wheel would change more than itself beside torch $torch_before"
 import json, sys
 names = sorted(i["metadata"]["name"] for i in json.load(open(sys.argv[1]))["install"])
-print(f"check-wheel: pip install would install {names} (torch stays)")
+print(f"check-wheel: a plain pip install would install {names}")
 assert names == ["ddp-verify"], names
 EOF
 else

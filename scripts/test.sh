@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test: installs what they need (scripts/setup.sh), runs the recorder's pytest suite on
-# torch 2.13 (.venv) and on the current release (.venv-current, scripts/setup-current.sh), each
-# crate's unit tests (also built without libtorch), the wheel's checks (built without libtorch;
+# Every test: installs what they need (scripts/setup.sh), runs each crate's unit tests (also
+# built without libtorch), the recorder's pytest suite on the current torch release
+# (.venv-current, scripts/setup-current.sh), the wheel's checks (built without libtorch;
 # installed beside the current torch, and beside torch 2.5.1 with Colossal-AI 0.5.0 in
 # .venv-torch25, where nanoGPT and seed 004's loop run), the shipped-bug corpus's environments,
 # then the integration tests last (the corpus among them; about half the users' examples'
@@ -28,10 +28,6 @@ venvs_ready() {
   cat "$venvs_log"
 }
 phase "setup (.venv)"
-# The recorder's tests first: they need no build. Two workers (pytest-xdist): most tests are
-# one Python process, which leaves the second core idle (208 s in place of about 300 s).
-.venv/bin/python -m pytest -q -n 2 python/tests
-phase "recorder's tests, torch 2.13"
 cargo test --workspace --lib --bins --examples
 phase "unit tests"
 # The build without libtorch, in its own target directory (the full build's binaries stay).
@@ -41,6 +37,10 @@ wheel=$(scripts/build-wheel.sh | tail -n 1)
 phase "wheel built"
 venvs_ready
 phase "venvs (their wait)"
+# The recorder's tests, on the current torch: two workers (pytest-xdist), as most tests are one
+# Python process, which leaves the second core idle (208 s in place of about 300 s). Its torch
+# 2.13 is run by the integration tests (the shipped corpus over .venv, compare, explore, the
+# culprits' loop, DeepSpeed under torchrun), its torch 2.5.1 by scripts/check-torch25.sh.
 .venv-current/bin/python -m pytest -q -n 2 python/tests
 phase "recorder's tests, the current torch"
 # CI (DDP_VERIFY_LEAN=1, .ci/run) frees the disk those builds held.

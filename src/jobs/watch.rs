@@ -22,8 +22,11 @@ pub fn command(o: &WatchOptions) -> Result<Exit> {
     Ok(watched.exit())
 }
 
-/// Runs the command and judges its trace.
+/// Runs the command and judges its trace (or judges the trace given by `--trace`).
 pub fn run(o: &WatchOptions) -> Result<crate::judge::Watched> {
+    if let Some(recorded) = &o.recorded {
+        return Ok(crate::judge::watch(crate::evidence::Trace::load(recorded)?, Vec::new()));
+    }
     std::fs::create_dir_all(&o.out).map_err(|e| Error::io(format!("creating {}", o.out.display()), e))?;
     let [trace_name, log_name, steps_name] = WATCH_FILES;
     let (trace, log, steps) = (o.out.join(trace_name), o.out.join(log_name), o.out.join(steps_name));

@@ -1,4 +1,5 @@
-//! `ddp-verify watch -- COMMAND`: the command as written, its Python, where its trace goes.
+//! `ddp-verify watch -- COMMAND`: the command as written, its Python, where its trace goes;
+//! or `watch --trace FILE`: a run recorded before.
 
 use ddp_verify_cli::WatchArgs;
 
@@ -9,6 +10,21 @@ use crate::spec::WatchOptions;
 pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, None, args.force)?;
+    if let Some(trace) = &args.trace {
+        if !trace.is_file() {
+            return Err(Error::bad_file(trace, "is no file", "give --trace the .safetensors file a run recorded"));
+        }
+        return Ok(WatchOptions {
+            recorded: Some(trace.clone()),
+            command: Vec::new(),
+            python: String::new(),
+            out: trace.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+            timeout: args.timeout,
+            exit_grace: args.exit_grace,
+            stop_on_fault: false,
+            reports,
+        });
+    }
     let python = crate::jobs::launcher::python_of(&args.script[0]);
     let out = match &args.save_trace {
         Some(dir) => {
@@ -31,6 +47,7 @@ pub fn watch(args: &WatchArgs) -> Result<WatchOptions> {
             .keep(),
     };
     Ok(WatchOptions {
+        recorded: None,
         command: args.script.clone(),
         python,
         out,

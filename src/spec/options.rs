@@ -51,6 +51,8 @@ impl Suite {
 /// `ddp-verify watch -- COMMAND`: a user's launch command run once, as written, and judged
 /// by each stage's contract.
 pub struct WatchOptions {
+    /// `--trace`: a run recorded before, judged in place of running `command` (then empty).
+    pub recorded: Option<PathBuf>,
     pub command: Vec<String>,
     /// The Python that runs the script (beside the launcher), which must import the recorder.
     pub python: String,

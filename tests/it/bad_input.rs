@@ -257,3 +257,24 @@ fn sizes_no_tensor_can_hold_are_refused() {
         assert!(stderr(&out).starts_with(&format!("ddp-verify: {flag}:")), "{args}: {}", stderr(&out));
     }
 }
+
+/// `watch --trace FILE`: a file that is missing or no trace, or a command given beside it, is
+/// refused in one line (exit 2), naming the flag or the file.
+#[test]
+fn watch_of_a_recorded_trace_refuses_what_is_no_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk.safetensors");
+    std::fs::write(&junk, b"not a trace").unwrap();
+    let (missing, junk) = (tmp.path().join("none.safetensors").display().to_string(), junk.display().to_string());
+    for (args, says) in [
+        (vec!["watch", "--trace", missing.as_str()], missing.as_str()),
+        (vec!["watch", "--trace", junk.as_str()], junk.as_str()),
+        (vec!["watch", "--trace", junk.as_str(), "--", "python", "train.py"], "--trace"),
+    ] {
+        let out = ddp_verify(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

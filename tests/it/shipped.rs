@@ -3,10 +3,14 @@
 //! `ddp-verify --acc-steps 4 --gpus 2 -- PYTHON train.py`: the buggy version NOT EQUIVALENT
 //! with the case's stage and the library at its pinned version as the owner, the fixed one
 //! EQUIVALENT. The environments are scripts/setup-shipped.sh's; tests/shipped/run.py runs
-//! the cases (and holds every exit code); this test holds what each report says. Under
-//! `ddp-verify watch` too: each case's DDP command once, judged by its stages' contracts.
+//! the cases (and holds every exit code); these tests hold what each report says. Under
+//! `ddp-verify watch` too: each case's DDP leg (torchrun over W, the command `watch` runs),
+//! judged alone by its stages' contracts. The corpus runs once for both tests (each version
+//! recorded once, about half the time two runs of it took).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use crate::util::repo;
 
@@ -23,17 +27,28 @@ fn shipped_bugs_break_a_contract_in_one_run_under_watch() {
     corpus(true);
 }
 
+/// tests/shipped/run.py once: the folder its reports, logs and traces are in (cargo's
+/// temporary folder for tests, emptied first: left for a look after a failure), and its output.
+fn ran() -> &'static (PathBuf, String) {
+    static RAN: OnceLock<(PathBuf, String)> = OnceLock::new();
+    RAN.get_or_init(|| {
+        let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shipped");
+        let _ = std::fs::remove_dir_all(&keep);
+        std::fs::create_dir_all(&keep).unwrap();
+        let out = Command::new(repo(".venv/bin/python"))
+            .arg(repo("tests/shipped/run.py"))
+            .env("DDP_VERIFY", env!("CARGO_BIN_EXE_ddp-verify"))
+            .env("SHIPPED_KEEP", &keep)
+            .output()
+            .expect("tests/shipped/run.py runs");
+        let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "a shipped bug's verdict (run scripts/setup-shipped.sh first):\n{log}");
+        (keep, log)
+    })
+}
+
 fn corpus(watch: bool) {
-    let keep = tempfile::tempdir().unwrap();
-    let out = Command::new(repo(".venv/bin/python"))
-        .arg(repo("tests/shipped/run.py"))
-        .env("DDP_VERIFY", env!("CARGO_BIN_EXE_ddp-verify"))
-        .env("SHIPPED_KEEP", keep.path())
-        .env("SHIPPED_WATCH", if watch { "1" } else { "0" })
-        .output()
-        .expect("tests/shipped/run.py runs");
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "a shipped bug's verdict (run scripts/setup-shipped.sh first):\n{log}");
+    let (keep, log) = ran();
     let manifest: toml::Value = std::fs::read_to_string(repo("tests/shipped/cases.toml")).unwrap().parse().unwrap();
     let cases = manifest["case"].as_array().expect("[[case]]");
     let libraries: std::collections::BTreeSet<&str> = cases.iter().filter_map(|c| c["library"].as_str()).collect();
@@ -51,7 +66,8 @@ fn corpus(watch: bool) {
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let read = |side: &str| -> serde_json::Value {
-            let text = std::fs::read_to_string(keep.path().join(format!("{name}.{side}.json"))).unwrap();
+            let file = if watch { format!("{name}.{side}.watch.json") } else { format!("{name}.{side}.json") };
+            let text = std::fs::read_to_string(keep.join(file)).unwrap();
             serde_json::from_str(&text).unwrap()
         };
         let (buggy, fixed) = (read("buggy"), read("fixed"));

@@ -76,9 +76,13 @@ pub struct WatchArgs {
     /// Let --save-trace and --report-file replace existing files.
     #[arg(long)]
     pub force: bool,
+    /// Judge a run recorded before, in place of running a command: a DDP run's trace from
+    /// `ddp_verify_trace.record(path)`, or a leg's `ddp.safetensors` kept by --save-trace.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["save_trace", "stop_on_fault", "script"])]
+    pub trace: Option<PathBuf>,
     /// The launch command, exactly as you run it: -- torchrun --nproc-per-node 2 train.py ARGS
     /// (python, torchrun, accelerate launch, deepspeed).
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    #[arg(last = true, required_unless_present = "trace", value_name = "COMMAND")]
     pub script: Vec<String>,
 }
 

@@ -9,11 +9,14 @@ distance from the accumulation leg is the legitimate rounding, on this model, at
 magnitudes and this precision (`judge::precision`).
 
 Only what the script's own loss backpropagates is seeded (a one-element root with a graph
-and no gradient given); the hooks sit on the trained modules' parameters from their first
-outermost forward. Both come out when the last watch closes."""
+and no gradient given). The division sits on every leaf each seeded backward reaches (its
+graph's AccumulateGrad nodes), before autograd accumulates into it: the trained modules'
+parameters, and the copies an engine computes with in their place, whose gradients the
+engine then reduces into its own. Both come out when the last watch closes."""
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -41,7 +44,7 @@ class Divisor:
 
     def __init__(self, by: float) -> None:
         self.by = by
-        self._hooked: set[int] = set()
+        self._hooked: dict[int, weakref.ReferenceType[torch.Tensor]] = {}  # by id, the tensor hooked
         self._handles: list[Any] = []
         self.seeded = 0  # backwards seeded with `by`
         self.divided = 0  # parameter gradients divided back
@@ -50,14 +53,23 @@ class Divisor:
         """The gradient a scalar root's backward starts from: W where DDP's ranks start from 1
         with a loss W times as large."""
         self.seeded += 1
+        for leaf in leaves(root):
+            self._hook(leaf)
         return torch.full_like(root, self.by)
 
     def hook(self, module: torch.nn.Module) -> None:
         """Each trained parameter's gradient divided by W as each backward makes it."""
         for p in module.parameters():
-            if p.requires_grad and id(p) not in self._hooked:
-                self._hooked.add(id(p))
-                self._handles.append(p.register_hook(self._divide))
+            self._hook(p)
+
+    def _hook(self, t: torch.Tensor) -> None:
+        if not t.requires_grad or t.grad_fn is not None:
+            return
+        ref = self._hooked.get(id(t))
+        if ref is not None and ref() is t:
+            return
+        self._hooked[id(t)] = weakref.ref(t)
+        self._handles.append(t.register_hook(self._divide))
 
     def _divide(self, grad: torch.Tensor) -> torch.Tensor:
         self.divided += 1
@@ -66,7 +78,26 @@ class Divisor:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles, self._hooked = [], set()
+        self._handles, self._hooked = [], {}
+
+
+def leaves(root: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors a root's backward accumulates into: its graph's AccumulateGrad nodes'
+    variables, each once (a walk over the graph's nodes, in the control leg only)."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [root.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            out.append(variable)
+            continue
+        stack.extend(n for n, _ in getattr(node, "next_functions", ()))
+    return out
 
 
 # The control under way in this process (None: a plain leg), set when torch is patched.

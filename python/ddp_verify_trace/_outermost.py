@@ -107,6 +107,7 @@ class Outer:
                 loss = forward_loss(out)
                 for watch in self._watches():
                     watch.autocast_seen(self._precision)
+                    watch.batches.precision(self._precision)
                     watch.batches.returned(loss)
             except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                 pass

@@ -64,6 +64,7 @@ HEADER = {
     "boundary_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "first_step": ("count", None, False),
     "loss_reduction": ("text", None, False),
+    "loss_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
     "sampler_dataset": ("count", None, False),
@@ -133,6 +134,7 @@ class Key:
     BOUNDARY_BY = "boundary_by"
     FIRST_STEP = "first_step"
     LOSS_REDUCTION = "loss_reduction"
+    LOSS_DTYPE = "loss_dtype"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
     SAMPLER_DATASET = "sampler_dataset"
@@ -163,7 +165,7 @@ class RunKind:
 
 
 class Dtype:
-    """The words the dtype and compute_dtype and autocast and reduce_dtype keys hold."""
+    """The words the dtype and compute_dtype and autocast and reduce_dtype and loss_dtype keys hold."""
 
     FLOAT32 = "float32"
     FLOAT64 = "float64"
@@ -233,6 +235,7 @@ TENSORS = {
     "seconds": ("seconds.{step}", "finite", "one"),
     "batches": ("batches.{step}", "f64", "vector"),
     "samples": ("samples.{step}", "f64", "vector"),
+    "autocast": ("autocast.{step}", "f64", "vector"),
     "local": ("local.{step}.{param}", "f64", "one"),
     "step_calls": ("step_calls.{step}", "i64", "one"),
     "zeroed": ("zeroed.{step}", "i64", "one"),
@@ -269,6 +272,7 @@ class Tensor:
     SECONDS = "seconds"
     BATCHES = "batches"
     SAMPLES = "samples"
+    AUTOCAST = "autocast"
     LOCAL = "local"
     STEP_CALLS = "step_calls"
     ZEROED = "zeroed"

@@ -38,6 +38,9 @@ class Watch:
         self.engine: str | None = None
         self.divide: float | None = None
         self.compute_dtype: torch.dtype | None = None
+        # The dtype an engine reduced the gradients in, and the gradients' own.
+        self.reduce_dtype: torch.dtype | None = None
+        self.reduce_from: torch.dtype | None = None
         # The dtype autocast ran the outermost forwards in (None: off in every one so far),
         # and whether some forwards ran with it and others without (or in another dtype).
         self.autocast: torch.dtype | None = None

@@ -302,11 +302,10 @@ class Recorder(Followed):
                 rank_bits, rest = rest.split([len(self._params), rest.shape[1] - len(self._params)], dim=1)
             if weights is not None:
                 rank_weights = rest
-        rows, hashes, sums = self._exchange.finish(packed, every, world)
-        if rows.numel():
-            self._tensors[_schema.name("batches", s)] = rows
-        if hashes.numel():
-            self._tensors[_schema.name("samples", s)] = hashes
+        rows, autocast, hashes, sums = self._exchange.finish(packed, every, world)
+        for kind, t in (("batches", rows), ("autocast", autocast), ("samples", hashes)):
+            if t is not None and t.numel():
+                self._tensors[_schema.name(kind, s)] = t
         if sums[0]:  # a backward was seen on some rank
             # Views of one tensor, not a tensor each (the writer reads each view's own bytes).
             for (n, _), v in zip(self._params, sums[1:].split(1)):
@@ -416,7 +415,8 @@ class Recorder(Followed):
         b = w.batches
         facts = ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.BACKWARD_BY, b.backward_by),
                  (K.NORMALISED_BY, b.normalised_by), (K.ZEROED_BY, w.zeroed_by),
-                 (K.BOUNDARY_BY, w.boundary_by), (K.LOSS_REDUCTION, b.loss_reduction))  # fmt: skip
+                 (K.BOUNDARY_BY, w.boundary_by), (K.LOSS_REDUCTION, b.loss_reduction),
+                 (K.LOSS_DTYPE, DTYPES.get(b.loss_dtype)))  # fmt: skip
         for key, word in facts:
             if word is not None:
                 self._meta[key] = word

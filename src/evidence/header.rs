@@ -182,6 +182,8 @@ header! {
             "watch --stop-on-fault: the run's step that this trace of its latest steps holds as step 0";
         loss_reduction: String = LOSS_REDUCTION "loss_reduction" optional
             "how every loss backward ran on reduced its micro-batch, under its constant factors: mean or sum (absent: mixed, or no plain reduction)";
+        loss_dtype: Dtype = LOSS_DTYPE "loss_dtype" optional
+            "the dtype of the values backward ran on (the losses), the narrowest where they differ";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional

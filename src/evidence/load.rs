@@ -169,6 +169,8 @@ struct Reading {
     stages: BTreeMap<usize, super::StageStep>,
     /// `samples.<s>` as read: put beside the step's batches once both are (`finish`).
     samples: BTreeMap<usize, Vec<f64>>,
+    /// `autocast.<s>` as read: each micro-batch's, put into the step's batches (`finish`).
+    autocast: BTreeMap<usize, Vec<f64>>,
     groups: BTreeMap<usize, Vec<super::Group>>,
     /// Per parameter, whether the ranks' final weights differ, and the first rank apart.
     rank_finals: BTreeMap<String, usize>,
@@ -246,6 +248,7 @@ impl Reading {
                 self.stages.entry(s).or_default().batches = rows;
             }
             K::Samples => _ = self.samples.insert(s, all.clone()),
+            K::Autocast => _ = self.autocast.insert(s, all.clone()),
             K::Local => _ = self.stages.entry(s).or_default().local.insert(p, first()),
             K::StepCalls => self.stages.entry(s).or_default().step_calls = Some(first() as i64),
             K::Zeroed => self.stages.entry(s).or_default().zeroed = first() as i64,
@@ -262,6 +265,19 @@ impl Reading {
     fn finish(mut self, header: TraceHeader) -> std::result::Result<Trace, String> {
         if self.finals.is_empty() {
             return Err("no final.<param> tensors".into());
+        }
+        for (s, digits) in std::mem::take(&mut self.autocast) {
+            let step = self.stages.entry(s).or_default();
+            if digits.len() != step.batches.len() {
+                return Err(format!(
+                    "tensor autocast.{s}: {} values for {} micro-batches",
+                    digits.len(),
+                    step.batches.len()
+                ));
+            }
+            for (b, d) in step.batches.iter_mut().zip(digits) {
+                b.autocast = (d.is_finite() && d >= 0.0).then_some(d as u32);
+            }
         }
         for (s, flat) in std::mem::take(&mut self.samples) {
             let step = self.stages.entry(s).or_default();

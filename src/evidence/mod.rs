@@ -41,3 +41,5 @@ pub const SAVED_FILES: [&str; 3] = ["accumulation.safetensors", "ddp.safetensors
 pub const CONTROL_FILE: &str = "control.safetensors";
 /// The precision control's trace (`judge::precision`), beside the two `--save-trace` names.
 pub const PRECISION_FILE: &str = "precision-control.safetensors";
+/// The DDP leg's own precision control, where the legs reach their precision otherwise.
+pub const PRECISION_DDP_FILE: &str = "precision-control-ddp.safetensors";

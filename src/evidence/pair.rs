@@ -24,6 +24,8 @@ pub struct Legs {
     /// The precision control: the accumulation leg again with DDP's loss divisor
     /// (`judge::precision`), where one ran or was given.
     pub precision: Option<Trace>,
+    /// The DDP leg's own precision control, where the legs reach their precision otherwise.
+    pub precision_ddp: Option<Trace>,
 }
 
 /// One big batch of each step's samples, with the accumulation leg as it is held against it.
@@ -41,7 +43,7 @@ impl Legs {
         paths: &[PathBuf; 2],
         big: Option<&Path>,
         control: Option<&Path>,
-        precision: Option<&Path>,
+        precision: [Option<&Path>; 2],
     ) -> Result<Legs> {
         let [pa, pb] = paths;
         let (mut a, mut b) = (Trace::load(pa)?, Trace::load(pb)?);
@@ -58,11 +60,16 @@ impl Legs {
             Some(path) => Some(big_leg(&a, path, pa)?.trace),
             None => None,
         };
+        let [precision, precision_ddp] = precision;
         let precision = match precision {
             Some(path) => Some(big_leg(&a, path, pa)?.trace),
             None => None,
         };
-        Ok(Legs { accumulation: a, ddp: b, big, sampled, control, precision })
+        let precision_ddp = match precision_ddp {
+            Some(path) => Some(big_leg(&b, path, pb)?.trace),
+            None => None,
+        };
+        Ok(Legs { accumulation: a, ddp: b, big, sampled, control, precision, precision_ddp })
     }
 }
 

@@ -139,6 +139,7 @@ pub enum Kind {
     Seconds,
     Batches,
     Samples,
+    Autocast,
     Local,
     StepCalls,
     Zeroed,
@@ -202,6 +203,15 @@ pub const TENSORS: &[TensorKind] = &[
         E::F64,
         Shape::Vector,
         "each micro-batch's samples hashed, in batches.<s>'s order (its samples column counts them)",
+    ),
+    kind(
+        Kind::Autocast,
+        "autocast",
+        L::Step,
+        E::F64,
+        Shape::Vector,
+        "each micro-batch's autocast at its outermost forward, in batches.<s>'s order: its dtype's digits \
+         (bfloat16 8, float16 11), 0 off, NaN unseen",
     ),
     kind(Kind::Local, "local", L::StepParam, E::F64, Shape::One, "local gradients' sum over backwards and ranks"),
     kind(Kind::StepCalls, "step_calls", L::Step, E::I64, Shape::One, "step calls through a framework's wrapper"),

@@ -27,6 +27,9 @@ pub struct Batch {
     pub handed: Option<f64>,
     /// `num_items_in_batch`, where the forward was passed one.
     pub normaliser: Option<f64>,
+    /// Autocast at its outermost forward: its dtype's digits (bfloat16 8, float16 11), 0 off
+    /// (`autocast.<s>`); None where not recorded.
+    pub autocast: Option<u32>,
     /// Where its samples (the rows of its first input) were hashed: the first of them in
     /// `StageStep::samples`, how many were kept, and 1 in how many rows (by hash value) was kept.
     pub rows: Option<Rows>,
@@ -41,6 +44,18 @@ pub struct Rows {
 }
 
 impl StageStep {
+    /// Both steps cut into micro-batches of the same inputs (their fingerprints equal as
+    /// multisets): then each micro-batch runs the same ops on the same values in both. False
+    /// where either did not fingerprint every micro-batch.
+    pub fn same_grouping(&self, other: &StageStep) -> bool {
+        let inputs = |s: &StageStep| -> Option<Vec<u64>> {
+            let mut v: Vec<u64> = s.batches.iter().map(|b| b.fingerprint).collect::<Option<_>>()?;
+            v.sort_unstable();
+            Some(v)
+        };
+        matches!((inputs(self), inputs(other)), (Some(x), Some(y)) if !x.is_empty() && x == y)
+    }
+
     /// Where `other` holds this step's samples grouped into other micro-batches (each
     /// micro-batch's samples hashed alike in both, the multisets equal, the micro-batches'
     /// inputs apart): how many micro-batches the step was cut into, the more of the two.
@@ -117,6 +132,7 @@ pub fn rows(flat: &[f64]) -> Option<Vec<Batch>> {
                 root: known(r[4]),
                 handed: known(r[5]),
                 normaliser: known(r[6]),
+                autocast: None,
                 rows: known(r[7]).zip(known(r[8])).map(|(count, every)| {
                     let rows = Rows { start, count: count.max(0.0) as usize, every: every.max(1.0) as u64 };
                     start = start.saturating_add(rows.count);

@@ -12,6 +12,11 @@ from .fingerprint import Seen
 from .loss import peel_to, reduction
 
 FIELDS = _schema.BATCH_FIELDS
+# What a row carries between the ranks: its fields, then its micro-batch's autocast (written
+# apart, as `autocast.<s>`: traces before it read the same rows).
+WIRE = (*FIELDS, "autocast")
+# Autocast's dtype as a number: its significand's digits (0: off).
+_DIGITS = {torch.bfloat16: 8.0, torch.float16: 11.0, torch.float32: 24.0, torch.float64: 53.0}
 _MASK = (1 << 52) - 1  # fingerprints are kept exact in float64
 _NAN = float("nan")
 _WRAP = (1 << 64) - 1  # host fingerprints combined wrap as int64 tensors do
@@ -33,6 +38,8 @@ class Batches:
         self.api: str | None = None  # the framework whose backward API took the loss
         self.normalised_by: str | None = None
         self._reductions: set[str | None] = set()  # how each backward's loss reduced its micro-batch
+        self.loss_dtype: torch.dtype | None = None  # the narrowest value backward ran on
+        self._autocast = _NAN  # the digits of this micro-batch's autocast (0: off; NaN: unseen)
 
     def forward(self, fp: Seen | None, norm: Any, who: str | None) -> None:
         if fp is not None:
@@ -49,6 +56,10 @@ class Batches:
                 self.normalised_by = who
         self._loss = None
 
+    def precision(self, autocast: torch.dtype | None) -> None:
+        """This micro-batch's outermost forward ran under autocast in `autocast` (None: off)."""
+        self._autocast = 0.0 if autocast is None else _DIGITS.get(autocast, _NAN)
+
     def returned(self, loss: torch.Tensor | None) -> None:
         if loss is not None:
             self._loss = loss
@@ -63,13 +74,16 @@ class Batches:
         if self._handed is None:
             self.handed_by = who
         factor, node = peel_to(root)
+        if self.loss_dtype is None or root.dtype.itemsize < self.loss_dtype.itemsize:
+            self.loss_dtype = root.dtype
         if len(self._reductions) < 2:
             self._reductions.add(reduction(node))
         self.rows.append(
             {"fingerprint": self._inputs, "normaliser": self._norm, "forward": self._loss,
              "root": root.detach(), "factor": factor, "handed": self._handed,
-             "samples": self._rows, "every": self._every}  # fmt: skip
+             "samples": self._rows, "every": self._every, "autocast": self._autocast}  # fmt: skip
         )
+        self._autocast = _NAN
         self._inputs = self._norm = self._loss = self._handed = None
         self._rows, self._every = [], 1
 
@@ -125,5 +139,6 @@ def _row(rank: int, r: dict[str, Any], samples: int | None) -> list[float]:
         "normaliser": _number(r["normaliser"]),
         "samples": float(samples) if samples is not None else _NAN,
         "every": float(r["every"]) if samples is not None else _NAN,
+        "autocast": float(r.get("autocast", _NAN)),
     }
-    return [values[f] for f in FIELDS]
+    return [values[f] for f in WIRE]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import _collectives
-from .batches import FIELDS
+from .batches import WIRE
 
 
 class Exchange:
@@ -34,13 +34,14 @@ class Exchange:
 
     def finish(
         self, packed: Packed, every: torch.Tensor | None, world: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(every rank's rows in rank order, flat; their samples' hashes in the same order;
-        the local sums added over ranks), on the host, from every rank's payload ([world,
-        len], on the host; None in one process)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """(every rank's rows in rank order, flat, of `batches.<s>`'s fields; each row's
+        autocast, where any was seen; their samples' hashes in the same order; the local sums
+        added over ranks), on the host, from every rank's payload ([world, len], on the host;
+        None in one process)."""
         if every is None:
             rows, hashes = _split(packed.mine)
-            return rows, hashes, packed.local.cpu()
+            return (*_columns(rows), hashes, packed.local.cpu())
         n = packed.local.numel()
         counts = [int(c) for c in every[:, n].tolist()]
         part = every[:, n + 1 :]
@@ -52,14 +53,25 @@ class Exchange:
         split = [_split(part[r, : counts[r]]) for r in range(world)]
         rows = torch.cat([r for r, _ in split])
         hashes = torch.cat([h for _, h in split])
-        return rows, hashes, every[:, :n].sum(0)
+        return (*_columns(rows), hashes, every[:, :n].sum(0))
+
+
+def _columns(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Wire rows, flat, as `batches.<s>`'s rows (flat) and their autocast column (None where
+    no forward ran under autocast: nothing to compare, nothing written)."""
+    if not rows.numel():
+        return rows, None
+    wire = rows.view(-1, len(WIRE))
+    autocast = wire[:, -1].contiguous()
+    on = bool((autocast.nan_to_num(0.0) != 0).any())
+    return wire[:, :-1].reshape(-1), (autocast if on else None)
 
 
 def _split(mine: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One rank's part as (its rows, flat; its samples' hashes)."""
     if not mine.numel():
         return mine, mine
-    width = len(FIELDS)
+    width = len(WIRE)
     end = 1 + int(mine[0].item()) * width
     return mine[1:end], mine[end:]
 

@@ -428,6 +428,11 @@ class DeepSpeed(Engine):
         bit16 = {p.dtype for _, p in params} - {torch.float32}
         if len(bit16) == 1 and next(iter(bit16)) in DTYPES:
             facts[_schema.Key.COMPUTE_DTYPE] = DTYPES[next(iter(bit16))]
+        # The dtype its reductions run in (`communication_data_type`: the config's, else the
+        # 16-bit dtype it trains in), where narrower than the float32 gradients it steps with.
+        comm = getattr(self.zero.engine, "communication_data_type", None)
+        if comm in (torch.bfloat16, torch.float16):
+            facts[_schema.Key.REDUCE_DTYPE] = DTYPES[comm]
         return facts
 
     def close(self) -> None:

@@ -113,7 +113,13 @@ class Fsdp2(Engine):
         if watch.engine != self.name or world <= 1:
             return {}
         divide = watch.divide if watch.divide is not None else world  # its default: averaged
-        return {_schema.Key.GRAD_DIVIDE: repr(float(divide))}
+        facts = {_schema.Key.GRAD_DIVIDE: repr(float(divide))}
+        # A reduce-scatter narrower than the gradients it averages (bfloat16 where they are
+        # float32): its rounding is the run's own, named and allowed for.
+        reduce, grads = watch.reduce_dtype, watch.reduce_from
+        if reduce in _NARROW and grads is not None and grads not in _NARROW:
+            facts[_schema.Key.REDUCE_DTYPE] = _schema.Dtype.BFLOAT16 if reduce == torch.bfloat16 else _schema.Dtype.FLOAT16
+        return facts
 
     def finals(self, params: Named, peaks: dict[str, torch.Tensor], sampling: Sampling, summaries: Summaries) -> Finals:
         """Each sharded parameter's final weight and peaks, gathered from every rank's shard;
@@ -160,9 +166,37 @@ def _backward_ended(watch: Any, group: Any, reduced: bool) -> None:
     if reduced:
         _local_grads(watch, params)
         orig = next((fp.orig_dtype for fp in params if isinstance(getattr(fp, "orig_dtype", None), torch.dtype)), None)
-        reduce = getattr(group, "_reduce_dtype", None) or getattr(group, "_orig_dtype", None) or orig or torch.float32
+        reduce = _reduce_dtype(group, params) or orig or torch.float32
+        watch.reduce_dtype, watch.reduce_from = reduce, orig
         size = torch.empty((), dtype=reduce).element_size()
         watch.synced(Fsdp2.name, 1, size * sum(int(fp.sharded_param.numel()) for fp in params))
+
+
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def _reduce_dtype(group: Any, params: list[Any]) -> torch.dtype | None:
+    """The dtype this group's reduce-scatter runs in: the policy's reduce_dtype where set;
+    else, from torch 2.15, what the group promotes its gradients' accumulation dtypes to
+    (float32 for a float32 model), and up to 2.14 the gradients' own dtype (the
+    MixedPrecisionPolicy's param_dtype). None where unknown."""
+    chosen = getattr(group, "_reduce_dtype", None)
+    if isinstance(chosen, torch.dtype):
+        return chosen
+    grads = [_accumulated(fp) for fp in params if hasattr(fp, "_unsharded_param")]
+    pairs = [(fp, g) for fp, g in zip(params, grads) if isinstance(g, torch.Tensor)]
+    promote = getattr(group, "_get_reduce_dtype", None)
+    if promote is not None and pairs:
+        dtype = promote([fp for fp, _ in pairs], [g for _, g in pairs])
+        return dtype if isinstance(dtype, torch.dtype) else None
+    return pairs[0][1].dtype if pairs else None
+
+
+def _accumulated(fp: Any) -> torch.Tensor | None:
+    """The unsharded gradient about to be reduced: the buffer a mixed-precision run
+    accumulates in beside the grad (up to 2.14), else the grad itself."""
+    accumulated = getattr(fp, "unsharded_accumulated_grad", None)
+    return accumulated if isinstance(accumulated, torch.Tensor) else fp.unsharded_param.grad
 
 
 def _local_grads(watch: Any, params: list[Any]) -> None:

@@ -25,6 +25,13 @@ impl Dtype {
         }
     }
 
+    /// The dtype of `digits` significand digits, where one has them.
+    pub fn of_digits(digits: u32) -> Option<Dtype> {
+        [Dtype::Float32, Dtype::Float64, Dtype::Bfloat16, Dtype::Float16]
+            .into_iter()
+            .find(|d| d.digits() == digits as i32)
+    }
+
     /// The exponent of the smallest normal value (2^min_exp); below it values are subnormal.
     pub fn min_exp(self) -> i32 {
         match self {

@@ -14,6 +14,11 @@ pub fn command(opts: &CompareOptions) -> Result<Exit> {
 
 /// Reads the traces (and the big batch's), lines them up, and judges them.
 pub fn judge_traces(opts: &CompareOptions) -> Result<Outcome> {
-    let legs = Legs::load(&opts.paths, opts.big.as_deref(), opts.control.as_deref(), opts.precision.as_deref())?;
+    let legs = Legs::load(
+        &opts.paths,
+        opts.big.as_deref(),
+        opts.control.as_deref(),
+        [opts.precision.as_deref(), opts.precision_ddp.as_deref()],
+    )?;
     Ok(crate::judge::judge(legs, Terms::Traces(opts)))
 }

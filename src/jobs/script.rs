@@ -82,23 +82,37 @@ pub fn run_with(o: &ScriptOptions, autoload: &Path) -> Result<Option<Outcome>> {
         steps = steps.or(made);
     }
     let mut outcome = super::compare::judge_traces(&compare)?;
-    // A leg that ran narrower than float32 at a divisor ratio no power of two: the
-    // accumulation leg again with DDP's loss divisor measures that rounding
-    // (`judge::precision`), and the runs are judged against it.
-    if let Some(by) = outcome.precision_wanted {
-        let (leg, _) = legs.iter().find(|(l, _)| l.name == "accumulation").expect("the accumulation leg");
-        let path = o.out.join(crate::evidence::PRECISION_FILE);
+    // A leg that ran narrower than float32 where the legs may round otherwise: the
+    // accumulation leg again with each backward at another loss divisor measures that
+    // rounding, and the DDP leg's own where the legs reach their precision otherwise
+    // (`judge::precision`); the runs are judged against them.
+    if let Some(wanted) = outcome.precision_wanted {
+        let by = wanted.divisor;
         if !o.quiet {
+            let whose = if wanted.both { "each leg again" } else { "the accumulation leg again" };
             eprintln!(
-                "ddp-verify: a leg ran in low precision at divisor ratio {by}: running the precision control (the \
-                 accumulation leg, each loss backpropagated at DDP's divisor) to measure its rounding"
+                "ddp-verify: a leg ran in low precision where the legs may round otherwise: running the precision \
+                 control ({whose}, each backward at loss divisor {by}) to measure its rounding"
             );
         }
-        folder.before("precision-control");
-        let control = Control::Divisor(by);
-        run_leg(o, &Leg { name: "precision-control", ..*leg }, autoload, &path, steps, Some(control), &mut notes)?;
-        folder.after("precision-control");
-        compare.precision = Some(path);
+        let mut controls = vec![("accumulation", "precision-control", crate::evidence::PRECISION_FILE)];
+        // Several nodes would each have to run the DDP leg's control in step: not run there
+        // (the judge then says the control is missing).
+        if wanted.both && o.launcher.nodes == 1 {
+            controls.push(("ddp", "precision-control-ddp", crate::evidence::PRECISION_DDP_FILE));
+        }
+        for (of, name, file) in controls {
+            let (leg, _) = legs.iter().find(|(l, _)| l.name == of).expect("the leg");
+            let path = o.out.join(file);
+            folder.before(name);
+            let control = Control::Divisor(by);
+            run_leg(o, &Leg { name, ..*leg }, autoload, &path, steps, Some(control), &mut notes)?;
+            folder.after(name);
+            match of {
+                "ddp" => compare.precision_ddp = Some(path),
+                _ => compare.precision = Some(path),
+            }
+        }
         outcome = super::compare::judge_traces(&compare)?;
     }
     // Runs that part after step 0 with no recorded fact apart: the accumulation leg again,
@@ -212,8 +226,15 @@ fn run_leg(
     cmd.args(&argv[1..]);
     cmd.env("PYTHONPATH", pythonpath(autoload))
         .env("DDP_VERIFY_TRACE", trace)
-        // The control is the accumulation leg again, and its trace says so.
-        .env("DDP_VERIFY_LEG", if nudge.is_some() { "accumulation" } else { leg.name })
+        // A control is its leg again, and its trace says so.
+        .env(
+            "DDP_VERIFY_LEG",
+            match (nudge, leg.world) {
+                (None, _) => leg.name,
+                (Some(_), 1) => "accumulation",
+                (Some(_), _) => "ddp",
+            },
+        )
         .env("DDP_VERIFY_ACC_STEPS", o.acc_steps.to_string())
         .env("DDP_VERIFY_LOCAL_ACC_STEPS", leg.local_acc_steps.to_string())
         .env("DDP_VERIFY_WORLD", o.gpus.to_string())

@@ -21,8 +21,8 @@ pub struct Comparer {
     right_steps: usize,
     /// Some step was held to derived bounds.
     bounded: bool,
-    /// Compare the final weights (not where no bound holds them: `judge::finals_judged`).
-    finals: bool,
+    /// Why the final weights are not compared, where no bound holds them.
+    finals: Option<NotJudged>,
     /// Hold a step whose samples the two runs grouped into other micro-batches to the
     /// tolerance times its micro-batches (`regroupable`; not an explicit tolerance).
     regroup: bool,
@@ -42,7 +42,7 @@ impl Comparer {
             left_steps: 0,
             right_steps: 0,
             bounded: false,
-            finals: true,
+            finals: None,
             regroup: false,
             regrouped: Vec::new(),
         }
@@ -63,9 +63,9 @@ impl Comparer {
         self
     }
 
-    /// Final weights are judged unless `on` is false (reported as not judged).
-    pub fn finals_judged(mut self, on: bool) -> Self {
-        self.finals = on;
+    /// Final weights are judged unless no bound holds them (reported as not judged, why).
+    pub fn finals_not_judged(mut self, why: Option<NotJudged>) -> Self {
+        self.finals = why;
         self
     }
 
@@ -145,9 +145,9 @@ impl Comparer {
         });
         let finals = match (range_parted.is_some(), self.finals) {
             (true, _) => GroupDiff::not_judged(NotJudged::RangeParted),
-            (false, false) => GroupDiff::not_judged(NotJudged::Optimizer),
+            (false, Some(why)) => GroupDiff::not_judged(why),
             // Weights trained through regrouped steps carry those steps' rounding.
-            (false, true) => {
+            (false, None) => {
                 let k = self.regrouped.iter().copied().max().unwrap_or(1);
                 compare_group(&af, &bf, &self.tol.times(k), Scales::Given(&scales), bounds.as_ref(), wholes)
             }
@@ -194,6 +194,7 @@ impl Comparer {
             scaler,
             range_parted,
             hidden_factor: None,
+            fact: None,
             by_fact: false,
             regrouped: Regrouped::of(&self.regrouped),
             verdict,

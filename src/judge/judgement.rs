@@ -14,7 +14,7 @@ use super::{
     Parting, Reason, SampledPair, Subject, TracePair,
 };
 use crate::evidence::{BigLeg, Golden, Legs, Params, Trace, Unrepeatable};
-use crate::spec::{CompareOptions, Config, Dtype, Tolerance, ToleranceOverrides};
+use crate::spec::{CompareOptions, Config, Dtype, Tolerance};
 
 /// How the legs are judged.
 pub enum Terms<'o> {
@@ -48,16 +48,17 @@ struct Bench {
 /// beside an equivalence its caution (a factor clipping hides, needless synchronisation);
 /// and each leg's cost of synchronising, where recorded.
 pub fn judge(legs: Legs, terms: Terms) -> Outcome {
-    let Legs { mut accumulation, ddp, mut big, sampled, control, precision } = legs;
+    let Legs { mut accumulation, ddp, mut big, sampled, control, precision, precision_ddp } = legs;
     let precision_wanted = match &terms {
         Terms::Traces(opts) if precision.is_none() && !opts.tolerance.given() => {
             super::precision::wanted(&accumulation, &ddp)
         }
         _ => None,
     };
+    let controls = (precision.as_ref(), precision_ddp.as_ref());
     let bench = match terms {
         Terms::Run(judging) => judging.bench(),
-        Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), precision.as_ref(), opts, sampled),
+        Terms::Traces(opts) => of_traces(&mut accumulation, &ddp, big.as_mut(), controls, opts, sampled),
     };
     let Bench { subject, runs, buffers, big: big_cmp, golden, context, streamed, finals_unbounded } = bench;
     let ends = |t: &Trace| streamed.then(|| t.without_steps());
@@ -94,15 +95,28 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
             diagnosis = Some(d);
         }
     }
-    // A recorded fact apart decides, however small the numbers' difference.
-    if runs.verdict != Agreement::Diverged {
-        if let Some(d) = facts_apart(&accumulation, &ddp, &runs, &context) {
+    // A recorded fact apart decides, however small the numbers' difference, and outranks a
+    // guess, or another cause shown at a later step, where they diverged (a control could
+    // otherwise call it amplified rounding).
+    let later = |d: &Option<Diagnosis>, f: &Diagnosis| {
+        d.as_ref().is_some_and(|d| d.reason != f.reason && d.step.zip(f.step).is_some_and(|(x, y)| x > y))
+    };
+    if let Some((d, measured)) = facts_apart(&accumulation, &ddp, &runs, &context) {
+        runs.fact = measured;
+        if runs.verdict != Agreement::Diverged || guessed(&diagnosis) || later(&diagnosis, &d) {
+            runs.by_fact = runs.verdict != Agreement::Diverged;
             runs.verdict = Agreement::Diverged;
-            runs.by_fact = true;
             diagnosis = Some(d);
         }
     }
-    let wanted = match context.ours() {
+    // Where a precision control measured the rounding of every step and of the final
+    // weights, no nudged control is asked for: its nudge, sized by a narrow dtype's step-0
+    // difference, would prove any later parting rounding.
+    let measured = matches!(&subject, Subject::Traces(p) if matches!(p.precision, Some(Ok(_))));
+    // Precision apart is decided: no control measures legs that compute otherwise.
+    let precision_wanted =
+        precision_wanted.filter(|_| diagnosis.as_ref().is_none_or(|d| d.reason != Reason::PrecisionApart));
+    let wanted = match context.ours() || measured {
         true => None,
         false => control::wanted(diagnosis.as_ref(), &runs, &accumulation, &ddp, finals_unbounded, context.eps),
     };
@@ -127,6 +141,18 @@ pub fn judge(legs: Legs, terms: Terms) -> Outcome {
                 (d, None, None)
             }
         },
+    };
+    // Narrow legs whose rounding no control measured, apart beyond the wide tolerance: not
+    // proven to be rounding (the job that can run the control does, then judges again).
+    let unmeasured = match &subject {
+        Subject::Traces(pair) => pair.precision.as_ref().and_then(|p| p.as_ref().err()),
+        Subject::Run(_) => None,
+    };
+    let diagnosis = match unmeasured {
+        Some(why) if runs.verdict == Agreement::Diverged && guessed(&diagnosis) => {
+            unproven(&accumulation, &ddp, &runs, &context, ControlPath::Precision(why.clone()))
+        }
+        _ => diagnosis,
     };
     let costs = costs([&runs.left, &runs.right], &accumulation, &ddp);
     let caution = match diagnosis {
@@ -202,23 +228,23 @@ fn of_traces(
     a: &mut Trace,
     b: &Trace,
     big: Option<&mut BigLeg>,
-    precision: Option<&Trace>,
+    (precision, precision_ddp): (Option<&Trace>, Option<&Trace>),
     opts: &CompareOptions,
     sampled: [bool; 2],
 ) -> Bench {
     let dtype = a.finals.first().and_then(|(_, t)| t.dtype()).unwrap_or(Dtype::Float32);
-    // A narrow dtype's rounding measured by the precision control: the gradients' own
-    // tolerance (the reduction's order), plus what the control's distance allows.
-    let measured = precision.filter(|_| !opts.tolerance.given());
-    let mut tolerance = match measured {
-        Some(_) => reduced_in(opts.tolerance.tolerance(dtype, false), a, b, &opts.tolerance),
-        None => users_tolerance(a, b, dtype, &opts.tolerance),
+    // A narrow dtype's rounding is measured by the precision control, never assumed: the
+    // tolerance of wide gradients (the reduction's order), plus what the controls' distance
+    // allows; without a control, that tolerance alone.
+    let given = opts.tolerance.given();
+    let wanted = super::precision::wanted(a, b).filter(|_| !given);
+    let tolerance = match given {
+        true => super::precision::given_tolerance(a, b, dtype, &opts.tolerance),
+        false => super::precision::unmeasured_tolerance(a, b, dtype),
     };
     let labels = labels(&opts.paths);
     // Two runs of one kind must agree in their buffers too; DDP's follow rank 0 only.
     let same_kind = a.header.run.is_some() && a.header.run == b.header.run;
-    // Under AdamW the final weights are held to what its steps make of each step's allowance.
-    let finals_carried = adamw_finals(a, b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds);
     let regroup = !opts.tolerance.given();
     let regrouped: Vec<u32> = a
         .facts
@@ -227,21 +253,39 @@ fn of_traces(
         .zip(&b.facts.stages)
         .map(|(x, y)| x.regrouped(y).map_or(1, |k| u32::try_from(k).unwrap_or(u32::MAX)))
         .collect();
-    let held = measured.map(|ctl| super::precision::hold(a, ctl, &tolerance, &regrouped));
-    if let Some(Err(_)) = &held {
-        // A control that did not replay measures nothing: the fixed rule of the coarsest dtype.
-        tolerance = users_tolerance(a, b, dtype, &opts.tolerance);
-    }
+    let held = wanted.map(|w| match (precision, precision_ddp) {
+        (None, _) => Err("none ran (ddp-verify -- COMMAND runs one; compare DIR reads it back)".into()),
+        (Some(_), None) if w.both => Err("the legs reach their precision otherwise, and the DDP leg's own control \
+             is missing"
+            .into()),
+        (Some(ctl), ddp_ctl) => super::precision::hold(a, ctl, ddp_ctl.map(|c| (b, c)), &tolerance, &regrouped),
+    });
+    // Under AdamW the final weights are held to what its steps make of each step's allowance;
+    // where a precision control held the runs, to what the control's own final weights
+    // measured (it ran the same optimizer over the same rounding).
+    let finals_carried = match &held {
+        Some(Ok(_)) => Err("the precision control measured them".to_string()),
+        _ => adamw_finals(a, b, &tolerance, dtype).map(|bounds| a.allowances.finals = bounds),
+    };
     let bounded = finals_carried.is_ok() || matches!(held, Some(Ok(_)));
     let runs = traces_comparer([&labels[0], &labels[1]], &tolerance, bounded).regroupable(regroup);
     let finals_unbounded = !bounded && !finals_judged(a, b);
     // Accumulation against a big-batch trace: one process, one batch of each step's samples.
     // A mismatch there while DDP agrees is a normalisation both runs share (a per-micro-batch
     // mean over samples or tokens of varying count).
+    // A narrow run's big batch rounds each narrow op over all K·B samples at once, another
+    // grouping's rounding anew: held to what the precision control measured, as DDP is.
     let big = big.map(|leg| {
         let (acc, trace) = (&mut leg.accumulation, &leg.trace);
-        let carried = adamw_finals(acc, trace, &tolerance, dtype).map(|bounds| acc.allowances.finals = bounds);
-        (traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok()).regroupable(regroup), false)
+        let (carried, finals) = match &held {
+            Some(Ok(_)) => {
+                acc.allowances.steps = a.allowances.steps.clone();
+                (Ok(()), Some(super::NotJudged::NarrowBigBatch))
+            }
+            _ => (adamw_finals(acc, trace, &tolerance, dtype).map(|bounds| acc.allowances.finals = bounds), None),
+        };
+        let cmp = traces_comparer([&labels[0], "big batch"], &tolerance, carried.is_ok()).regroupable(regroup);
+        (cmp.finals_not_judged(finals), false)
     });
     let pair = TracePair {
         paths: opts.paths.clone(),
@@ -272,26 +316,6 @@ fn of_traces(
 /// past it, a control decides: `control::wanted`).
 fn traces_comparer(labels: [&str; 2], tolerance: &Tolerance, carried: bool) -> Comparer {
     Comparer::new(labels[0], labels[1], tolerance, None).derived(carried)
-}
-
-/// Users' runs train on their own: the free-running tolerance of their dtype, or of the
-/// dtype an engine computed in where coarser (FSDP2's MixedPrecisionPolicy): the same
-/// reordering, rounded at that precision; --max-ulps/--rtol/--atol where given.
-fn users_tolerance(a: &Trace, b: &Trace, dtype: Dtype, given: &ToleranceOverrides) -> Tolerance {
-    let computed = [a.header.compute_dtype, b.header.compute_dtype].into_iter().flatten();
-    let coarsest = computed.chain([dtype]).max_by(|x, y| x.epsilon().total_cmp(&y.epsilon())).unwrap_or(dtype);
-    reduced_in(given.tolerance(coarsest, false), a, b, given)
-}
-
-/// A reduction the script asked to run narrower than the gradients (a DDP comm hook's cast):
-/// each of W partials cast, W-1 sums and the divide rounded in that dtype, in each leg (one
-/// process's hook rounds too), within 2(W+1)u of the terms (Higham), u its unit roundoff:
-/// equivalent up to the reduction the script chose, never wider where a tolerance is given.
-pub(super) fn reduced_in(tol: Tolerance, a: &Trace, b: &Trace, given: &ToleranceOverrides) -> Tolerance {
-    let narrow = [a.header.reduce_dtype, b.header.reduce_dtype].into_iter().flatten();
-    let Some(eps) = narrow.map(|d| d.epsilon()).reduce(f64::max).filter(|_| !given.given()) else { return tol };
-    let w = b.header.world_size.unwrap_or(1).max(a.header.world_size.unwrap_or(1)) as f64;
-    Tolerance { rtol: tol.rtol.max((w + 1.0) * eps), ..tol }
 }
 
 /// What each side is called in reports: its file name without `.safetensors`, or the
@@ -390,7 +414,7 @@ impl Judging {
             trace,
         });
         judge(
-            Legs { accumulation, ddp, big, sampled: [false; 2], control: None, precision: None },
+            Legs { accumulation, ddp, big, sampled: [false; 2], control: None, precision: None, precision_ddp: None },
             Terms::Run(Box::new(self)),
         )
     }
@@ -445,7 +469,15 @@ mod tests {
             b
         };
         let judged = |control: Option<Trace>| {
-            traces(Legs { accumulation: a(), ddp: b(), big: None, sampled: [false; 2], control, precision: None })
+            traces(Legs {
+                accumulation: a(),
+                ddp: b(),
+                big: None,
+                sampled: [false; 2],
+                control,
+                precision: None,
+                precision_ddp: None,
+            })
         };
         let alone = judged(None);
         assert_eq!(alone.runs.verdict, Agreement::Diverged);
@@ -493,6 +525,7 @@ mod tests {
             sampled: [false; 2],
             control: None,
             precision: None,
+            precision_ddp: None,
         };
         let o = traces(legs);
         assert!(o.runs.by_fact && o.runs.verdict == Agreement::Diverged);
@@ -524,6 +557,7 @@ mod tests {
             sampled: [false; 2],
             control: None,
             precision: None,
+            precision_ddp: None,
         }
     }
 
@@ -540,7 +574,8 @@ mod tests {
             big: None,
             control: None,
             precision: None,
-            tolerance: ToleranceOverrides::default(),
+            precision_ddp: None,
+            tolerance: crate::spec::ToleranceOverrides::default(),
             reports: Vec::new(),
             plot: None,
             strict_buffers: false,

@@ -22,12 +22,12 @@ pub use control::MARGIN as CONTROL_MARGIN;
 pub use cost::{costs, needless_sync, size_words, LegCost};
 pub use diagnose::{
     big_batch as diagnose_big_batch, caution, cautioned, diagnose, facts_apart, hidden_by_clipping, Context, Diagnosis,
-    Loss, Numbers, Origin, Parting, Reason, ShortWindow, Stage,
+    FactApart, Loss, Numbers, Origin, Parting, Reason, ShortWindow, Stage,
 };
 pub use events::{LrMismatch, RangeParted, ScalerEvent, ScalerMismatch};
 pub use judgement::{judge, Judging, Terms};
 pub use outcome::{BigBatch, Outcome, SampledPair, Subject, TracePair};
-pub use precision::{narrow as narrow_dtype, same_precision, PrecisionHeld};
+pub use precision::{narrow as narrow_dtype, same_precision, PrecisionHeld, Wanted as PrecisionWanted};
 pub use ulps::ulps_between;
 pub use watch::{watch, Contract, Held, Watched};
 
@@ -220,6 +220,10 @@ pub enum NotJudged {
     /// Users' traces: an optimizer no bound is carried through, which may amplify rounding
     /// (`judge::finals_judged`); the gradients are judged.
     Optimizer,
+    /// A narrow run's big batch: its updates from another grouping's gradients carry a
+    /// narrow dtype's rounding through the optimizer, which no control measured (its
+    /// gradients are held to the precision control's).
+    NarrowBigBatch,
 }
 
 impl NotJudged {
@@ -228,6 +232,10 @@ impl NotJudged {
             NotJudged::BothSkipped => "skipped by both loss scalers (inf/NaN)",
             NotJudged::RangeParted => "not judged: float16's range parted the runs",
             NotJudged::Optimizer => "not judged: no bound is carried through the optimizer (the gradients are)",
+            NotJudged::NarrowBigBatch => {
+                "not judged: a narrow dtype's rounding of one big batch, carried through the optimizer, has no \
+                 measured bound (the gradients are)"
+            }
         }
     }
 }
@@ -289,6 +297,9 @@ pub struct Comparison {
     /// A recorded fact apart decided the verdict where the numbers agree (`facts_apart`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub by_fact: bool,
+    /// The loss weight apart that decided it, measured against its rounding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fact: Option<diagnose::FactApart>,
     /// Steps whose samples the runs grouped into other micro-batches, held to the tolerance
     /// times their micro-batches (`Comparer::regroupable`).
     #[serde(skip_serializing_if = "Option::is_none")]

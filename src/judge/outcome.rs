@@ -69,10 +69,10 @@ pub struct Outcome {
     /// control run says otherwise: the nudge it needs (`judge::control`). The job that can
     /// run one does, and judges again with it.
     pub control_wanted: Option<f64>,
-    /// A user's legs that ran narrower than float32 at a divisor ratio no power of two, with
-    /// no precision control yet: the divisor it replays (`judge::precision`). The job that can
-    /// run one does, and judges again with it.
-    pub precision_wanted: Option<f64>,
+    /// A user's legs that ran narrower than float32 where they may round otherwise, with no
+    /// precision control yet: the divisor it replays and whether the DDP leg runs one too
+    /// (`judge::precision`). The job that can run them does, and judges again with them.
+    pub precision_wanted: Option<super::precision::Wanted>,
     pub subject: Subject,
     pub accumulation: Trace,
     pub ddp: Trace,

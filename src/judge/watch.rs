@@ -101,9 +101,22 @@ fn checkable(t: &Trace) -> Vec<(Stage, &'static str, Option<&'static str>)> {
     let inside = scales_inside(t);
     let mean = t.header.loss_is_mean();
     let local = stages.iter().any(|s| !s.local.is_empty());
+    let precision = stages.iter().flat_map(|s| &s.batches).any(|b| b.autocast.is_some());
     let none = "the run recorded no stage facts (a recorder older than this check, or no backward seen)";
     let why = |ok: bool, reason: &'static str| if !batches { Some(none) } else { (!ok).then_some(reason) };
     vec![
+        (
+            Stage::Precision,
+            "every rank runs its forwards at one precision (autocast's dtype, or off)",
+            why(
+                world > 1 && precision,
+                if world > 1 {
+                    "no micro-batch's autocast was recorded (a recorder older than this check)"
+                } else {
+                    "one process: no ranks to compare"
+                },
+            ),
+        ),
         (
             Stage::Samples,
             "the ranks' micro-batches in a step are different samples",

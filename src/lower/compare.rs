@@ -54,10 +54,12 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
         _ => None,
     });
     // And the precision control's, where a narrow dtype's rounding was measured.
-    let precision = match (&args.a, &args.b) {
-        (dir, None) => Some(dir.join(crate::evidence::PRECISION_FILE)).filter(|p| p.is_file()),
+    let saved = |name: &str| match (&args.a, &args.b) {
+        (dir, None) => Some(dir.join(name)).filter(|p| p.is_file()),
         _ => None,
     };
+    let (precision, precision_ddp) =
+        (saved(crate::evidence::PRECISION_FILE), saved(crate::evidence::PRECISION_DDP_FILE));
     let tolerance = checked_overrides(&args.tolerance)?;
     let reports = reports(&args.reports)?;
     crate::report::check_targets(&reports, args.plot.as_ref(), args.force)?;
@@ -66,6 +68,7 @@ pub fn compare(args: &CompareArgs) -> Result<CompareOptions> {
         big: args.big_batch.clone(),
         control,
         precision,
+        precision_ddp,
         tolerance,
         reports,
         plot: args.plot.clone(),

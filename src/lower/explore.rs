@@ -134,6 +134,7 @@ pub fn script(args: &ExploreArgs) -> Result<ScriptExplore> {
             big: None,
             control: None,
             precision: None,
+            precision_ddp: None,
             tolerance,
             reports: Vec::new(),
             plot: None,

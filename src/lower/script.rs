@@ -70,6 +70,7 @@ pub fn script(args: &RunArgs) -> Result<ScriptOptions> {
             big: None,
             control: None,
             precision: None,
+            precision_ddp: None,
             tolerance,
             reports,
             plot: args.plot.clone(),

@@ -234,19 +234,24 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
     let tol = &pair.tolerance;
     lines.push(match &pair.precision {
         Some(Ok(h)) => format!(
-            "held to: {} rounding at divisor ratio {}, measured by a control (the accumulation leg again with DDP's \
-             loss divisor): each tensor within {} times the control's largest difference, plus {} ulp or rel {:e} \
-             or abs {:e} of the gradients' dtype (docs/mixed-precision.md)",
+            "held to: {} rounding at divisor ratio {}, measured by {} (each backward at that loss divisor, each \
+             gradient divided back): each tensor within {} times the {} largest difference, plus {} ulp or rel {:e} \
+             or abs {:e} (docs/mixed-precision.md)",
             h.dtype.name(),
             h.divisor,
+            match h.both {
+                true => "a control of each leg (they reach their precision otherwise)",
+                false => "a control (the accumulation leg again)",
+            },
             h.margin,
+            if h.both { "controls'" } else { "control's" },
             tol.max_ulps,
             tol.rtol,
             tol.atol
         ),
         Some(Err(why)) => format!(
-            "held to: the fixed tolerance of the coarsest dtype, {} ulp or rel {:e} or abs {:e}: the precision \
-             control measured nothing ({why})",
+            "held to: {} ulp or rel {:e} or abs {:e}, float32's fixed tolerance: a leg ran narrower, and the \
+             precision control measured nothing ({why})",
             tol.max_ulps, tol.rtol, tol.atol
         ),
         None => format!(
@@ -255,12 +260,16 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
             tol.max_ulps, tol.rtol, tol.atol
         ),
     });
-    if let Some(d) = pair.headers.iter().find_map(|h| h.reduce_dtype) {
+    if let Some(h) = pair.headers.iter().find(|h| h.reduce_dtype.is_some()) {
+        let d = h.reduce_dtype.map_or("", |d| d.name());
+        let how = match h.engine {
+            Some(crate::evidence::Engine::Fsdp2) => "FSDP2's MixedPrecisionPolicy reduce-scatters in it",
+            Some(e) if e.is_sharded() => "DeepSpeed's communication_data_type",
+            _ => "the script's DDP comm hook casts each bucket",
+        };
         lines.push(format!(
-            "reduced in: {} (the script's DDP comm hook casts each bucket): equivalent up to the {} reduction the \
-             script asked for, held to 2(W+1) times its unit roundoff of the gradients' magnitudes",
-            d.name(),
-            d.name()
+            "reduced in: {d} ({how}): equivalent up to the {d} reduction the script asked for, held to 2(W+1) times \
+             its unit roundoff of the gradients' magnitudes"
         ));
     }
     for (c, what) in [(Some(&o.runs), "the runs"), (o.big_batch.as_ref().map(|b| &b.comparison), "the big batch")] {
@@ -274,6 +283,11 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
         }
     }
     lines.push(match &pair.finals_carried {
+        Err(_) if matches!(pair.precision, Some(Ok(_))) => {
+            "final weights: within the margin times the precision control's distance in its own final weights (the \
+             same optimizer stepped through the same rounding), never less than the fixed tolerance"
+                .to_string()
+        }
         Ok(()) => "final weights: each step's allowance carried through AdamW (its betas, eps and learning rates \
                    as recorded), never less than the fixed tolerance"
             .to_string(),

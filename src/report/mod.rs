@@ -122,9 +122,10 @@ pub(crate) fn bound_words(o: &Outcome) -> String {
     if let Subject::Traces(pair) = &o.subject {
         if let Some(Ok(h)) = &pair.precision {
             return format!(
-                "{} times the precision control's largest difference per tensor ({} rounding at divisor ratio {}, \
+                "{} times the precision {} largest difference per tensor ({} rounding at divisor ratio {}, \
                  measured) plus {} ulp or rel {:e} or abs {:e}",
                 h.margin,
+                if h.both { "controls'" } else { "control's" },
                 h.dtype.name(),
                 h.divisor,
                 tol.max_ulps,
@@ -230,6 +231,18 @@ pub(crate) fn verdict_line(o: &Outcome) -> String {
         );
     }
     let numbers_part = first.steps.iter().chain([&first.finals]).any(|g| g.verdict == Agreement::Diverged);
+    // A loss weight apart: the fact's own measure first, whatever the numbers did.
+    if let Some(f) = first.fact {
+        let numbers = match numbers_part {
+            true => "the gradients part too".to_string(),
+            false => format!("every gradient and final weight is within {bound} ({:.2} of it)", first.worst_fraction),
+        };
+        return format!(
+            "NOT EQUIVALENT: each micro-batch's loss reaches {}'s applied gradient weighted {:.4}x {}'s at step {}, \
+             {:.1} times what rounding allows that weight (rel {:.1e}); {numbers}",
+            first.right, f.ratio, first.left, f.step, f.times, f.allowed
+        );
+    }
     if first.by_fact && !numbers_part {
         return format!(
             "NOT EQUIVALENT: a recorded fact differs between {} and {} ({}), though every gradient and final \

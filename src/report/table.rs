@@ -47,7 +47,9 @@ impl Exporter for Table {
         }
         let adamw = o.config().is_some_and(|c| c.train.optim.optimizer == crate::spec::Optimizer::AdamW);
         let traces = matches!(o.subject, crate::judge::Subject::Traces(_));
+        let measured = matches!(&o.subject, crate::judge::Subject::Traces(p) if matches!(p.precision, Some(Ok(_))));
         let how = match (o.runs.derived, adamw, traces) {
+            (true, _, true) if measured => "each element against the precision control's measured distance",
             (true, _, true) => "each element against the fixed tolerance carried through AdamW",
             (true, false, _) => "each element against the bound carried through SGD",
             (true, true, _) => "each element, and AdamW's moments, against the bound carried through AdamW",

@@ -19,6 +19,8 @@ pub struct CompareOptions {
     /// The precision control's trace: the accumulation run recorded again with DDP's loss
     /// divisor (`DDP_VERIFY_DIVISOR`), which measures a narrow dtype's rounding.
     pub precision: Option<PathBuf>,
+    /// The DDP leg's own precision control, where the legs reach their precision otherwise.
+    pub precision_ddp: Option<PathBuf>,
     pub tolerance: ToleranceOverrides,
     pub reports: Vec<ReportTarget>,
     pub plot: Option<PathBuf>,

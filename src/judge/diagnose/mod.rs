@@ -194,19 +194,46 @@ pub fn hidden_by_clipping(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) ->
 /// Facts decide before numbers: a small bug (a loss off by 3% on the ranks) hides under a
 /// low precision's allowance, or under clipping, but not from its fact. None for our own
 /// runs.
-pub fn facts_apart(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Diagnosis> {
+pub fn facts_apart(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<(Diagnosis, Option<FactApart>)> {
     if cx.ours() {
         return None;
     }
     let mut ev = Evidence::new(a, b, c, cx, Pair::Runs);
     if let Some(p) = locate::precision_apart(&ev) {
-        return Some(restated(&p, &ev, Tier::Recorded));
+        return Some((restated(&p, &ev, Tier::Recorded), None));
     }
     let steps = a.facts.stages.len().min(b.facts.stages.len());
     (0..steps).find_map(|s| {
         ev.first = Some(s);
-        locate::facts_at(&ev, s).map(|p| restated(&p, &ev, Tier::Recorded))
+        let p = locate::ranks_precision_apart(&ev).or_else(|| locate::facts_at(&ev, s))?;
+        let measured = match p.numbers {
+            Numbers::Scaling { ratio, .. } => {
+                locate::weight_rel(&ev, s).map(|allowed| FactApart::new(s, ratio, allowed))
+            }
+            _ => None,
+        };
+        Some((restated(&p, &ev, Tier::Recorded), measured))
     })
+}
+
+/// A loss weight apart between the legs, measured against what rounding allows it: the
+/// number a verdict decided by that fact is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FactApart {
+    pub step: usize,
+    /// The right leg's weight of each micro-batch's loss in the applied gradient, over the
+    /// left's.
+    pub ratio: f64,
+    /// How far that ratio may part from 1 by rounding alone (relative).
+    pub allowed: f64,
+    /// |ratio - 1| over `allowed`.
+    pub times: f64,
+}
+
+impl FactApart {
+    fn new(step: usize, ratio: f64, allowed: f64) -> Self {
+        FactApart { step, ratio, allowed, times: (ratio - 1.0).abs() / allowed.max(f64::MIN_POSITIVE) }
+    }
 }
 
 /// The caution beside an equivalence where both runs clipped every step by a steady factor.

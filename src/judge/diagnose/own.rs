@@ -30,7 +30,9 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
             framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
         }
         Numbers::WindowDivided { .. } => divider(t),
-        Numbers::PrecisionApart { .. } => framework(t.header.framework, "its precision setting"),
+        Numbers::PrecisionApart { .. } | Numbers::RanksPrecision { .. } => {
+            framework(t.header.framework, "its precision setting")
+        }
         Numbers::ZeroedInWindow { .. } => framework(t.header.zeroed_by, "zero_grad inside the accumulation window"),
         Numbers::ScaledInBackward { .. } => framework(ran_backward(t), "its backward's own scaling of the gradients"),
         Numbers::Scaling { how: Scaled::NormalisedTwice { .. }, .. } => {

@@ -124,6 +124,9 @@ pub enum ControlPath {
     NotAControl(String),
     /// No control ran (traces compared as given).
     None,
+    /// A leg ran narrower than float32 and no precision control measured its rounding
+    /// (why, in words): held to float32's tolerance, which a narrow dtype's rounding exceeds.
+    Precision(String),
 }
 
 /// The pace of one learning-rate schedule against the other's.
@@ -214,9 +217,11 @@ pub enum Numbers {
         normalisers: (f64, f64),
         rank: usize,
     },
+    /// `rank`: the DDP leg's rank of the first pair apart; None where no micro-batch
+    /// pairs (the same samples grouped otherwise) and `losses` are each leg's mean.
     LossDiffers {
         losses: (f64, f64),
-        rank: usize,
+        rank: Option<usize>,
     },
     ZeroedInWindow {
         times: i64,
@@ -227,6 +232,13 @@ pub enum Numbers {
         what: &'static str,
         left: (crate::spec::Dtype, &'static str),
         right: (crate::spec::Dtype, &'static str),
+    },
+    /// A rank ran its forwards under another autocast than the first rank did (each
+    /// micro-batch's `autocast`, as digits of its dtype: 0 off).
+    RanksPrecision {
+        rank: usize,
+        digits: u32,
+        first: (usize, u32),
     },
     ScaledInBackward {
         ratio: f64,
@@ -415,7 +427,7 @@ impl Numbers {
             N::SharedSamples { .. } => (M::SharedSamples, R::DifferentSamples),
             N::LossDiffers { .. } => (M::LossDiffers, R::DifferentGradients),
             N::ZeroedInWindow { .. } => (M::ZeroedInWindow, R::ZeroedInWindow),
-            N::PrecisionApart { .. } => (M::PrecisionApart, R::PrecisionApart),
+            N::PrecisionApart { .. } | N::RanksPrecision { .. } => (M::PrecisionApart, R::PrecisionApart),
             N::ScaledInBackward { .. } => (M::ScaledInBackward, R::LossScaling),
             N::Scaling { how: Scaled::NormalisedTwice { .. } | Scaled::Twice { .. }, whole, .. } => {
                 (M::DividedTwice, factor(*whole))

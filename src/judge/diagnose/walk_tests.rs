@@ -456,3 +456,43 @@ fn normalisers_each_rank_counts_alike_are_cancelled_by_the_average() {
     let d = judged(&acc, &masked(ddp, [1.1, 0.93, 1.04, 0.97]));
     assert_eq!(said(&d).0, "loss", "{d:?}");
 }
+
+#[test]
+fn a_regrouped_steps_mean_loss_apart_at_step_0_is_the_loss_stage_by_its_loss_dtype() {
+    // The same samples regrouped, every loss 1.001x on the ranks (label smoothing): the mean of
+    // the step's losses parts beyond 16 float32 epsilons, where no micro-batch pairs.
+    let mut acc = honest_acc();
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.01), 1);
+    holding(&mut acc, CONSECUTIVE);
+    holding(&mut ddp, STRIDED);
+    for b in &mut ddp.facts.stages[0].batches {
+        b.forward = b.forward.map(|l| l * 1.001);
+        b.peeled = b.peeled.map(|l| l * 1.001);
+        b.root = b.root.map(|l| l * 1.001);
+    }
+    // Not known where the traces do not say the loss's dtype.
+    assert_ne!(said(&judged(&acc, &ddp)).0, "loss");
+    for t in [&mut acc, &mut ddp] {
+        t.header.loss_dtype = Some(crate::spec::Dtype::Float32);
+    }
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("loss", "script", None), "{d:?}");
+    assert!(d.detail.contains("grouped otherwise into micro-batches of one size"), "{}", d.detail);
+    // A bfloat16 loss rounds its mean at 2^-8: a 0.1% difference is no fact there.
+    for t in [&mut acc, &mut ddp] {
+        t.header.loss_dtype = Some(crate::spec::Dtype::Bfloat16);
+    }
+    assert_ne!(said(&judged(&acc, &ddp)).0, "loss");
+}
+
+#[test]
+fn a_rank_under_another_autocast_is_the_precision_stage() {
+    let acc = honest_acc();
+    let mut ddp = leg(2, 0.5, 2.0 * sum(&G), &times(1.001), 1);
+    for b in &mut ddp.facts.stages[0].batches {
+        b.autocast = Some(if b.rank == 1 { 0 } else { 8 });
+    }
+    let d = judged(&acc, &ddp);
+    assert_eq!((d.reason, said(&d).0), (Reason::PrecisionApart, "precision"), "{d:?}");
+    assert!(d.detail.contains("rank 0 under bfloat16 autocast, rank 1 under autocast off"), "{}", d.detail);
+}

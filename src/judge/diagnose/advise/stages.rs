@@ -130,11 +130,21 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                  by a different token count; {advice}"
             )
         }
-        Numbers::LossDiffers { losses: (lx, ly), rank } => format!(
-            "the same inputs gave different losses at step {s} ({a} {lx:.6}, {b}'s rank {rank} {ly:.6}) from the \
-             same weights: the forward differs between the runs (a rank's own model state, dropout, or a loss \
-             computed from other than the inputs)"
-        ),
+        Numbers::LossDiffers { losses: (lx, ly), rank } => {
+            let said = match rank {
+                Some(rank) => format!(
+                    "the same inputs gave different losses at step {s} ({a} {lx:.6}, {b}'s rank {rank} {ly:.6})"
+                ),
+                None => format!(
+                    "the same samples, grouped otherwise into micro-batches of one size, gave a different mean loss at \
+                     step {s} ({a} {lx:.9}, {b} {ly:.9}, beyond the rounding of its loss dtype)"
+                ),
+            };
+            format!(
+                "{said} from the same weights: the forward differs between the runs (a rank's own model state or \
+                 loss settings such as label smoothing, dropout, or a loss computed from other than the inputs)"
+            )
+        }
         Numbers::PrecisionApart { what, left, right } => {
             let advice = match owner.is_library() {
                 true => format!("{} set it: give both runs the same precision flag", owner.describe()),
@@ -145,6 +155,25 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
             let said = |(d, how): &(crate::spec::Dtype, &str)| format!("{} ({how})", d.name());
             let (left, right) = (said(left), said(right));
             format!("the runs trained at other precisions: {what} {left} in {a}, {right} in {b}; {advice}")
+        }
+        Numbers::RanksPrecision { rank, digits, first: (r0, d0) } => {
+            let said = |d: u32| match crate::spec::Dtype::of_digits(d) {
+                _ if d == 0 => "autocast off".to_string(),
+                Some(t) => format!("{} autocast", t.name()),
+                None => format!("autocast of {d} significand digits"),
+            };
+            let advice = match owner.is_library() {
+                true => format!("{} set it: give every rank the same precision flag", owner.describe()),
+                false => "enter the same autocast on every rank (a condition on the rank, or a flag only some \
+                          ranks read, trains each at its own precision)"
+                    .into(),
+            };
+            format!(
+                "at step {s} {label}'s ranks ran their forwards at other precisions: rank {r0} under {}, rank {rank} \
+                 under {} (recorded at each micro-batch's forward); {advice}",
+                said(*d0),
+                said(*digits)
+            )
         }
         Numbers::ZeroedInWindow { times } => {
             let advice = match owner.is_library() {

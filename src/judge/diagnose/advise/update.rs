@@ -158,6 +158,10 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
                      there and {r} by {ddp:.1e}, more than {margin:.0}x the control: not rounding"
                 ),
                 Some(ControlPath::NotAControl(why)) => format!("; no control could tell rounding from a bug: {why}"),
+                Some(ControlPath::Precision(why)) => format!(
+                    "; not proven to be rounding: a leg ran narrower than float32, and no precision control measured \
+                     its rounding ({why}), so the runs were held to float32's tolerance"
+                ),
                 None => String::new(),
                 Some(ControlPath::None) => "; not proven to be rounding: no control run measured how far this \
                      model amplifies it (ddp-verify -- COMMAND runs one; compare takes it as --control)"

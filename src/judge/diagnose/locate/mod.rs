@@ -18,8 +18,8 @@ mod update;
 mod walk;
 
 pub use cautions::hidden_factor;
-pub use precision::apart as precision_apart;
-pub use walk::{facts_at, scaling_at};
+pub use precision::{apart as precision_apart, ranks_apart as ranks_precision_apart};
+pub use walk::{facts_at, scaling_at, weight_rel};
 
 use super::evidence::{Evidence, Pair};
 use super::parting::{Parting, Side};
@@ -35,6 +35,7 @@ fn runs(tier: Tier) -> &'static [Locator] {
         Tier::Launch => &[sync::one_process],
         Tier::Structure => &[
             precision::apart,
+            precision::ranks_apart,
             steps::other_start,
             samples::uneven_data,
             sync::unreduced_tail,
@@ -83,9 +84,13 @@ fn shared(tier: Tier) -> &'static [Locator] {
 /// reference run. Dropout draws each rank's masks, which no contract compares.
 fn one_run(tier: Tier) -> &'static [Locator] {
     match tier {
-        Tier::Structure => {
-            &[contracts::shared_samples, steps::stepped_early, sync::unreduced_tail, steps::engine_boundary]
-        }
+        Tier::Structure => &[
+            precision::ranks_apart,
+            contracts::shared_samples,
+            steps::stepped_early,
+            sync::unreduced_tail,
+            steps::engine_boundary,
+        ],
         Tier::Synchronisation => &[sync::rank_drift, sync::configured_divide],
         Tier::LibraryStage | Tier::ScriptStage => &[walked],
         _ => &[],

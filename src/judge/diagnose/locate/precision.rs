@@ -32,3 +32,17 @@ pub fn apart(ev: &Evidence) -> Option<Parting> {
     let step = ev.first.or(Some(0));
     Some(Parting::new(step, Some(Stage::Precision), None, Numbers::PrecisionApart { what, left, right }))
 }
+
+/// A rank that ran its forwards under another autocast than the first rank, at the step
+/// judged (`ev.first`) of the right leg: each micro-batch's autocast as the recorder saw it.
+/// Ranks at other precisions are another training whatever their numbers, in one run as in
+/// two (`watch`'s precision contract).
+pub fn ranks_apart(ev: &Evidence) -> Option<Parting> {
+    let s = ev.first?;
+    let step = ev.b.facts.stages.get(s)?;
+    let mut seen = step.batches.iter().filter_map(|b| Some((b.rank, b.autocast?)));
+    let first = seen.next()?;
+    let (rank, digits) = seen.find(|(r, d)| *r != first.0 && *d != first.1)?;
+    let numbers = Numbers::RanksPrecision { rank, digits, first };
+    Some(Parting::new(Some(s), Some(Stage::Precision), Some(crate::judge::diagnose::parting::Side::Right), numbers))
+}

@@ -52,13 +52,18 @@ pub fn facts_at(ev: &Evidence, s: usize) -> Option<Parting> {
 }
 
 /// How far two legs' recorded loss weights may part by rounding alone: a root and its loss
-/// each rounded in the narrowest dtype a leg ran (bfloat16's loss divided by K rounds at 2^-8).
+/// each rounded in the dtype the loss was computed in (bfloat16's loss divided by K rounds at
+/// 2^-8; autocast's cross-entropy returns float32), else, where a trace does not say, in the
+/// narrowest dtype its leg ran.
 fn fact_rel(a: &Leg, b: &Leg) -> f64 {
-    [a, b]
-        .iter()
-        .filter_map(|l| crate::judge::narrow_dtype(l.trace))
-        .map(|d| 2.0 * d.epsilon())
-        .fold(FACTOR_REL, f64::max)
+    let dtype = |l: &Leg| l.trace.header.loss_dtype.or_else(|| crate::judge::narrow_dtype(l.trace));
+    [a, b].iter().filter_map(|l| dtype(l)).map(|d| 2.0 * d.epsilon()).fold(FACTOR_REL, f64::max)
+}
+
+/// How far the legs' loss weights may part by rounding at step `s` (`fact_rel`), where both
+/// legs recorded the step.
+pub fn weight_rel(ev: &Evidence, s: usize) -> Option<f64> {
+    Some(fact_rel(&Leg::at(ev.a, Side::Left, s)?, &Leg::at(ev.b, Side::Right, s)?))
 }
 
 /// The scaling before backward and the reduction alone, at step `s`: what the facts say of
@@ -153,6 +158,9 @@ fn loss(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Parting> {
     if masked {
         return pairs.iter().find_map(|(x, y)| normaliser_apart(a, b, x, y, s));
     }
+    if pairs.is_empty() {
+        return step_mean_apart(a, b, s);
+    }
     let apart_by = |x: &Batch, y: &Batch, rel: f64| match (x.loss(), y.loss()) {
         (Some(l), Some(m)) => !near(l, m, rel),
         _ => false,
@@ -188,7 +196,30 @@ fn loss(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Parting> {
     if ratios.iter().all(|r| near(*r, ratios[0], LOSS_REL)) {
         return None;
     }
-    at(s, Stage::Loss, None, Numbers::LossDiffers { losses, rank: y.rank })
+    at(s, Stage::Loss, None, Numbers::LossDiffers { losses, rank: Some(y.rank) })
+}
+
+/// At step 0, where no micro-batch of one leg holds another's inputs but both hold the same
+/// samples in micro-batches of one size (a strided sampler against consecutive batches),
+/// with no layer that mixes a micro-batch's samples and no normaliser handed to the forward:
+/// each sample's loss is the same in either grouping, so the mean over the step's
+/// micro-batches of their means (or sums, all of one size) is too, to the rounding of the
+/// loss dtype each leg recorded (16 of its epsilons).
+fn step_mean_apart(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+    let alike = |l: &Leg| l.trace.header.coupled.is_none() && l.batches.iter().all(|x| x.normaliser.is_none());
+    if s != 0 || !alike(a) || !alike(b) || !same_sizes(a, b) || a.samples(1)? != b.samples(1)? {
+        return None;
+    }
+    let rel =
+        [a, b].iter().map(|l| l.trace.header.loss_dtype.map(|d| 16.0 * d.epsilon())).collect::<Option<Vec<_>>>()?;
+    let mean = |l: &Leg| -> Option<f64> {
+        let v: Vec<f64> = l.batches.iter().map(Batch::loss).collect::<Option<_>>()?;
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let (ma, mb) = (mean(a)?, mean(b)?);
+    let rel = rel.into_iter().fold(0.0, f64::max);
+    (!near(ma, mb, rel)).then_some(())?;
+    at(s, Stage::Loss, None, Numbers::LossDiffers { losses: (ma, mb), rank: None })
 }
 
 /// A matched pair divided by other normalisers, unless the scaling and the reduction's divide

@@ -53,11 +53,20 @@ pub fn facts_at(ev: &Evidence, s: usize) -> Option<Parting> {
 
 /// How far two legs' recorded loss weights may part by rounding alone: a root and its loss
 /// each rounded in the dtype the loss was computed in (bfloat16's loss divided by K rounds at
-/// 2^-8; autocast's cross-entropy returns float32), else, where a trace does not say, in the
-/// narrowest dtype its leg ran.
+/// 2^-8; autocast's cross-entropy returns float32; where a trace does not say, the narrowest
+/// dtype its leg ran), and the reduction's divide, fitted from gradient sums, in the dtype the
+/// gradients were made, kept or reduced in (autocast's are cast back to float32 first; an
+/// engine's compute dtype's, a bfloat16 model's or reduction's are not).
 fn fact_rel(a: &Leg, b: &Leg) -> f64 {
-    let dtype = |l: &Leg| l.trace.header.loss_dtype.or_else(|| crate::judge::narrow_dtype(l.trace));
-    [a, b].iter().filter_map(|l| dtype(l)).map(|d| 2.0 * d.epsilon()).fold(FACTOR_REL, f64::max)
+    let loss = |l: &Leg| l.trace.header.loss_dtype.or_else(|| crate::judge::narrow_dtype(l.trace));
+    let grads = |l: &Leg| {
+        let h = &l.trace.header;
+        [h.dtype, h.compute_dtype, h.reduce_dtype]
+            .into_iter()
+            .flatten()
+            .max_by(|x, y| x.epsilon().total_cmp(&y.epsilon()))
+    };
+    [a, b].iter().flat_map(|l| [loss(l), grads(l)]).flatten().map(|d| 2.0 * d.epsilon()).fold(FACTOR_REL, f64::max)
 }
 
 /// How far the legs' loss weights may part by rounding at step `s` (`fact_rel`), where both

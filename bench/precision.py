@@ -1,6 +1,8 @@
 """What recording the precision facts costs a training step: the recorder's only new work per
 step is, at each outermost forward, reading autocast's state on the module's device
-(`_outermost.autocast_of`) and noting it (`Watch.autocast_seen`); the GradScaler's scale is
+(`_outermost.autocast_of`) and noting it (`Watch.autocast_seen`, and the micro-batch's own
+`Batches.precision`, which the step's one gather carries), and at each backward comparing its
+root's dtype with the narrowest seen (`loss_dtype`); the GradScaler's scale is
 taken out of the facts by the judge, not in the run. Times that work against one bf16-autocast
 training step of a small model (the same tiny GPT block stack `examples/cuda_hardcoded` trains,
 on the CPU), in one process, both medians over rounds, and prints their ratio (the issue's
@@ -58,7 +60,11 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):  # the step's own, not the facts' cost
             t0 = time.perf_counter()
             for _ in range(a.micro):
-                watch.autocast_seen(autocast_of(m))
+                dtype = autocast_of(m)
+                watch.autocast_seen(dtype)
+                watch.batches.precision(dtype)
+                if watch.batches.loss_dtype is None or loss.dtype.itemsize < watch.batches.loss_dtype.itemsize:
+                    watch.batches.loss_dtype = loss.dtype
             facts.append(time.perf_counter() - t0)
     step, fact = statistics.median(steps), statistics.median(facts)
     print(f"step {step * 1e3:.2f} ms, precision facts {fact * 1e6:.1f} us per step: {fact / step:.2e} of a step")

@@ -21,6 +21,7 @@
 //! | kernels | portable kernels, where a golden holds, no verdict from kernels that do not repeat |
 //! | optimizer_step | AdamW, clipping and schedules through the binary |
 //! | own_loop | the recorder on users' own PyTorch loops |
+//! | precision | low precision on an independent loop: measured rounding, small bugs at their stages, watch |
 //! | public_scripts | what public scripts hit: shared working folders, hangs at exit, dropout, hard-coded CUDA |
 //! | readers | trace and golden readers on corrupted bytes |
 //! | reports | every report format |
@@ -92,6 +93,8 @@ mod kernels;
 mod optimizer_step;
 #[path = "it/own_loop.rs"]
 mod own_loop;
+#[path = "it/precision.rs"]
+mod precision;
 #[path = "it/public_scripts.rs"]
 mod public_scripts;
 #[path = "it/readers.rs"]

@@ -13,6 +13,7 @@ that number into `manual_backward`, `opt.step(); opt.zero_grad()` after every th
 batches. `every`: each backward is all-reduced under DDP (the docs' plain example); `last`:
 only the last micro-batch's, the others inside `opt.toggle_model(sync_grad=False)` (the docs'
 way to skip the synchronisation while accumulating).
+`--precision bf16-mixed` is Lightning's bfloat16 autocast (on the CPU, torch's CPU autocast).
 `--manual last --bug sync-first` syncs the first micro-batch of each step instead of the last:
 under DDP the later micro-batches' gradients never reach the other ranks.
 """
@@ -72,6 +73,7 @@ def main():
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step in this process")
     p.add_argument("--gpus", type=int, default=2, help="the DDP world the one-process leg replays")
     p.add_argument("--bug", default=None, choices=["divide-by-k", "sync-first"])
+    p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="Trainer(precision=)")
     p.add_argument("--manual", default=None, choices=["every", "last"],
                    help="manual optimization: all-reduce every micro-batch's backward, or the last one's only")
     args = p.parse_args()
@@ -92,7 +94,7 @@ def main():
     trainer = L.Trainer(
         accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, accumulate_grad_batches=accumulate,
         gradient_clip_val=None, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, deterministic=True,
+        enable_model_summary=False, deterministic=True, precision=args.precision,
     )
     model = ManualRegressor(args.bug, args.grad_accum, args.manual) if args.manual else Regressor(args.bug)
     trainer.fit(model, loader)

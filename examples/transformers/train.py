@@ -21,6 +21,7 @@ and by K/W under DDP, and the runs part by a factor W.
 `--deepspeed STAGE` trains under DeepSpeed ZeRO stage 1, 2 or 3 (TrainingArguments(deepspeed=
 a config whose batch sizes, accumulation and clipping Trainer fills in: "auto")); one process
 sets the rendezvous DeepSpeed wants itself, as examples/deepspeed/train.py does.
+`--bf16` sets TrainingArguments(bf16=True): Trainer's bfloat16 autocast (on the CPU, torch's).
 """
 import argparse
 import os
@@ -105,6 +106,7 @@ def main():
     p.add_argument("--bug", default=None, choices=["divide-by-accumulation", "mean-per-micro-batch"])
     p.add_argument("--dropout", type=float, default=0.0, help="GPT-2's own default is 0.1")
     p.add_argument("--deepspeed", type=int, default=None, choices=[1, 2, 3], help="DeepSpeed ZeRO stage")
+    p.add_argument("--bf16", action="store_true", help="TrainingArguments(bf16=True): bfloat16 autocast")
     args = p.parse_args()
     ds = deepspeed_config(args.deepspeed) if args.deepspeed else None
     torch.manual_seed(0)
@@ -116,7 +118,7 @@ def main():
         num_train_epochs=1, learning_rate=1e-3, lr_scheduler_type="constant", optim="adamw_torch",
         weight_decay=0.01, max_grad_norm=1.0, seed=0, data_seed=0, report_to=[], save_strategy="no",
         logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, deepspeed=ds,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, deepspeed=ds, bf16=args.bf16,
     )
     cls = {"divide-by-accumulation": DividesByAccumulation, "mean-per-micro-batch": MeanPerMicroBatch}.get(args.bug, Trainer)
     cls(model=model, args=targs, train_dataset=Lengths(args.samples), data_collator=collate).train()

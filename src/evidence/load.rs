@@ -284,6 +284,17 @@ impl Reading {
             step.samples = super::stages::samples(&flat, &step.batches)
                 .ok_or_else(|| format!("tensor samples.{s}: fewer hashes than batches.{s} counts"))?;
         }
+        // A step a loss scaler skipped (found_inf) overflowed in its micro-batches'
+        // gradients: their magnitudes are no scale of anything compared (its gradients are
+        // not judged), kept at 0 where not finite, the least they could allow.
+        for (s, ps) in self.scales.iter_mut() {
+            if self.scaler[1].get(s).is_some_and(|&f| f != 0.0) {
+                for (_, t) in ps.iter_mut().filter(|(_, t)| !t.all_finite()) {
+                    let finite = t.to_f64().into_iter().map(|x| if x.is_finite() { x } else { 0.0 }).collect();
+                    *t = Values::from_f64_as(t.elem(), t.shape(), finite);
+                }
+            }
+        }
         // Magnitudes scale what a difference may be: a NaN or infinite one would let any
         // difference pass, so it is refused, never trusted.
         let magnitudes = self

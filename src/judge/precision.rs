@@ -70,12 +70,37 @@ pub fn wanted(acc: &Trace, ddp: &Trace) -> Option<Wanted> {
     if w > 1 && !w.is_power_of_two() {
         return Some(Wanted { divisor: w as f64, both });
     }
-    (!rounds_alike(acc, ddp)).then_some(Wanted { divisor: ANEW, both })
+    // Under a loss scaler the control replays DDP's range too: a rank's scaled values are W
+    // times one process's, so it overflows first; at W's own divisor where every narrow op
+    // rounds alike, just off it where they must round anew.
+    let scaled = !acc.facts.scaler.scales.is_empty() || !ddp.facts.scaler.scales.is_empty();
+    let skips_apart = acc.facts.scaler.found_inf != ddp.facts.scaler.found_inf;
+    match (rounds_alike(acc, ddp), scaled) {
+        (true, true) => (skips_apart && w > 1).then_some(Wanted { divisor: w as f64, both }),
+        (true, false) => None,
+        (false, true) if w > 1 => Some(Wanted { divisor: w as f64 * ANEW_SCALED, both }),
+        (false, _) => Some(Wanted { divisor: ANEW, both }),
+    }
 }
 
 /// The control's divisor where W is a power of two and the legs may still round otherwise:
 /// the smallest that is none.
 pub const ANEW: f64 = 3.0;
+
+/// Under a loss scaler at a power-of-two W, the control's divisor over W: off a power of
+/// two by enough that every float16 op rounds anew (2^-5, 64 of its ulps), near enough that
+/// its scaled values overflow where DDP's do (float16's range is steps of 2).
+pub const ANEW_SCALED: f64 = 1.0 + 1.0 / 32.0;
+
+/// Where the control (DDP's divisor, DDP's scaled values) and accumulation skipped other
+/// steps: float16's range parting the loss scalers, predicted by the run itself (a rank's
+/// scaled values are W times one process's); from the first such step the runs free-run
+/// apart (`RangePrediction::carries`).
+pub fn range_parts(acc: &Trace, ctl: &Trace) -> Option<crate::evidence::RangePrediction> {
+    let (a, c) = (&acc.facts.scaler.found_inf, &ctl.facts.scaler.found_inf);
+    let steps: Vec<usize> = a.iter().zip(c).enumerate().filter(|(_, (x, y))| x != y).map(|(s, _)| s).collect();
+    (!steps.is_empty()).then_some(crate::evidence::RangePrediction { steps, carries: true })
+}
 
 /// Both legs reach a narrow precision by autocast alone, over weights and gradients of a
 /// wider dtype, and cut every step into micro-batches of the same inputs: at a power-of-two
@@ -156,12 +181,26 @@ pub fn hold(
     let narrowest = [Some(&*acc), Some(ctl), ddp.map(|(d, _)| d)].into_iter().flatten().filter_map(narrow);
     let dtype = narrowest.max_by(|x, y| x.epsilon().total_cmp(&y.epsilon())).unwrap_or(Dtype::Float32);
     let none = Params::new();
+    // A step a loss scaler skipped in a leg or its control holds inf/NaN: nothing measured
+    // there. The replay is checked at the first step all of them applied, from the same
+    // weights where none skipped before it.
+    let skipped = |t: &Trace, s: usize| t.facts.scaler.found_inf.get(s).copied().unwrap_or(false);
+    let legs = [Some(&*acc), Some(ctl), ddp.map(|(_, c)| c)];
+    let any_skipped = |s: usize| legs.iter().flatten().any(|t| skipped(t, s));
+    let first = (0..acc.steps.len()).find(|&s| !any_skipped(s));
     let mut steps = Vec::with_capacity(acc.steps.len());
     for (s, (a, c)) in acc.steps.iter().zip(&ctl.steps).enumerate() {
         let k = regrouped.get(s).copied().unwrap_or(1);
         let magnitudes = acc.scales.get(s).unwrap_or(&none);
         let theirs = ddp.map(|(d, dc)| (&d.steps[s], &dc.steps[s]));
-        steps.push(allowances(a, c, theirs, &tol.times(k), dtype, magnitudes, s == 0)?);
+        let (measured, own) = match any_skipped(s) {
+            true => (None, (a, a)),
+            false => (theirs, (a, c)),
+        };
+        steps.push(allowances(own.0, own.1, measured, &tol.times(k), dtype, magnitudes, first == Some(s))?);
+    }
+    if acc.allowances.range_parts.is_none() {
+        acc.allowances.range_parts = range_parts(acc, ctl);
     }
     let k = regrouped.iter().copied().max().unwrap_or(1);
     let theirs = ddp.map(|(d, dc)| (&d.finals, &dc.finals));
@@ -337,5 +376,17 @@ mod tests {
             t.header.dtype = Some(Dtype::Bfloat16);
         }
         assert_eq!(wanted(&acc, &ddp), at(ANEW, false));
+        // Under a loss scaler, at DDP's own divisor, just off it where the ops round anew.
+        for t in [&mut acc, &mut ddp] {
+            t.facts.scaler.scales = vec![65536.0];
+            t.facts.scaler.found_inf = vec![false];
+        }
+        assert_eq!(wanted(&acc, &ddp), at(4.0 * ANEW_SCALED, false));
+        for t in [&mut acc, &mut ddp] {
+            t.header.dtype = Some(Dtype::Float32);
+        }
+        assert_eq!(wanted(&acc, &ddp), None, "rounding alike, skipping alike");
+        ddp.facts.scaler.found_inf = vec![true];
+        assert_eq!(wanted(&acc, &ddp), at(4.0, false), "a skip of DDP's own: replayed at its divisor");
     }
 }

@@ -92,6 +92,21 @@ fn small_precision_bugs_at_w3_are_caught_at_their_stages() {
     }
 }
 
+/// float16 with a GradScaler starting at 2^24: its first steps overflow and skip, and a DDP
+/// rank, whose scaled values are W times one process's, skips where one process does not
+/// (float16's range, which was a false alarm "skipped ... owned by your script", and before it
+/// an exit 2 on the skipped steps' infinite magnitudes). The precision control, at DDP's
+/// divisor just off a power of two, skips as DDP does: the parting is predicted, and the
+/// steps from it not judged.
+#[test]
+fn float16s_range_parting_the_loss_scalers_is_predicted_by_the_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = run(dir.path(), false, 2, "--precision fp16-scaler --init-scale 16777216");
+    assert_eq!(code, Some(0), "{report}");
+    assert!(report["runs"]["range_parted"]["steps"].as_array().is_some_and(|s| !s.is_empty()), "{report}");
+    assert_eq!(report["traces"]["precision"]["divisor"].as_f64(), Some(2.0625), "{report}");
+}
+
 /// `watch` on one run: an honest float16 + GradScaler run keeps every contract (the scale is
 /// not the script's scaling), and a rank that enters no autocast breaks the precision contract.
 #[test]

@@ -11,7 +11,7 @@ samples in other micro-batches (regrouped steps), Adam with weight decay off, no
   float32          nothing narrow;
   bf16-autocast    `torch.autocast("cpu", bfloat16)` around the forward, float32 weights;
   bf16-weights     `model.to(torch.bfloat16)`: weights, gradients and Adam's state in bfloat16;
-  fp16-scaler      float16 autocast and `torch.amp.GradScaler("cpu")` (scale 2^12);
+  fp16-scaler      float16 autocast and `torch.amp.GradScaler("cpu")` (scale 2^12, `--init-scale`);
   fsdp2-bf16       FSDP2 `fully_shard` with MixedPrecisionPolicy(param_dtype=bfloat16), the
                    reduction in float32 (`--reduce bf16`: in bfloat16, FSDP2's default).
 
@@ -55,6 +55,7 @@ def main():
                    choices=["float32", "bf16-autocast", "bf16-weights", "fp16-scaler", "fsdp2-bf16"])
     p.add_argument("--reduce", default="fp32", choices=["fp32", "bf16"], help="fsdp2-bf16's reduce_dtype")
     p.add_argument("--bug", choices=["loss-x1.03", "label-smoothing", "divide-by-k", "cast-model", "rank-autocast"])
+    p.add_argument("--init-scale", type=float, default=2.0**12, help="fp16-scaler's GradScaler(init_scale=)")
     p.add_argument("--batch", type=int, default=3)
     p.add_argument("--samples", type=int, default=108)
     args = p.parse_args()
@@ -87,7 +88,7 @@ def main():
     autocast = {"bf16-autocast": torch.bfloat16, "fp16-scaler": torch.float16}.get(args.precision)
     if bug == "rank-autocast" and rank == world - 1:
         autocast = None
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12) if args.precision == "fp16-scaler" else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=args.init_scale) if args.precision == "fp16-scaler" else None
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     smoothing = 0.05 if bug == "label-smoothing" else 0.0
     divisor = args.accum * world if bug == "divide-by-k" else args.accum

@@ -20,6 +20,7 @@
 //! | hosts | several hosts in network namespaces |
 //! | kernels | portable kernels, where a golden holds, no verdict from kernels that do not repeat |
 //! | optimizer_step | AdamW, clipping and schedules through the binary |
+//! | optimizers | every optimizer recorded at its own step (a second one, reduced by hand) |
 //! | own_loop | the recorder on users' own PyTorch loops |
 //! | precision | low precision on an independent loop: measured rounding, small bugs at their stages, watch |
 //! | public_scripts | what public scripts hit: shared working folders, hangs at exit, dropout, hard-coded CUDA |
@@ -91,6 +92,8 @@ mod hosts;
 mod kernels;
 #[path = "it/optimizer_step.rs"]
 mod optimizer_step;
+#[path = "it/optimizers.rs"]
+mod optimizers;
 #[path = "it/own_loop.rs"]
 mod own_loop;
 #[path = "it/precision.rs"]

@@ -6,7 +6,9 @@
   and their final weights written only once they trained, so a frozen base is not dumped;
 - the optimizers that step besides the recorded one (`Others`), in the order first seen
   stepping, and their parameters no module name reaches (an uncertainty weight outside the
-  model), named `optimizer{k}.{g}.{i}` (optimizer index, group, index in the group)."""
+  model), named `optimizer{k}.{g}.{i}` (optimizer index, group, index in the group), each
+  gradient taken as its own optimizer's step finds it (`Others.taken`): a script may reduce
+  those by hand between the recorded optimizer's step and theirs."""
 from __future__ import annotations
 
 from typing import Any
@@ -36,6 +38,7 @@ class Others:
         self.params: Named = []
         self.peaks: dict[str, torch.Tensor] = {}
         self.unrecorded: dict[int, str] = {}  # id -> class name
+        self._own: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}  # optimizer id -> its params here
 
     def saw(self, optimizer: torch.optim.Optimizer) -> None:
         if any(o is optimizer for o in self.optimizers):
@@ -54,11 +57,14 @@ class Others:
                 name = f"optimizer{k}.{g}.{i}"
                 self.peaks[name] = p.detach().abs()  # first: the writer's thread reads them by `params`
                 self.params.append((name, p))
+                self._own.setdefault(id(optimizer), []).append((name, p))
                 have.add(id(p))
+
+    def taken(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+        """`optimizer`'s own parameters' gradients as its step is about to apply them, copied."""
+        return {n: p.grad.detach().clone() for n, p in self._own.get(id(optimizer), []) if p.grad is not None}
 
     def track_peaks(self) -> None:
         for n, p in list(self.params):  # maybe on the writer's thread, while `saw` appends
             torch.maximum(self.peaks[n], p.detach().abs(), out=self.peaks[n])
 
-    def grads(self) -> dict[str, Any]:
-        return {n: p.grad for n, p in self.params}

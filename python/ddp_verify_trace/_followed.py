@@ -21,7 +21,7 @@ from ._args import rank_world
 from ._positions import Sampling
 from ._stages.exchange import all_gather
 from ._detect import setting
-from ._tensors import DTYPES, bits
+from ._tensors import DTYPES, bits, host
 
 K = _schema.Key
 # Optimizer settings the bound on final weights needs (AdamW carries a gradient's allowance).
@@ -50,11 +50,17 @@ class Followed:
     _watch: Any
     _dtype: torch.dtype
 
-    def saw_other_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Another optimizer stepped: its groups join each step's `groups` rows, and its
-        parameters outside the module are recorded from the next step (`_extras.Others`)."""
+    def other_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        """Another optimizer is about to step: its groups join each step's `groups` rows, and
+        its parameters outside the module are recorded (`_extras.Others`), their gradients as
+        this step of theirs finds them, for the window it closes: the recorded optimizer's
+        step to come where a backward ran since its last, else its last."""
         try:
             self._others.saw(optimizer)
+            window = self._steps if self._watch.batches.rows else max(self._steps - 1, 0)
+            if rank_world()[0] == 0:  # only rank 0 writes
+                for n, g in self._others.taken(optimizer).items():
+                    self._tensors[_schema.name("grads", window, n)] = host(g)
         except Exception as e:  # noqa: BLE001 - not followed, said so; training goes on
             self._warn(f"the optimizer {type(optimizer).__name__} that also stepped is not followed: {e}")
 

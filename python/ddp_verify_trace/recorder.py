@@ -474,8 +474,6 @@ class Recorder(Followed):
             if scale is not None:
                 big.append((_schema.name("scale", s, n), scale))
             self._tensors[_schema.name("summary", s, n)] = summary
-        # The other optimizers' own parameters: their gradients as they are now, whole.
-        big += [(_schema.name("grads", s, n), g.detach()) for n, g in self._others.grads().items() if g is not None]
         self._open().put(big, lent)
         self._keep()
 

@@ -155,6 +155,9 @@ class Session:
             if engines.setting_up(optimizer):  # an engine's own step while it is built: not training
                 return None
             self._begin(optimizer)
+        if optimizer is not self._optimizer and self.recorder is not None:
+            self.recorder.other_stepping(optimizer)
+            return None
         if optimizer is self._optimizer and self.recorder is not None:
             self.recorder.settle()
             # Before the optimizer applies the step: the weights as it finds them, and the
@@ -180,7 +183,6 @@ class Session:
         if rec is None:
             return
         if optimizer is not self._optimizer:
-            rec.saw_other_optimizer(optimizer)
             return
         # The engine's whole gradients where it gathers them (in each of its inner steps),
         # once its step is over; else the parameters' .grad, read now.

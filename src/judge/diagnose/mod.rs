@@ -141,7 +141,19 @@ pub fn diagnose(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option<Di
     if c.verdict != Agreement::Diverged {
         return None;
     }
-    name(&Evidence::new(a, b, c, cx, Pair::Runs), !cx.ours())
+    let ev = Evidence::new(a, b, c, cx, Pair::Runs);
+    let d = name(&ev, !cx.ours())?;
+    // Another optimizer's gradients apart under final weights alike bit for bit: what the
+    // numbers only suggest (a shape, rounding) yields to the doubt about when they were
+    // recorded (a trace that took them at the recorded optimizer's step, before the script
+    // reduced them for their own).
+    let guessed = d.tier.is_some_and(|t| t >= Tier::Rounding && t != Tier::ScriptStage);
+    if !cx.ours() && guessed && recording_in_doubt(c) {
+        let (first, tensors) = most_apart(c);
+        let p = Parting::new(first, None, None, Numbers::Unexplained { tensors, control: None, finals_exact: true });
+        return Some(restated(&p, &ev, Tier::Shape));
+    }
+    Some(d)
 }
 
 /// Accumulation `a` against one big batch `b`. `runs_agree`: accumulation and DDP were found
@@ -214,6 +226,17 @@ pub fn facts_apart(a: &Trace, b: &Trace, c: &Comparison, cx: &Context) -> Option
         };
         Some((restated(&p, &ev, Tier::Recorded), measured))
     })
+}
+
+/// Another optimizer's gradients (`optimizer{k}.*`) among those a step parts most, while
+/// every final weight agrees bit for bit: the gradients' recording moment, not the
+/// training, is in doubt.
+pub fn recording_in_doubt(c: &Comparison) -> bool {
+    let (first, tensors) = most_apart(c);
+    let other = |n: &str| n.strip_prefix("optimizer").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+    let exact =
+        !c.finals.tensors.is_empty() && c.finals.tensors.iter().all(|t| t.max_abs == 0.0 && t.problem.is_none());
+    first.is_some() && exact && tensors.iter().any(|(n, _)| other(n))
 }
 
 /// A loss weight apart between the legs, measured against what rounding allows it: the

@@ -313,9 +313,12 @@ pub enum Numbers {
     /// rounding's path (a step, or the final weights where `step` is None), the tensors
     /// that part most there (name, fraction of the allowance used), and the control's
     /// measure where one ran.
+    /// `finals_exact`: the runs' final weights agree bit for bit though a step's gradients
+    /// part: the recording moment is in doubt before the training.
     Unexplained {
         tensors: Vec<(String, f64)>,
         control: Option<ControlPath>,
+        finals_exact: bool,
     },
     /// `carried`: a bound was carried through the optimizer (ours, or derived);
     /// `amplifies`: the optimizer may amplify rounding (not SGD, which is linear).

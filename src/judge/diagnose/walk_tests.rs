@@ -496,3 +496,27 @@ fn a_rank_under_another_autocast_is_the_precision_stage() {
     assert_eq!((d.reason, said(&d).0), (Reason::PrecisionApart, "precision"), "{d:?}");
     assert!(d.detail.contains("rank 0 under bfloat16 autocast, rank 1 under autocast off"), "{}", d.detail);
 }
+
+#[test]
+fn another_optimizers_gradients_apart_under_final_weights_equal_bit_for_bit_put_the_recording_in_doubt() {
+    // No stage facts to walk; a second optimizer's parameter apart at a step, every final
+    // weight alike (its gradients taken at the first optimizer's step, before the script
+    // reduced them for its own).
+    let (mut acc, mut ddp) = (honest_acc(), leg(2, 0.5, 2.0 * sum(&G), &G, 1));
+    for t in [&mut acc, &mut ddp] {
+        t.facts.stages.clear();
+        t.finals.push(("optimizer1.0.0".into(), Values::f32s(vec![1.0])));
+    }
+    acc.steps[0].push(("optimizer1.0.0".into(), Values::f32s(vec![0.5])));
+    ddp.steps[0].push(("optimizer1.0.0".into(), Values::f32s(vec![0.8])));
+    let d = judged(&acc, &ddp);
+    assert_eq!(d.reason, Reason::Unexplained, "{d:?}");
+    assert!(
+        d.detail.contains("the recording moment is in doubt") && d.detail.contains("optimizer1.0.0"),
+        "{}",
+        d.detail
+    );
+    // Its final weight apart too: no such doubt.
+    ddp.finals[1].1 = Values::f32s(vec![1.5]);
+    assert!(!judged(&acc, &ddp).detail.contains("in doubt"));
+}

@@ -142,7 +142,19 @@ pub fn advice(p: &Parting, w: &Words) -> Option<String> {
             "{l}'s optimizers hold {left} param group(s) and {r}'s {right} at step {s}: the runs do not update the \
              same parameters the same way; build the same optimizers and groups in every run"
         ),
-        Numbers::Unexplained { tensors, control } => {
+        Numbers::Unexplained { tensors, control, finals_exact: true } if p.step.is_some() => {
+            let most: Vec<String> = tensors.iter().map(|(n, f)| format!("{n} ({f:.1}x the allowance)")).collect();
+            format!(
+                "{l} and {r}'s recorded gradients part from step {} ({}), yet every final weight agrees bit for \
+                 bit: the recording moment is in doubt before the training is: those gradients were likely read \
+                 at another moment than the update used them (a reduction by hand, or another optimizer's step, \
+                 between the recorded optimizer's step and theirs); look at where the script changes them after \
+                 backward",
+                p.step.unwrap_or(0),
+                most.join(", ")
+            )
+        }
+        Numbers::Unexplained { tensors, control, .. } => {
             let at = match p.step {
                 Some(s) => format!("from step {s}"),
                 None => "in the final weights, though every step's gradients agree,".into(),

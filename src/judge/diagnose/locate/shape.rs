@@ -45,7 +45,8 @@ pub fn unexplained(ev: &Evidence) -> Option<Parting> {
         return None;
     }
     let (first, tensors) = most_apart(ev.c);
-    Some(Parting::new(first, None, None, Numbers::Unexplained { tensors, control: None }))
+    let finals_exact = crate::judge::diagnose::recording_in_doubt(ev.c);
+    Some(Parting::new(first, None, None, Numbers::Unexplained { tensors, control: None, finals_exact }))
 }
 
 /// Some tensors' gradients one factor of the other run's while every other tensor agrees: a

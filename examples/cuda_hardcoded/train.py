@@ -19,6 +19,9 @@ By hand, without ddp-verify (the recorder's sitecustomize on the path, as ddp-ve
   PYTHONPATH=python/ddp_verify_trace/autoload:python DDP_VERIFY_DEVICE=cpu DDP_VERIFY_TRACE=/tmp/t.safetensors \
       torchrun --nproc-per-node 2 examples/cuda_hardcoded/train.py --grad-accum 2
 
+It asserts CUDA before anything (`torch.cuda.is_available()`, `device_count()`), as timm's
+train.py does: under `--device cpu` the recorder answers those as its mapping implies.
+
 `--grad-accum` is this process's micro-batches per optimizer step (K in one process, K/W on
 each of W ranks). Each step's K·B sequences are drawn from a generator seeded by the step,
 and rank r takes the step's micro-batches r·K/W .. (r+1)·K/W - 1, a contiguous deal: one
@@ -101,7 +104,9 @@ def main():
     args = p.parse_args()
     vocab, block = 32, 16
 
-    # nanoGPT's set-up, CUDA and NCCL hard-coded.
+    # nanoGPT's set-up, CUDA and NCCL hard-coded; CUDA asserted first, as timm's train.py does.
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        raise SystemExit("CUDA is not available but cuda was specified")
     ddp = int(os.environ.get("RANK", -1)) != -1
     if ddp:
         init_process_group(backend="nccl")

@@ -21,8 +21,12 @@ sites of a CUDA device (torch.device itself is a builtin type, left alone: a
   (else off: float32);
 - GradScaler("cuda") (torch.amp's and torch.cuda.amp's): the CPU's GradScaler where this torch
   has one (its scale, unscale_, inf checks and skipped steps as on the GPU), else disabled.
-torch.cuda.is_available() is left as it is, and so are assignments such as
-`torch.backends.cuda.matmul.allow_tf32 = True` (harmless on the CPU).
+- answered as the mapping implies, to the script's own code (not torch's or an installed
+  library's, which keep the truth and stay on their CPU paths): torch.cuda.is_available() is
+  True, device_count() the local ranks (LOCAL_WORLD_SIZE, else 1), is_bf16_supported() True;
+  so a script that asserts CUDA before using it runs.
+Assignments such as `torch.backends.cuda.matmul.allow_tf32 = True` are left as they are
+(harmless on the CPU).
 
 Refused (`REFUSED`): what drives the GPU itself and has no CPU meaning (streams, events,
 CUDA graphs, the device's properties): the call raises one line, "ddp_verify_trace: --device
@@ -69,7 +73,8 @@ class _Met:
 MET = _Met()
 CPU = "cuda -> cpu"
 # The header's groups in this order; "" (autocast, GradScaler) last.
-GROUPS = (CPU, "nccl -> gloo", "dropped", "no-ops", "")
+ANSWERS = "answered"
+GROUPS = (CPU, "nccl -> gloo", "dropped", "no-ops", ANSWERS, "")
 
 
 def enabled() -> bool:
@@ -173,6 +178,34 @@ def _no_op(name: str, original: Callable[..., Any], value: Any = None) -> Callab
         return value
 
     return no_op
+
+
+def _answer(name: str, original: Callable[..., Any], value: Callable[[], Any]) -> Callable[..., Any]:
+    """torch.cuda.`name`() answered `value()` to the script's own code; torch and installed
+    libraries (site-packages) get the truth, so they take no CUDA-only path of their own."""
+
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        caller = str(sys._getframe(1).f_globals.get("__file__") or "")
+        if not MET.live or _library(caller):
+            return original(*args, **kwargs)
+        said = value()
+        MET.note(ANSWERS, f"torch.cuda.{name}() -> {said}")
+        return said
+
+    return answer
+
+
+def _library(path: str) -> bool:
+    """Code of torch's or of an installed package (not a script or its own modules)."""
+    parts = path.replace("\\", "/").split("/")
+    return "site-packages" in parts or "dist-packages" in parts or path.startswith(os.path.dirname(torch.__file__))
+
+
+def _local_ranks() -> int:
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def _bound(original: Callable[..., Any], edit: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
@@ -350,6 +383,9 @@ def patch() -> None:
     for name in NO_OPS:
         _replace(torch.cuda, name, lambda f, n=name: _no_op(n, f))
     _replace(torch.cuda, "current_device", lambda f: _no_op("current_device", f, 0))
+    _replace(torch.cuda, "is_available", lambda f: _answer("is_available", f, lambda: True))
+    _replace(torch.cuda, "device_count", lambda f: _answer("device_count", f, _local_ranks))
+    _replace(torch.cuda, "is_bf16_supported", lambda f: _answer("is_bf16_supported", f, lambda: True))
     for name in REFUSED:
         _replace(torch.cuda, name, lambda f, n=name: _refused(n, f))
     from torch.amp.autocast_mode import autocast

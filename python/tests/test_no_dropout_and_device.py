@@ -188,6 +188,27 @@ def test_device_cpu_runs_a_cuda_hard_coded_loop_on_the_cpu(tmp_path, monkeypatch
     assert said.startswith("cuda -> cpu:")
 
 
+def test_device_cpu_answers_the_scripts_cuda_questions_as_its_mapping_implies(tmp_path, monkeypatch, torch_as_found):
+    monkeypatch.setenv(_schema.DEVICE_ENV, "cpu")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    truth = torch.cuda.is_available()
+    with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
+        # timm's and nanoGPT's checks, from the script's own code.
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 3 and torch.cuda.is_bf16_supported()
+        # torch's own code gets the truth: it takes no CUDA-only path of its own.
+        from torch.random import fork_rng
+
+        with fork_rng():  # asks torch.cuda.device_count() inside torch: the truth, or it would seed CUDA
+            pass
+        model = nn.Linear(2, 1)
+        model(torch.ones(1, 2)).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert not torch.cuda.is_available() or truth  # put back as found
+    said = header(tmp_path / "t.safetensors")[_schema.Key.DEVICE_MAPPED]
+    assert "answered: torch.cuda.is_available() -> True, torch.cuda.device_count() -> 3, " in said, said
+    assert "torch.cuda.is_bf16_supported() -> True" in said, said
+
+
 def test_device_cpu_refuses_what_has_no_cpu_meaning_in_one_line(tmp_path, monkeypatch, torch_as_found):
     monkeypatch.setenv(_schema.DEVICE_ENV, "cpu")
     with ddp_verify_trace.recording(tmp_path / "t.safetensors"):

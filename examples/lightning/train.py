@@ -13,6 +13,10 @@ that number into `manual_backward`, `opt.step(); opt.zero_grad()` after every th
 batches. `every`: each backward is all-reduced under DDP (the docs' plain example); `last`:
 only the last micro-batch's, the others inside `opt.toggle_model(sync_grad=False)` (the docs'
 way to skip the synchronisation while accumulating).
+`--with-ids` deals batches of (ids, x, y), as many datasets do: under DDP Lightning's wrapper
+forwards the whole batch, so the first tensor its forward sees is the ids, where one process's
+outermost forward is the network's, on x (the recorder's sample hashes then stand for other
+tensors in each leg, and are not compared).
 `--precision bf16-mixed` is Lightning's bfloat16 autocast (on the CPU, torch's CPU autocast).
 `--manual last --bug sync-first` syncs the first micro-batch of each step instead of the last:
 under DDP the later micro-batches' gradients never reach the other ranks.
@@ -36,7 +40,7 @@ class Regressor(L.LightningModule):
         self.bug = bug
 
     def training_step(self, batch, i):
-        x, y = batch
+        x, y = batch[-2:]
         loss = F.mse_loss(self.net(x), y)
         if self.bug == "divide-by-k":
             loss = loss / self.trainer.accumulate_grad_batches
@@ -56,7 +60,7 @@ class ManualRegressor(Regressor):
 
     def training_step(self, batch, i):
         opt = self.optimizers()
-        x, y = batch
+        x, y = batch[-2:]
         last = (i + 1) % self.k == 0
         sync = True if self.sync == "every" else (i % self.k == 0 if self.bug == "sync-first" else last)
         with opt.toggle_model(sync_grad=sync):  # DDP's all-reduce of this backward, or not
@@ -73,6 +77,7 @@ def main():
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step in this process")
     p.add_argument("--gpus", type=int, default=2, help="the DDP world the one-process leg replays")
     p.add_argument("--bug", default=None, choices=["divide-by-k", "sync-first"])
+    p.add_argument("--with-ids", action="store_true", help="batches of (ids, x, y)")
     p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="Trainer(precision=)")
     p.add_argument("--manual", default=None, choices=["every", "last"],
                    help="manual optimization: all-reduce every micro-batch's backward, or the last one's only")
@@ -80,7 +85,8 @@ def main():
     L.seed_everything(0, verbose=False)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(32, 8, generator=g)
-    data = TensorDataset(x, x.sum(1, keepdim=True).sin())
+    y = x.sum(1, keepdim=True).sin()
+    data = TensorDataset(torch.arange(len(x)), x, y) if args.with_ids else TensorDataset(x, y)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         # Lightning replaces the sampler with DistributedSampler(shuffle=True, seed=0).

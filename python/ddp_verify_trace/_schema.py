@@ -64,6 +64,7 @@ HEADER = {
     "boundary_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "first_step": ("count", None, False),
     "loss_reduction": ("text", None, False),
+    "samples_from": ("text", None, False),
     "loss_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
@@ -134,6 +135,7 @@ class Key:
     BOUNDARY_BY = "boundary_by"
     FIRST_STEP = "first_step"
     LOSS_REDUCTION = "loss_reduction"
+    SAMPLES_FROM = "samples_from"
     LOSS_DTYPE = "loss_dtype"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"

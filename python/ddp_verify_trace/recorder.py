@@ -416,7 +416,7 @@ class Recorder(Followed):
         facts = ((K.LOSS_API, b.api), (K.LOSS_HANDED_BY, b.handed_by), (K.BACKWARD_BY, b.backward_by),
                  (K.NORMALISED_BY, b.normalised_by), (K.ZEROED_BY, w.zeroed_by),
                  (K.BOUNDARY_BY, w.boundary_by), (K.LOSS_REDUCTION, b.loss_reduction),
-                 (K.LOSS_DTYPE, DTYPES.get(b.loss_dtype)))  # fmt: skip
+                 (K.LOSS_DTYPE, DTYPES.get(b.loss_dtype)), (K.SAMPLES_FROM, b.samples_from))  # fmt: skip
         for key, word in facts:
             if word is not None:
                 self._meta[key] = word

@@ -126,7 +126,7 @@ def test_layout_and_metadata(run):
     assert len(meta.pop("start_weights")) == 16  # the weights' checksum as step 0 found them
     assert meta == {
         "loss_handed_by": "plain", "backward_by": "plain", "loss_reduction": "sum",  # the model sums
-        "loss_dtype": "float32",
+        "loss_dtype": "float32", "samples_from": "float32[4]",
         "format": _schema.FORMAT, "run": "single", "world_size": "1", "dtype": "float32",
         "torch_version": torch.__version__, "steps": "4", "magnitudes": "true",
         "acc_steps": "2", "steps_per_epoch": "4", "parameters": str(sum(p.numel() for p in model.parameters())),

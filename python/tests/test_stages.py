@@ -206,3 +206,11 @@ def test_the_loss_reduction_is_read_under_its_constant_factors():
     for loss, want in cases:
         factor, node = peel_to(loss)
         assert reduction(node) == want, (loss.grad_fn, want)
+
+
+def test_what_the_sample_hashes_were_taken_from_is_recorded():
+    # A wrapper's whole batch (ids first) and the model's inputs hash other rows: their kinds
+    # say so, and the judge compares no hashes of other kinds.
+    assert seen((torch.arange(4), torch.zeros(4, 8)), {}).kind == "int64[]"
+    assert seen((torch.zeros(4, 8),), {}).kind == "float32[8]"
+    assert seen((), {"input_ids": torch.zeros(2, 3, 5, dtype=torch.int32)}).kind == "int32[3,5]"

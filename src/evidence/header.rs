@@ -182,6 +182,8 @@ header! {
             "watch --stop-on-fault: the run's step that this trace of its latest steps holds as step 0";
         loss_reduction: String = LOSS_REDUCTION "loss_reduction" optional
             "how every loss backward ran on reduced its micro-batch, under its constant factors: mean or sum (absent: mixed, or no plain reduction)";
+        samples_from: String = SAMPLES_FROM "samples_from" optional
+            "what each sample's hash was taken from: the rows' dtype and shape (\"int64[]\", \"float32[8]\"), \"mixed\" where several";
         loss_dtype: Dtype = LOSS_DTYPE "loss_dtype" optional
             "the dtype of the values backward ran on (the losses), the narrowest where they differ";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
@@ -216,6 +218,19 @@ header! {
 
     /// The optimizer and its first param group's settings, as recorded.
     pub struct OptimizerRecord in optimizer;
+}
+
+impl TraceHeader {
+    /// Whether this trace's sample hashes can be matched against `other`'s: taken from rows
+    /// of one kind (dtype and shape) in both, where both say (a trace that does not predates
+    /// the fact). Hashes of other rows (a wrapper's batch ids in one leg, the model's inputs
+    /// in the other) stand for nothing in common: no evidence of other samples.
+    pub fn samples_comparable(&self, other: &TraceHeader) -> bool {
+        match (self.samples_from.as_deref(), other.samples_from.as_deref()) {
+            (Some(x), Some(y)) => x == y && x != "mixed",
+            _ => true,
+        }
+    }
 }
 
 impl OptimizerRecord {

@@ -272,6 +272,18 @@ pub(crate) fn traces(o: &Outcome, pair: &TracePair) -> Vec<String> {
              its unit roundoff of the gradients' magnitudes"
         ));
     }
+    let [ha, hb] = &pair.headers;
+    if !ha.samples_comparable(hb) {
+        let from = |h: &crate::evidence::TraceHeader| h.samples_from.clone().unwrap_or_default();
+        lines.push(format!(
+            "samples: not compared: {}'s were hashed from {} rows, {}'s from {} rows (other tensors: a wrapper's \
+             whole batch in one leg, the model's inputs in the other), which stand for nothing in common",
+            labels[0],
+            from(ha),
+            labels[1],
+            from(hb)
+        ));
+    }
     for (c, what) in [(Some(&o.runs), "the runs"), (o.big_batch.as_ref().map(|b| &b.comparison), "the big batch")] {
         if let Some(r) = c.and_then(|c| c.regrouped) {
             lines.push(format!(

@@ -40,6 +40,7 @@ class Batches:
         self._reductions: set[str | None] = set()  # how each backward's loss reduced its micro-batch
         self.loss_dtype: torch.dtype | None = None  # the narrowest value backward ran on
         self._autocast = _NAN  # the digits of this micro-batch's autocast (0: off; NaN: unseen)
+        self.samples_from: str | None = None  # what the sample hashes were taken from ("mixed": several kinds)
 
     def forward(self, fp: Seen | None, norm: Any, who: str | None) -> None:
         if fp is not None:
@@ -50,6 +51,8 @@ class Batches:
             if fp.rows is not None:
                 self._rows.append(fp.rows)
                 self._every = max(self._every, fp.every)
+                if fp.kind and self.samples_from != fp.kind:
+                    self.samples_from = fp.kind if self.samples_from is None else "mixed"
         if norm is not None:
             self._norm = norm
             if who is not None:

@@ -44,12 +44,14 @@ ROWS = 512
 
 class Seen:
     """One outermost call's samples: the whole input's fingerprint, its rows' hashes (an
-    int64 tensor, on the input's device), and 1 in how many rows the judge keeps."""
+    int64 tensor, on the input's device), 1 in how many rows the judge keeps, and what the
+    rows were (`kind`: their dtype and shape, "int64[]" or "float32[8]"): hashes of other
+    kinds of rows cannot be matched, whatever samples they stand for."""
 
-    __slots__ = ("whole", "rows", "every")
+    __slots__ = ("whole", "rows", "every", "kind")
 
-    def __init__(self, whole: torch.Tensor | int, rows: torch.Tensor | None, every: int) -> None:
-        self.whole, self.rows, self.every = whole, rows, every
+    def __init__(self, whole: torch.Tensor | int, rows: torch.Tensor | None, every: int, kind: str = "") -> None:
+        self.whole, self.rows, self.every, self.kind = whole, rows, every, kind
 
 
 def seen(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Seen | None:
@@ -64,7 +66,8 @@ def seen(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Seen | None:
     every = 1
     while n > ROWS * every:
         every *= 2
-    return Seen(_whole(t), rows(t), every)
+    kind = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape[1:])}".replace(" ", "")
+    return Seen(_whole(t), rows(t), every, kind)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor | None:

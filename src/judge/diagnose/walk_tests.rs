@@ -520,3 +520,19 @@ fn another_optimizers_gradients_apart_under_final_weights_equal_bit_for_bit_put_
     ddp.finals[1].1 = Values::f32s(vec![1.5]);
     assert!(!judged(&acc, &ddp).detail.contains("in doubt"));
 }
+
+#[test]
+fn sample_hashes_of_other_kinds_of_rows_are_no_evidence_of_other_samples() {
+    // Every sample apart: other samples, where both hashed rows of one kind; where one leg
+    // hashed a wrapper's batch ids and the other the model's inputs, nothing is compared.
+    let mut acc = leg(1, 1.0, 4.0 * sum(&G), &times(4.0), 1);
+    let mut ddp = leg(2, 1.0, 4.0 * sum(&G), &times(2.0), 1);
+    holding(&mut acc, CONSECUTIVE);
+    holding(&mut ddp, [[10, 11], [12, 13], [14, 15], [16, 17]]);
+    acc.header.samples_from = Some("float32[8]".into());
+    ddp.header.samples_from = Some("float32[8]".into());
+    assert_eq!(said(&judged(&acc, &ddp)).0, "samples");
+    ddp.header.samples_from = Some("int64[]".into());
+    let d = judged(&acc, &ddp);
+    assert_eq!(said(&d), ("scaling", "script", None), "{d:?}");
+}

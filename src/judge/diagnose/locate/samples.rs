@@ -38,6 +38,9 @@ fn equal_batches_at(ev: &Evidence, s: usize) -> bool {
 /// each micro-batch's inputs; None where either leg did not record them.
 fn same_samples_at(ev: &Evidence, s: usize) -> Option<bool> {
     let (a, b) = (Leg::at(ev.a, Side::Left, s)?, Leg::at(ev.b, Side::Right, s)?);
+    if !ev.a.header.samples_comparable(&ev.b.header) {
+        return None;
+    }
     let every = a.every().zip(b.every()).map(|(x, y)| x.max(y));
     let by_sample = every.and_then(|e| Some(a.samples(e)? == b.samples(e)?));
     by_sample.or_else(|| a.fingerprints().zip(b.fingerprints()).map(|(x, y)| x == y))
@@ -96,7 +99,7 @@ pub fn epoch(ev: &Evidence) -> Option<Parting> {
 /// sample, or each micro-batch's inputs) and they are the same: that fact refutes the guess.
 pub fn different_samples(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
-    if same_samples_at(ev, s) == Some(true) {
+    if same_samples_at(ev, s) == Some(true) || !ev.a.header.samples_comparable(&ev.b.header) {
         return None;
     }
     Some(Parting::new(Some(s), Some(Stage::Samples), None, Numbers::DifferentSamples))

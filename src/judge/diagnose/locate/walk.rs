@@ -91,6 +91,9 @@ fn at(s: usize, stage: Stage, leg: Option<Side>, numbers: Numbers) -> Option<Par
 /// and the grouping is named only where a layer that mixes a micro-batch's samples trains.
 /// Else the micro-batches' inputs, as multisets over the step.
 fn samples(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
+    if !a.trace.header.samples_comparable(&b.trace.header) {
+        return None;
+    }
     if let Some(by_sample) = each_sample(a, b, s) {
         return by_sample;
     }
@@ -216,7 +219,8 @@ fn loss(a: &Leg, b: &Leg, s: usize, masked: bool) -> Option<Parting> {
 /// loss dtype each leg recorded (16 of its epsilons).
 fn step_mean_apart(a: &Leg, b: &Leg, s: usize) -> Option<Parting> {
     let alike = |l: &Leg| l.trace.header.coupled.is_none() && l.batches.iter().all(|x| x.normaliser.is_none());
-    if s != 0 || !alike(a) || !alike(b) || !same_sizes(a, b) || a.samples(1)? != b.samples(1)? {
+    let comparable = a.trace.header.samples_comparable(&b.trace.header);
+    if s != 0 || !comparable || !alike(a) || !alike(b) || !same_sizes(a, b) || a.samples(1)? != b.samples(1)? {
         return None;
     }
     let rel =

@@ -208,6 +208,36 @@ def test_the_loss_reduction_is_read_under_its_constant_factors():
         assert reduction(node) == want, (loss.grad_fn, want)
 
 
+class _LossAndLogits(nn.Module):
+    """Returns its loss beside its logits, as a Trainer's model does (a dict)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+        self.unused = nn.Linear(2, 2)
+
+    def forward(self, x, y):
+        out = self.fc(x)
+        return {"logits": out, "loss": F.mse_loss(out, y)}
+
+
+def _through_ddps_sink(rank, world):
+    from ddp_verify_trace._stages.loss import peel_to, reduction
+
+    # find_unused_parameters (Trainer's default) passes every output through DDP's one node.
+    model = DistributedDataParallel(_LossAndLogits(), find_unused_parameters=True)
+    out = model(torch.randn(3, 4), torch.randn(3, 1))
+    assert type(out["loss"].grad_fn).__name__ == "_DDPSinkBackward"
+    factor, node = peel_to(out["loss"] / 4)
+    assert (factor, reduction(node)) == (0.25, "mean")
+    factor, node = peel_to(out["logits"].sum() * 2)
+    assert (factor, reduction(node)) == (2.0, "sum")
+
+
+def test_the_loss_reduction_is_read_through_ddps_node_over_its_outputs():
+    run_world(_through_ddps_sink, 1)
+
+
 def test_what_the_sample_hashes_were_taken_from_is_recorded():
     # A wrapper's whole batch (ids first) and the model's inputs hash other rows: their kinds
     # say so, and the judge compares no hashes of other kinds.

@@ -37,6 +37,8 @@ def peel(root: torch.Tensor) -> Any:
 # their reduction (at::Reduction: 1 mean, 2 sum).
 _MEAN_NODES = ("MeanBackward0", "MeanBackward1")
 _SUM_NODES = ("SumBackward0", "SumBackward1")
+# DistributedDataParallel's node over its forward's outputs (torch's `_DDPSink`): looked past.
+_SINK = "_DDPSinkBackward"
 
 
 def reduction(node: Any) -> str | None:
@@ -56,11 +58,19 @@ def reduction(node: Any) -> str | None:
 def peel_to(root: torch.Tensor) -> tuple[Any, Any]:
     """`peel`'s factor, and the node under the factors (the loss as the forward made it)."""
     factor: Any = 1.0
-    node = root.grad_fn
+    node, nr = root.grad_fn, root.output_nr
     for _ in range(16):
         if node is None:
             break
         kind = type(node).__name__  # node.name() costs the backward more (measured)
+        if kind == _SINK:
+            # DDP passes its forward's outputs through one node (find_unused_parameters,
+            # a static graph's first step): the loss is its output `nr`, input `nr` under it.
+            try:
+                node, nr = node.next_functions[nr]
+            except (IndexError, RuntimeError):
+                break
+            continue
         if kind not in ("MulBackward0", "DivBackward0"):
             break
         nexts = node.next_functions
@@ -80,7 +90,7 @@ def peel_to(root: torch.Tensor) -> tuple[Any, Any]:
             break
         v: Any = c.item() if c.is_cpu else c.detach().double()
         factor = _divide(factor, v) if kind == "DivBackward0" else factor * v
-        node = nexts[live[0]][0]
+        node, nr = nexts[live[0]]
     return factor, node
 
 

@@ -67,7 +67,7 @@ fn a_short_last_window_divided_by_k_is_named_against_the_big_batch() {
     let (code, r) = plain(W2, "--batch {batch} --samples 40 --tail k");
     let (reason, stage, owner, detail) = cause(&r["big_batch"]["diagnosis"]);
     assert_eq!((code, reason, stage, owner), (Some(1), "short window scaling", "scaling", "script"), "{detail}");
-    assert!(detail.contains("ran 2 micro-batches per process where a window holds 4"), "{detail}");
+    assert!(detail.contains("ran 2 micro-batch(es) per process where a window holds 4"), "{detail}");
     let (code, r) = plain(W2, "--batch {batch} --samples 40");
     assert_eq!(code, Some(0), "{}", r["big_batch"]["diagnosis"]);
 }

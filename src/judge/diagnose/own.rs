@@ -3,7 +3,7 @@
 //! the script's.
 
 use super::measure::legs::{engine_accumulates, ran_backward};
-use super::owner::Owner;
+use super::owner::{library_of, Owner};
 use super::parting::{Numbers, Parting, Scaled, Side, Synced};
 use super::source::Source;
 use crate::evidence::{DdpForward, Framework, Trace};
@@ -30,6 +30,12 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
             framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
         }
         Numbers::WindowDivided { .. } => divider(t),
+        // A framework's code handed the loss to backward for the user (Trainer's
+        // training_step), and nothing between the loss and backward divided it: the division
+        // it owes is missing, whatever the script returned.
+        Numbers::Scaling { how: Scaled::Own { dev, handed, .. }, .. } if *dev > 1.0 && *handed != Framework::Plain => {
+            framework(Some(*handed), "its training step's hand-over of the loss to backward")
+        }
         Numbers::PrecisionApart { .. } | Numbers::RanksPrecision { .. } => {
             framework(t.header.framework, "its precision setting")
         }
@@ -58,11 +64,25 @@ fn ddp_builder(t: &Trace) -> Option<Owner> {
     Some(Owner::of_framework(t, f, api)).filter(Owner::is_library)
 }
 
-/// Whose code divided each loss by the accumulation steps: a framework's backward API that
-/// divides (the root a fraction of what was handed), else whoever handed the loss on.
+/// Whose code divided each loss by the accumulation steps: the code that chose the factor.
+/// A framework that hands the loss to another's API owns the division it made before
+/// handing it, and one that API applied where the framework told it how many to divide by
+/// (the API named as where); a backward API the script called owns its own division.
 fn divider(t: &Trace) -> Owner {
     let api = t.header.loss_api.filter(|f| *f != Framework::Plain);
-    match (api, t.header.loss_handed_by.filter(|f| *f != Framework::Plain)) {
+    let handed = t.header.loss_handed_by.filter(|f| *f != Framework::Plain);
+    match (api, handed) {
+        (Some(a), Some(h)) if a != h => match api_divided(t) {
+            Some(true) => Owner::of_framework(
+                t,
+                h,
+                format!(
+                    "its division of the loss by its accumulation steps, applied in {}'s backward",
+                    library_of(a).unwrap_or("the backward")
+                ),
+            ),
+            _ => Owner::of_framework(t, h, "its division of the loss by its accumulation steps before its backward"),
+        },
         (Some(f), _) if t.header.framework_accumulation.is_some() => {
             Owner::of_framework(t, f, "its backward's division of the loss by its accumulation steps")
         }
@@ -70,6 +90,20 @@ fn divider(t: &Trace) -> Owner {
         (Some(f), None) => Owner::of_framework(t, f, "its backward's division of the loss by its accumulation steps"),
         (None, None) => Owner::Script,
     }
+}
+
+/// Whether the backward API divided what it was handed (the roots a fraction of the handed
+/// values), from every recorded micro-batch; None where nothing was handed.
+fn api_divided(t: &Trace) -> Option<bool> {
+    let by_api: Vec<f64> = t
+        .facts
+        .stages
+        .iter()
+        .flat_map(|s| &s.batches)
+        .filter_map(|b| Some(b.root? / b.handed?).filter(|r| r.is_finite()))
+        .collect();
+    let mid = super::measure::median(by_api)?;
+    Some(!super::measure::near(mid, 1.0, super::measure::FACTOR_REL))
 }
 
 /// Who dealt the samples: a framework that shards the data loader, else the script.
@@ -106,4 +140,38 @@ fn engine_reducer(src: &dyn Source) -> Option<Owner> {
         .into_iter()
         .map(|s| src.trace(s))
         .find_map(|t| (engine_accumulates(t) && t.header.world_size.unwrap_or(1) > 1).then(|| reducer(t)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::{Batch, StageStep};
+
+    /// One step's micro-batches: each handed `handed` and run backward on `root`.
+    fn divided(handed: Framework, api: Framework, root_over_handed: f64) -> Trace {
+        let mut t = Trace::default();
+        t.header.loss_handed_by = Some(handed);
+        t.header.loss_api = Some(api);
+        t.header.versions = Some("torch==2.13.0, transformers==4.54.0, accelerate==1.9.0".into());
+        let batches = (0..3)
+            .map(|i| Batch { handed: Some(0.25 * (i + 1) as f64), root: Some(0.25 * (i + 1) as f64 * root_over_handed), ..Batch::default() })
+            .collect();
+        t.facts.stages = vec![StageStep { batches, ..StageStep::default() }];
+        t
+    }
+
+    #[test]
+    fn a_short_windows_division_belongs_to_the_code_that_chose_the_factor() {
+        // Trainer divided by K before accelerator.backward, which divided by 1.
+        let o = divider(&divided(Framework::Transformers, Framework::Accelerate, 1.0));
+        assert_eq!((o.name(), o.version()), ("transformers", Some("4.54.0")));
+        // Trainer told the API to divide: Trainer's factor, applied in Accelerate's backward.
+        let o = divider(&divided(Framework::Transformers, Framework::Accelerate, 0.25));
+        assert_eq!(o.name(), "transformers");
+        assert!(o.describe().contains("applied in accelerate's backward"), "{}", o.describe());
+        // The script called accelerator.backward under accumulate(): the API's own count.
+        let mut t = divided(Framework::Plain, Framework::Accelerate, 0.25);
+        t.header.framework_accumulation = Some(4);
+        assert_eq!(divider(&t).name(), "accelerate");
+    }
 }

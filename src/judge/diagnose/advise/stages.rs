@@ -99,7 +99,7 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                 }
             };
             format!(
-                "at step {s}, the epoch's last window, accumulation ran {held} micro-batches per process where a \
+                "at step {s}, the epoch's last window, {label} ran {held} micro-batch(es) per process where a \
                  window holds {k}, and each loss was still divided by {k} (recorded: what backward ran on against \
                  the loss): the short window's gradient is {held}/{k} of the mean the big batch takes; {fix}"
             )
@@ -266,6 +266,18 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
     Some(words)
 }
 
+/// Until an upgrade: how to make a framework that hands the loss to backward divide it.
+fn never_divided_workaround(f: Framework) -> &'static str {
+    match f {
+        // Trainer skips its division for a model whose forward takes loss kwargs (**kwargs),
+        // leaving it to num_items_in_batch: its documented switch.
+        Framework::Transformers => {
+            ", or set trainer.model_accepts_loss_kwargs = False so that Trainer divides (or use num_items_in_batch)"
+        }
+        _ => "",
+    }
+}
+
 /// Which way the loss was scaled wrong and who must change: a division on top of a
 /// framework's, by K on every rank, or a loss never divided take opposite advice.
 fn scaled(how: &Scaled, label: &str, owner: &Owner) -> String {
@@ -315,6 +327,14 @@ fn scaled(how: &Scaled, label: &str, owner: &Owner) -> String {
                  divide by the micro-batches per process (K in accumulation, K/W on each rank), not by K on every \
                  rank",
                 1.0 / sc
+            ),
+            (false, _) if owner.is_library() => format!(
+                "{label} scales each loss by {sc:.4}, {dev:.2}x what its {k} micro-batches per process need: {} handed \
+                 each micro-batch's loss to backward never divided by the accumulation steps (K times too large in \
+                 one process, K/W on each rank); the library's, not your script, which returns the mean loss: upgrade {}{}",
+                owner.describe(),
+                owner.name(),
+                never_divided_workaround(*handed)
             ),
             (false, _) => format!(
                 "{label} scales each loss by {sc:.4}, {dev:.2}x what its {k} micro-batches per process need: divide \

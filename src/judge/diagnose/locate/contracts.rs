@@ -72,6 +72,7 @@ pub fn walk(ev: &Evidence) -> Option<Parting> {
         .or_else(|| normalisers(&l, s))
         .or_else(|| scaled_per_rank(&l, s))
         .or_else(|| reduction(&l, s))
+        .or_else(|| short_window(&l, s))
         .or_else(|| scaling(&l, s))
         .or_else(|| clipped_alone(&l, s))
 }
@@ -173,6 +174,22 @@ fn window(l: &Leg) -> Option<f64> {
     .filter(|k| *k > 0.0)
 }
 
+/// Scaling: a window holding fewer micro-batches than the run's windows (an epoch's last)
+/// whose every loss was still divided by the full window's count: its gradient is
+/// held/k of its samples' mean, in one process as on W ranks (the big batch's finding, read
+/// from one run: each window's count against the divisor its losses got).
+fn short_window(l: &Leg, s: usize) -> Option<Parting> {
+    if scales_inside(l.trace) || !l.trace.header.loss_is_mean() || l.batches.iter().any(|b| b.normaliser.is_some()) {
+        return None;
+    }
+    let k = window(l)?;
+    let held = l.batches.len() as f64 / l.world as f64;
+    (held > 0.0 && held < k && k.fract() == 0.0 && held.fract() == 0.0).then_some(())?;
+    let by_k = l.batches.iter().all(|b| b.scaling().is_some_and(|f| near(f * k, 1.0, FACTOR_REL)));
+    by_k.then_some(())?;
+    at(s, Stage::Scaling, Numbers::WindowDivided { held: held as usize, k: k as usize })
+}
+
 /// Scaling: what backward ran on, over the reduction's divide, weighs every micro-batch of
 /// the window 1/(K/W · W) = 1/K, as one process dividing each loss by K does. A loss the
 /// forward normalised over the window (num_items_in_batch) weighs each item 1/N: the
@@ -184,7 +201,10 @@ fn scaling(l: &Leg, s: usize) -> Option<Parting> {
         return None;
     }
     let w = l.world as f64;
-    let k = window(l)?;
+    // A short window (an epoch's last) is a mean over what it holds (`short_window` names
+    // one divided by the full count).
+    let held = l.batches.len() as f64 / w;
+    let k = window(l).map(|k| if held > 0.0 && held < k { held } else { k })?;
     let normalised = l.batches.iter().all(|b| b.normaliser.is_some());
     // A loss that sums its micro-batch (divided by a count the script made) weighs each
     // item by that count, which one run cannot know: only a mean's scaling is judged.

@@ -377,9 +377,12 @@ fn same_sizes(a: &Leg, b: &Leg) -> bool {
 /// Whether a leg's losses follow the normaliser its forward was passed (a loss normalised
 /// over the window): not where a micro-batch of the same inputs in the other leg was passed
 /// another normaliser and returned the same loss (a model that takes num_items_in_batch and
-/// returns its own mean: nothing then divides the loss by the window).
+/// returns its own mean: nothing then divides the loss by the window), nor where the loss
+/// was recorded a mean.
 fn follows_normaliser(l: &Leg, other: &Leg) -> bool {
-    if !l.batches.iter().any(|x| x.normaliser.is_some()) {
+    // A loss whose graph shows a mean over its micro-batch under its constant factors
+    // follows no count it was passed (a model that takes num_items_in_batch and drops it).
+    if !l.batches.iter().any(|x| x.normaliser.is_some()) || l.trace.header.loss_is_mean() {
         return false;
     }
     let pairs = matched(l.batches, other.batches);

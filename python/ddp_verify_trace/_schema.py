@@ -68,6 +68,11 @@ HEADER = {
     "loss_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
+    "planned_steps": ("count", None, False),
+    "planned_loader": ("count", None, False),
+    "planned_accumulation": ("count", None, False),
+    "planned_epochs": ("number", None, False),
+    "planned_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "sampler_dataset": ("count", None, False),
     "sampler_padded": ("count", None, False),
     "sampler_repeated": ("text", None, False),
@@ -139,6 +144,11 @@ class Key:
     LOSS_DTYPE = "loss_dtype"
     NORMALISED_BY = "normalised_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
+    PLANNED_STEPS = "planned_steps"
+    PLANNED_LOADER = "planned_loader"
+    PLANNED_ACCUMULATION = "planned_accumulation"
+    PLANNED_EPOCHS = "planned_epochs"
+    PLANNED_BY = "planned_by"
     SAMPLER_DATASET = "sampler_dataset"
     SAMPLER_PADDED = "sampler_padded"
     SAMPLER_REPEATED = "sampler_repeated"
@@ -192,7 +202,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework and ddp_built_by and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by keys hold."""
+    """The words the framework and ddp_built_by and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by and planned_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"

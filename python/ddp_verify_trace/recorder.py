@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import _collectives, _cpu_device, _deal, _extras, _groups, _no_dropout, _owners, _perturb, _progress, _schema
-from . import _patches, _step_file, _torch_patches, _watch, engines
+from . import _patches, _step_file, _torch_patches, _watch, engines, frameworks
 from ._args import Magnitudes, PathLike, Sample, check_magnitudes, check_path, check_sample, rank_world
 from ._detect import active_dropout, coupled, unwrap
 from ._followed import Followed
@@ -422,6 +422,7 @@ class Recorder(Followed):
                 self._meta[key] = word
         if w.framework_accumulation is not None:
             self._meta[K.FRAMEWORK_ACCUMULATION] = str(w.framework_accumulation)
+        self._meta.update(frameworks.planned())
         return packed
 
     def _keep_step(

@@ -190,6 +190,16 @@ header! {
             "whose code passed the forward its num_items_in_batch (plain: the script)";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional
             "the micro-batches per step a framework's optimizer wrapper was told to accumulate";
+        planned_steps: usize = PLANNED_STEPS "planned_steps" optional
+            "the optimizer steps a framework planned for the run from its loader's length and its epochs (Trainer's max_steps where the script set none)";
+        planned_loader: usize = PLANNED_LOADER "planned_loader" optional
+            "the batches the planning framework counted in its loader each epoch, on this process";
+        planned_accumulation: usize = PLANNED_ACCUMULATION "planned_accumulation" optional
+            "the micro-batches per optimizer step the framework planned with";
+        planned_epochs: f64 = PLANNED_EPOCHS "planned_epochs" optional
+            "the epochs the framework planned the steps for";
+        planned_by: Framework = PLANNED_BY "planned_by" optional
+            "whose code planned the run's optimizer steps from its loader";
         sampler_dataset: usize = SAMPLER_DATASET "sampler_dataset" optional
             "samples in the data set a DistributedSampler dealt";
         sampler_padded: usize = SAMPLER_PADDED "sampler_padded" optional

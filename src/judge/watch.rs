@@ -101,7 +101,11 @@ fn checkable(t: &Trace) -> Vec<(Stage, &'static str, Option<&'static str>)> {
     let inside = scales_inside(t);
     let mean = t.header.loss_is_mean();
     let local = stages.iter().any(|s| !s.local.is_empty());
-    let precision = stages.iter().flat_map(|s| &s.batches).any(|b| b.autocast.is_some());
+    let planned = t.header.planned_steps.is_some();
+    // A recorder that writes `loss_dtype` writes each micro-batch's autocast wherever a
+    // forward ran under one: none written there is every rank off.
+    let precision =
+        t.header.loss_dtype.is_some() || stages.iter().flat_map(|s| &s.batches).any(|b| b.autocast.is_some());
     let none = "the run recorded no stage facts (a recorder older than this check, or no backward seen)";
     let why = |ok: bool, reason: &'static str| if !batches { Some(none) } else { (!ok).then_some(reason) };
     vec![
@@ -119,8 +123,12 @@ fn checkable(t: &Trace) -> Vec<(Stage, &'static str, Option<&'static str>)> {
         ),
         (
             Stage::Samples,
-            "the ranks' micro-batches in a step are different samples",
-            why(world > 1 && hashed, if world > 1 { "no sample was hashed" } else { "one process: no ranks to deal" }),
+            "the ranks' micro-batches in a step are different samples, and the steps a framework planned reach \
+             each epoch's every batch",
+            why(
+                (world > 1 && hashed) || planned,
+                if world > 1 { "no sample was hashed" } else { "one process: no ranks to deal" },
+            ),
         ),
         (
             Stage::Loss,
@@ -129,7 +137,7 @@ fn checkable(t: &Trace) -> Vec<(Stage, &'static str, Option<&'static str>)> {
         ),
         (
             Stage::Scaling,
-            "what backward ran on, over the reduction's divide, weighs every micro-batch 1/K",
+            "what backward ran on, over the reduction's divide, weighs every micro-batch 1/K (an epoch's short last window's: 1 over what it holds)",
             why(
                 scaled && !inside && (mean || normalised),
                 if !scaled {

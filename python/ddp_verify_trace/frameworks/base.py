@@ -10,13 +10,22 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from .. import _owners
+from .. import _owners, _schema
 from .._patches import Patches
 
 # (module, class, method): a framework's API a script hands its loss to (first argument).
 Api = tuple[str, str, str]
 # (module, class, method, the accumulation steps it was told, read from the wrapper or None).
 Wrapper = tuple[str, str, str, Callable[[Any], Any]]
+
+# (module, class, method, reader): where a framework plans the run's optimizer steps; the
+# reader takes the call's arguments (self first) and returns (steps, loader batches per epoch,
+# micro-batches per step, epochs), or None where the script set the steps itself.
+Planner = tuple[str, str, str, Callable[..., Any]]
+
+# The plan this process's framework made, as header facts (`planned`): it is made before
+# the first step, before a recording may have started.
+_PLAN: dict[str, str] = {}
 
 # Makes the recording a callback starts: (path, record()'s keyword arguments) -> Session.
 SessionMaker = Callable[[Any, dict[str, Any]], Any]
@@ -46,6 +55,8 @@ class Framework:
     # Where a script marks its engine's accumulation boundary by hand: several backwards per
     # engine step are then the engine's documented use, not a script that misread its setting.
     boundary_setters: tuple[Api, ...] = ()
+    # Where it plans the run's optimizer steps from its loader (its epoch arithmetic).
+    planners: tuple[Planner, ...] = ()
 
     def patch(self, patches: Patches) -> None:
         """Installs what the framework adds around the step: the loss handed to its backward
@@ -58,6 +69,37 @@ class Framework:
             patches.after_import(module, _wrapper_patch(patches, cls, method, told))
         for module, cls, method in self.boundary_setters:
             patches.after_import(module, _boundary_patch(patches, cls, method))
+        for module, cls, method, reader in self.planners:
+            patches.after_import(module, _planner_patch(patches, name, cls, method, reader))
+
+
+def planned() -> dict[str, str]:
+    """The header facts of the steps a framework planned in this process (none: not seen)."""
+    return dict(_PLAN)
+
+
+def _planner_patch(patches: Patches, framework: str, cls: str, method: str, reader: Callable[..., Any]) -> Callable[[Any], None]:
+    def install(module: Any) -> None:
+        owner = getattr(module, cls)
+        original = getattr(owner, method)
+
+        def plan(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                _PLAN.clear()  # a plan of this training's own, or none
+                got = reader(self, *args, **kwargs)
+                if got is not None:
+                    steps, loader, accumulation, epochs = got
+                    K = _schema.Key
+                    _PLAN.update({K.PLANNED_STEPS: str(int(steps)), K.PLANNED_LOADER: str(int(loader)),
+                                  K.PLANNED_ACCUMULATION: str(int(accumulation)), K.PLANNED_EPOCHS: repr(float(epochs)),
+                                  K.PLANNED_BY: framework})  # fmt: skip
+            except Exception:  # noqa: BLE001 - a fact not taken; training goes on
+                pass
+            return original(self, *args, **kwargs)
+
+        patches.replace(owner, method, plan)
+
+    return install
 
 
 def _api_patch(patches: Patches, framework: str, cls: str, method: str) -> Callable[[Any], None]:

@@ -12,10 +12,21 @@ from .. import _schema
 from .base import Framework, SessionMaker
 
 
+def _plan(handler: Any, args: Any, state: Any, *rest: Any, **kwargs: Any) -> Any:
+    """Trainer's plan as training begins: its max_steps, computed from the loader's length
+    and the epochs where the script set no max_steps (then the steps are the script's)."""
+    if getattr(args, "max_steps", 0) > 0:
+        return None
+    loader = getattr(handler, "train_dataloader", None)
+    return state.max_steps, len(loader), args.gradient_accumulation_steps, args.num_train_epochs
+
+
 class Transformers(Framework):
     name = _schema.Framework.TRANSFORMERS
     modules = ("transformers",)
     callback_names = ("DDPVerifyCallback", "TrainerCallback")
+    # Trainer hands its callbacks the plan it made (steps from the loader) before the first step.
+    planners = (("transformers.trainer_callback", "CallbackHandler", "on_train_begin", _plan),)
 
     def callback(self, session: SessionMaker) -> type | None:
         try:

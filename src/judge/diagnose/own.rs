@@ -18,6 +18,7 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         | Numbers::DifferentInputs { .. }
         | Numbers::Regrouped { .. }
         | Numbers::SharedSamples { .. } => dealer(src.trace(Side::Right)),
+        Numbers::EpochCutShort { .. } => framework(t.header.planned_by, "its steps-per-epoch arithmetic"),
         Numbers::SteppedEarly { .. } => framework(t.header.framework, "its optimizer wrapper's step()"),
         // A DDP module a framework built decides, with that framework, when it reduces.
         Numbers::Unsynced { synced, .. } if *synced != Synced::NoDdpForward => {

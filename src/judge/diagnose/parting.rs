@@ -145,6 +145,9 @@ pub struct Pace {
 pub enum Numbers {
     OneProcess,
     DealtUnevenly(Deal),
+    /// A framework planned `steps` optimizer steps for `epochs` epochs of `loader` batches at
+    /// `accumulation` per step, too few for each epoch's partial last window of `left` batches.
+    EpochCutShort { steps: usize, loader: usize, accumulation: usize, epochs: usize, left: usize },
     UnreducedTail {
         engine: Engine,
         micro_batches: usize,
@@ -415,6 +418,7 @@ impl Numbers {
         match self {
             N::OneProcess => (M::OneProcess, R::OneProcess),
             N::DealtUnevenly(_) => (M::DealtUnevenly, R::UnevenData),
+            N::EpochCutShort { .. } => (M::EpochCutShort, R::EpochCutShort),
             N::UnreducedTail { .. } => (M::UnreducedTail, R::UnsyncedGradient),
             N::SteppedEarly { .. } => (M::SteppedEarly, R::StepCount),
             N::StepCount(_) => (M::StepCount, R::StepCount),

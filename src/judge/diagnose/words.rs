@@ -39,6 +39,7 @@ words! {
         NeedlessSync = "needless synchronisation",
         ZeroedInWindow = "gradients zeroed in the window",
         UnevenData = "data dealt unevenly",
+        EpochCutShort = "epoch cut short",
         OptimizerSettings = "optimizer settings",
         Unexplained = "unexplained difference",
         Regrouped = "samples grouped otherwise",
@@ -68,6 +69,7 @@ words! {
         // What ran.
         OneProcess = "one process",
         DealtUnevenly = "dealt unevenly",
+        EpochCutShort = "epoch cut short",
         UnreducedTail = "unreduced micro-batches",
         SteppedEarly = "stepped early",
         StepCount = "step count",

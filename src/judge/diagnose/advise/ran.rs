@@ -17,6 +17,24 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
              torchrun needs --nproc_per_node W); launch it with W processes and record again"
         ),
         Numbers::DealtUnevenly(deal) => dealt(deal, p.leg, owner, w),
+        &Numbers::EpochCutShort { steps, loader, accumulation, epochs, left } => {
+            let fix = match owner.is_library() {
+                true => format!(
+                    "{} counts whole windows only: the library's, not your script's: upgrade {}, or size the data to \
+                     a whole number of windows per epoch",
+                    owner.describe(),
+                    owner.name()
+                ),
+                false => "plan a step for each epoch's partial last window too (round the windows up)".to_string(),
+            };
+            format!(
+                "{label} planned {steps} optimizer step(s) for {epochs} epoch(s) of {loader} batches at {accumulation} \
+                 per step (recorded: the plan its framework made from the loader), {} short of a step for each \
+                 window: each epoch's last {left} batch(es), a partial window, never reach an optimizer step, which \
+                 a run without accumulation takes; {fix}",
+                loader.div_ceil(accumulation) * epochs - steps
+            )
+        }
         &Numbers::UnreducedTail { engine, micro_batches: m, tail, moved } => {
             let off = engine.no_sync();
             let detail = if tail == m {

@@ -37,6 +37,7 @@ fn runs(tier: Tier) -> &'static [Locator] {
             precision::apart,
             precision::ranks_apart,
             steps::other_start,
+            samples::epoch_cut_short,
             samples::uneven_data,
             sync::unreduced_tail,
             steps::step_count,
@@ -87,6 +88,7 @@ fn one_run(tier: Tier) -> &'static [Locator] {
         Tier::Structure => &[
             precision::ranks_apart,
             contracts::shared_samples,
+            samples::epoch_cut_short,
             steps::stepped_early,
             sync::unreduced_tail,
             steps::engine_boundary,

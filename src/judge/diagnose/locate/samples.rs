@@ -4,7 +4,25 @@
 use crate::evidence::TraceHeader;
 use crate::judge::diagnose::measure::legs::Leg;
 use crate::judge::diagnose::parting::{Deal, Numbers, Parting, Side};
-use crate::judge::diagnose::{Evidence, Loss, Stage};
+use crate::judge::diagnose::{Evidence, Loss, Pair, Stage};
+
+/// An epoch cut short by the plan a framework made: fewer optimizer steps than each epoch's
+/// windows (its partial last one included), so those batches never reach a step. Between two
+/// runs, only in the leg that stepped fewer times (a plan both legs share parts neither);
+/// in one run, the recorded plan alone.
+pub fn epoch_cut_short(ev: &Evidence) -> Option<Parting> {
+    let one_run = matches!(ev.pair, Pair::OneRun);
+    [(ev.a, ev.b, Side::Left), (ev.b, ev.a, Side::Right)].into_iter().find_map(|(t, other, side)| {
+        let h = &t.header;
+        let (steps, loader, k, epochs) = (h.planned_steps?, h.planned_loader?, h.planned_accumulation?, h.planned_epochs?);
+        (k > 0 && epochs >= 1.0 && epochs.fract() == 0.0 && loader % k != 0).then_some(())?;
+        let epochs = epochs as usize;
+        (steps < loader.div_ceil(k) * epochs).then_some(())?;
+        (one_run || h.steps.zip(other.header.steps).is_some_and(|(x, y)| x < y)).then_some(())?;
+        let numbers = Numbers::EpochCutShort { steps, loader, accumulation: k, epochs, left: loader % k };
+        Some(Parting::new(ev.first, Some(Stage::Samples), Some(side), numbers))
+    })
+}
 
 /// The data dealt unevenly, by the legs' recorded facts: a DistributedSampler that padded or
 /// dropped samples in one leg and not the other, or loaders that dropped or shortened other

@@ -44,13 +44,16 @@ def expected_watch(case, side):
 
 
 def diagnosis_of(report, key=None):
-    """The report's diagnosis (under `fault` in watch's), or None where it has no report."""
+    """The report's diagnosis (under `fault` in watch's; the big batch's where DDP and
+    accumulation agree and it parts), or None where it has no report."""
     try:
         with open(report) as f:
             got = json.load(f)
     except (OSError, ValueError):
         return None
-    return ((got.get(key) or {}) if key else got).get("diagnosis") or {}
+    if key:
+        return (got.get(key) or {}).get("diagnosis") or {}
+    return got.get("diagnosis") or (got.get("big_batch") or {}).get("diagnosis") or {}
 
 
 def run_one(binary, case, side, keep):

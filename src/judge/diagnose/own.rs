@@ -155,7 +155,11 @@ mod tests {
         t.header.loss_api = Some(api);
         t.header.versions = Some("torch==2.13.0, transformers==4.54.0, accelerate==1.9.0".into());
         let batches = (0..3)
-            .map(|i| Batch { handed: Some(0.25 * (i + 1) as f64), root: Some(0.25 * (i + 1) as f64 * root_over_handed), ..Batch::default() })
+            .map(|i| Batch {
+                handed: Some(0.25 * (i + 1) as f64),
+                root: Some(0.25 * (i + 1) as f64 * root_over_handed),
+                ..Batch::default()
+            })
             .collect();
         t.facts.stages = vec![StageStep { batches, ..StageStep::default() }];
         t

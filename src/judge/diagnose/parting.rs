@@ -147,7 +147,13 @@ pub enum Numbers {
     DealtUnevenly(Deal),
     /// A framework planned `steps` optimizer steps for `epochs` epochs of `loader` batches at
     /// `accumulation` per step, too few for each epoch's partial last window of `left` batches.
-    EpochCutShort { steps: usize, loader: usize, accumulation: usize, epochs: usize, left: usize },
+    EpochCutShort {
+        steps: usize,
+        loader: usize,
+        accumulation: usize,
+        epochs: usize,
+        left: usize,
+    },
     UnreducedTail {
         engine: Engine,
         micro_batches: usize,

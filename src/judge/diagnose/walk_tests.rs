@@ -560,7 +560,10 @@ fn a_loss_a_framework_hands_to_backward_never_divided_is_the_frameworks() {
     assert_eq!(l.owner.version(), Some("4.48.3"));
     assert!(d.detail.contains("never divided") && d.detail.contains("upgrade transformers"), "{}", d.detail);
     // The script's own loop handed it to accelerator.backward: the script's division to make.
-    let (acc, ddp) = (handed_on(acc, Framework::Plain, Framework::Accelerate), handed_on(ddp, Framework::Plain, Framework::Accelerate));
+    let (acc, ddp) = (
+        handed_on(acc, Framework::Plain, Framework::Accelerate),
+        handed_on(ddp, Framework::Plain, Framework::Accelerate),
+    );
     let d = judged(&acc, &ddp);
     assert_eq!(said(&d), ("scaling", "script", None), "{d:?}");
     assert!(!d.detail.contains("never divided"), "{}", d.detail);
@@ -595,7 +598,14 @@ fn an_epoch_its_framework_planned_short_is_that_frameworks_at_the_samples_stage(
         crate::judge::diagnose::big_batch(acc, &other, &c, &Context::of_traces(acc, &other), true).expect("a cause")
     };
     let d = judged_big(&acc);
-    assert_eq!((d.reason, said(&d)), (Reason::EpochCutShort, ("samples", "transformers", Some("https://github.com/huggingface/transformers/pull/37923"))), "{d:?}");
+    assert_eq!(
+        (d.reason, said(&d)),
+        (
+            Reason::EpochCutShort,
+            ("samples", "transformers", Some("https://github.com/huggingface/transformers/pull/37923"))
+        ),
+        "{d:?}"
+    );
     assert!(d.detail.contains("last 2 batch(es)"), "{}", d.detail);
     // Rounded up (4 steps for 4 windows): no cut, whatever else parts the runs.
     plan(&mut acc, 4, 14, 4);

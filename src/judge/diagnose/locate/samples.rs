@@ -14,7 +14,8 @@ pub fn epoch_cut_short(ev: &Evidence) -> Option<Parting> {
     let one_run = matches!(ev.pair, Pair::OneRun);
     [(ev.a, ev.b, Side::Left), (ev.b, ev.a, Side::Right)].into_iter().find_map(|(t, other, side)| {
         let h = &t.header;
-        let (steps, loader, k, epochs) = (h.planned_steps?, h.planned_loader?, h.planned_accumulation?, h.planned_epochs?);
+        let (steps, loader, k, epochs) =
+            (h.planned_steps?, h.planned_loader?, h.planned_accumulation?, h.planned_epochs?);
         (k > 0 && epochs >= 1.0 && epochs.fract() == 0.0 && loader % k != 0).then_some(())?;
         let epochs = epochs as usize;
         (steps < loader.div_ceil(k) * epochs).then_some(())?;

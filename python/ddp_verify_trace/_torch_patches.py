@@ -85,6 +85,21 @@ def _patch_all() -> None:
     # One wrapper at both names, so a call through either is counted once.
     _patches.replace(torch.nn.utils.clip_grad, "clip_grad_norm_", clip_grad_norm_)
     _patches.replace(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+    # The clip in two calls (torch 2.6 on): the total norm, then the clip with it, as
+    # Accelerate 1.16's clip_grad_norm_ does. Only the public name: clip_grad_norm_ calls the
+    # module's own, so one clip is counted once.
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+        clip_with_norm = torch.nn.utils.clip_grads_with_norm_
+
+        def clip_grads_with_norm_(parameters: Any, max_norm: float, total_norm: Any, *args: Any, **kwargs: Any) -> Any:
+            out = clip_with_norm(parameters, max_norm, total_norm, *args, **kwargs)
+            if OPEN:
+                norm = _whole_norm(total_norm)
+                for watch in OPEN:
+                    watch.clipped(norm, float(max_norm))
+            return out
+
+        _patches.replace(torch.nn.utils, "clip_grads_with_norm_", clip_grads_with_norm_)
 
     set_epoch = DistributedSampler.set_epoch
 

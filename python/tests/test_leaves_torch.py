@@ -52,6 +52,23 @@ def test_closing_a_session_restores_every_patch_in_the_registry(tmp_path, torch_
         assert f.metadata()["steps"] == "2" and f.get_tensor("clips.1").item() == 1
 
 
+@pytest.mark.skipif(not hasattr(torch.nn.utils, "clip_grads_with_norm_"), reason="torch before 2.6")
+def test_a_clip_in_two_calls_is_counted_once_with_its_norm(tmp_path):
+    # Accelerate 1.16's clip_grad_norm_: the total norm, then the clip with it.
+    model, opt = make()
+    with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
+        for _ in range(2):
+            model(torch.ones(4, 3)).square().mean().backward()
+            total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            torch.nn.utils.clip_grads_with_norm_(list(model.parameters()), 0.01, total)
+            opt.step()
+            opt.zero_grad()
+    with safe_open(str(tmp_path / "t.safetensors"), "pt") as f:
+        assert f.get_tensor("clips.1").item() == 1
+        norm, max_norm = f.get_tensor("clip.1").tolist()
+        assert max_norm == pytest.approx(0.01) and norm > 0.01
+
+
 def in_place(patch):
     return getattr(patch.owner, patch.name) is patch.replacement
 

@@ -199,6 +199,9 @@ def test_the_loss_reduction_is_read_under_its_constant_factors():
         (torch.nn.functional.mse_loss(x, torch.zeros(4, 3)) * 2, "mean"),
         ((x**2).mean() / 2, "mean"),
         ((x**2).sum(), "sum"),
+        # A copy or a view of the loss is the same loss (TRL's `loss.to(device)`).
+        (torch.nn.functional.cross_entropy(x, y).to(torch.float64).view(1).squeeze() / 4, "mean"),
+        (torch.nn.functional.mse_loss(x, torch.zeros(4, 3)).clone() * 2, "mean"),
         # A sum of losses, or label smoothing's mix: no one reduction.
         (torch.nn.functional.cross_entropy(x, y, label_smoothing=0.1), None),
         ((x**2).mean() + (x**3).mean(), None),

@@ -39,6 +39,9 @@ _MEAN_NODES = ("MeanBackward0", "MeanBackward1")
 _SUM_NODES = ("SumBackward0", "SumBackward1")
 # DistributedDataParallel's node over its forward's outputs (torch's `_DDPSink`): looked past.
 _SINK = "_DDPSinkBackward"
+# Nodes that hand their one input's gradient on unchanged in value: looked past.
+_SAME = ("ToCopyBackward0", "CloneBackward0", "ViewBackward0", "AliasBackward0", "SqueezeBackward0",
+         "SqueezeBackward1", "UnsqueezeBackward0")  # fmt: skip
 
 
 def reduction(node: Any) -> str | None:
@@ -63,6 +66,13 @@ def peel_to(root: torch.Tensor) -> tuple[Any, Any]:
         if node is None:
             break
         kind = type(node).__name__  # node.name() costs the backward more (measured)
+        if kind in _SAME:
+            # A copy to another device or dtype, or a view: the same loss (TRL's `.to(device)`).
+            nexts = node.next_functions
+            if len(nexts) != 1 or nexts[0][0] is None:
+                break
+            node, nr = nexts[0]
+            continue
         if kind == _SINK:
             # DDP passes its forward's outputs through one node (find_unused_parameters,
             # a static graph's first step): the loss is its output `nr`, input `nr` under it.

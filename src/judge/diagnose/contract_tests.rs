@@ -133,3 +133,28 @@ fn the_first_step_that_breaks_one_is_named() {
     let d = judged(&t).expect("broken");
     assert_eq!((d.step, d.located.as_ref().unwrap().stage.name()), (Some(1), "update"));
 }
+
+#[test]
+fn micro_batches_each_normalised_by_their_own_count_break_the_loss_contract() {
+    // Each micro-batch's summed loss divided by the count n it was passed (its graph shows
+    // it: the factor peeled off is 1/n, times `scale`).
+    let own = |scale: f64, counts: [f64; 4], follows: bool| {
+        let mut t = run(scale, 1.0, false, 1);
+        t.header.loss_reduction = Some("sum".into());
+        for (i, b) in t.facts.stages[0].batches.iter_mut().enumerate() {
+            b.normaliser = Some(counts[i]);
+            b.peeled = Some(if follows { LOSSES[i] * counts[i] } else { LOSSES[i] });
+        }
+        t
+    };
+    // Each by its own count, then by k=2: the window's items weigh 1/(2n).
+    let d = judged(&own(0.5, [10.0, 30.0, 20.0, 20.0], true)).expect("broken");
+    assert_eq!(said(&d), (Some(0), "loss", "script"));
+    let says = "rank 0 divided each micro-batch's loss by a count of its own (num_items_in_batch 10, 30";
+    assert!(d.detail.contains(says), "{}", d.detail);
+    // The window's count over both ranks, never divided again (Trainer): every item 1/N.
+    assert_eq!(judged(&own(1.0, [80.0; 4], true)), None);
+    // Counts passed and not followed (a loss of the script's own): not this contract's.
+    let d = judged(&own(0.5, [10.0, 30.0, 20.0, 20.0], false));
+    assert!(d.as_ref().is_none_or(|d| !d.detail.contains("a count of its own")), "{d:?}");
+}

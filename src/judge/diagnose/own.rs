@@ -27,7 +27,10 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
         Numbers::Reduction { configured: true, .. } => Owner::Script,
         Numbers::Reduction { .. } | Numbers::Lost { .. } => reducer(t),
-        Numbers::NormaliserPerRank { .. } | Numbers::NormalisersApart { .. } | Numbers::ScaledPerRank { .. } => {
+        Numbers::NormaliserPerRank { .. }
+        | Numbers::NormalisersApart { .. }
+        | Numbers::ScaledPerRank { .. }
+        | Numbers::NormalisedPerMicroBatch { .. } => {
             framework(t.header.normalised_by, "the num_items_in_batch it passes the model's loss")
         }
         Numbers::WindowDivided { .. } => divider(t),

@@ -221,6 +221,13 @@ pub enum Numbers {
     NormalisersApart {
         by_rank: Vec<(usize, f64, f64)>,
     },
+    /// One rank's micro-batches each divided by a count of its own (`counts`, the
+    /// num_items_in_batch each was passed, which its loss followed): the window's items weigh
+    /// unequally.
+    NormalisedPerMicroBatch {
+        rank: usize,
+        counts: Vec<f64>,
+    },
     NormaliserPerRank {
         losses: (f64, f64),
         normalisers: (f64, f64),
@@ -437,6 +444,7 @@ impl Numbers {
             N::DifferentInputs { .. } => (M::DifferentInputs, R::DifferentSamples),
             N::Regrouped { .. } => (M::Regrouped, R::Regrouped),
             N::NormaliserPerRank { .. } | N::NormalisersApart { .. } => (M::NormaliserPerRank, R::TokenCountPerRank),
+            N::NormalisedPerMicroBatch { .. } => (M::PerMicroBatchMean, R::PerMicroBatchMean),
             N::SharedSamples { .. } => (M::SharedSamples, R::DifferentSamples),
             N::LossDiffers { .. } => (M::LossDiffers, R::DifferentGradients),
             N::ZeroedInWindow { .. } => (M::ZeroedInWindow, R::ZeroedInWindow),

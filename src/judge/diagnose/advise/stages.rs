@@ -86,6 +86,23 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                 each.join("; ")
             )
         }
+        Numbers::NormalisedPerMicroBatch { rank, counts } => {
+            let counts: Vec<String> = counts.iter().map(|n| format!("{n}")).collect();
+            let fix = match owner.is_library() {
+                true => format!("{}'s, not your script's: upgrade {}", owner.describe(), owner.name()),
+                false => "pass every micro-batch the window's count (summed over its micro-batches, and over the \
+                          ranks), as Trainer's num_items_in_batch does"
+                    .to_string(),
+            };
+            format!(
+                "at step {s} {label}'s rank {rank} divided each micro-batch's loss by a count of its own \
+                 (num_items_in_batch {}, which each loss followed: recorded, the factor peeled off each loss times \
+                 its count is one number), so the window's items weigh unequally, each 1/(micro-batches · its own \
+                 micro-batch's count), where one process dividing the window's sum by the window's count weighs \
+                 each alike; {fix}",
+                counts.join(", ")
+            )
+        }
         Numbers::WindowDivided { held, k } => {
             let fix = match owner.is_library() {
                 true => format!(

@@ -70,6 +70,7 @@ pub fn walk(ev: &Evidence) -> Option<Parting> {
     let s = ev.first?;
     zeroed(&l, s)
         .or_else(|| normalisers(&l, s))
+        .or_else(|| own_counts(&l, s))
         .or_else(|| scaled_per_rank(&l, s))
         .or_else(|| reduction(&l, s))
         .or_else(|| short_window(&l, s))
@@ -113,6 +114,34 @@ fn normalisers(l: &Leg, s: usize) -> Option<Parting> {
     }
     (by_rank.len() > 1).then_some(())?;
     at(s, Stage::Loss, Numbers::NormalisersApart { by_rank })
+}
+
+/// Loss: a rank's micro-batches each divided by a count of its own, where one process divides
+/// the window's sum by the window's count: each passed another num_items_in_batch, and its
+/// loss followed it (the factor peeled off its graph times its normaliser is one number over
+/// the window), so its items weigh 1/(k·n) unequally. A loss that ignores what it was passed
+/// (a mean of its own, or a sum over a count the script made) is left to the scaling and the
+/// big batch: one run cannot tell its count.
+fn own_counts(l: &Leg, s: usize) -> Option<Parting> {
+    let mut ranks: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
+    for b in l.batches {
+        let (n, root, peeled) = (b.normaliser?, b.root?, b.peeled?);
+        (n > 0.0 && peeled != 0.0).then_some(())?;
+        ranks.entry(b.rank).or_default().push((n, root / peeled));
+    }
+    ranks.into_iter().find_map(|(rank, v)| {
+        let apart = v.iter().any(|(n, _)| !near(*n, v[0].0, 1e-9));
+        let follows = v.iter().all(|(n, f)| near(n * f, v[0].0 * v[0].1, FACTOR_REL));
+        (v.len() > 1 && apart && follows).then(|| {
+            let counts = v.iter().map(|(n, _)| *n).collect();
+            Parting::new(
+                Some(s),
+                Some(Stage::Loss),
+                Some(Side::Right),
+                Numbers::NormalisedPerMicroBatch { rank, counts },
+            )
+        })
+    })
 }
 
 /// Scaling: each rank scaled every one of its micro-batches by a factor of its own, where

@@ -555,7 +555,8 @@ fn a_loss_a_framework_hands_to_backward_never_divided_is_the_frameworks() {
     let acc = handed_on(leg(1, 1.0, 4.0 * sum(&G), &times(4.0), 1), Framework::Transformers, Framework::Accelerate);
     let ddp = handed_on(leg(2, 1.0, 4.0 * sum(&G), &times(2.0), 1), Framework::Transformers, Framework::Accelerate);
     let d = judged(&acc, &ddp);
-    assert_eq!(said(&d), ("scaling", "transformers", None), "{d:?}");
+    let fix = Some("https://github.com/huggingface/transformers/pull/35651");
+    assert_eq!(said(&d), ("scaling", "transformers", fix), "{d:?}");
     let l = d.located.as_ref().unwrap();
     assert_eq!(l.owner.version(), Some("4.48.3"));
     assert!(d.detail.contains("never divided") && d.detail.contains("upgrade transformers"), "{}", d.detail);

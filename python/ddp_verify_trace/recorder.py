@@ -595,5 +595,6 @@ class Recorder(Followed):
             h.remove()
         self._hooks = []
         self.engine.close()
+        frameworks.forget_plan()  # that training's: none for a recording after it
         if self._own_watch:
             self._watch.close()

@@ -50,6 +50,18 @@ def test_trainers_plan_from_its_loader_is_recorded(tmp_path):
     assert meta["planned_by"] == "transformers" and meta["planned_steps"] == meta["steps"] == "4"
 
 
+def test_a_plan_is_its_trainings_alone(tmp_path):
+    _train(tmp_path)
+    path = tmp_path / "later.safetensors"
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ddp_verify_trace.recording(path):
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+    with safe_open(str(path), "pt") as f:
+        assert not [k for k in f.metadata() if k.startswith("planned")]
+
+
 def test_steps_the_script_set_itself_are_no_plan(tmp_path):
     meta = _train(tmp_path, max_steps=2)
     assert not [k for k in meta if k.startswith("planned")]

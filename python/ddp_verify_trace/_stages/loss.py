@@ -37,7 +37,7 @@ def peel(root: torch.Tensor) -> Any:
 # their reduction (at::Reduction: 1 mean, 2 sum).
 _MEAN_NODES = ("MeanBackward0", "MeanBackward1")
 _SUM_NODES = ("SumBackward0", "SumBackward1")
-# DistributedDataParallel's node over its forward's outputs (torch's `_DDPSink`): looked past.
+# The data-parallel wrapper's node over its forward's outputs (torch's `_DDPSink`): looked past.
 _SINK = "_DDPSinkBackward"
 # Nodes that hand their one input's gradient on unchanged in value: looked past.
 _SAME = ("ToCopyBackward0", "CloneBackward0", "ViewBackward0", "AliasBackward0", "SqueezeBackward0",

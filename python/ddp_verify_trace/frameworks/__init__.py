@@ -13,7 +13,7 @@ from __future__ import annotations
 from .. import _owners
 from .._patches import Patches
 from .accelerate import Accelerate
-from .base import Framework, planned
+from .base import Framework, forget_plan, planned
 from .colossalai import ColossalAi
 from .deepspeed import DeepSpeed
 from .lightning import Lightning
@@ -33,7 +33,7 @@ def patch(patches: Patches) -> None:
         fw.patch(patches)
 
 
-__all__ = ["FRAMEWORKS", "PLAIN", "Framework", "patch", "planned"]
+__all__ = ["FRAMEWORKS", "PLAIN", "Framework", "forget_plan", "patch", "planned"]
 
 # The callbacks' names under `ddp_verify_trace` (built by `callbacks.py`).
 CALLBACKS = tuple(n for fw in FRAMEWORKS for n in fw.callback_names)

@@ -78,6 +78,11 @@ def planned() -> dict[str, str]:
     return dict(_PLAN)
 
 
+def forget_plan() -> None:
+    """A recording closed: the plan was its training's."""
+    _PLAN.clear()
+
+
 def _planner_patch(patches: Patches, framework: str, cls: str, method: str, reader: Callable[..., Any]) -> Callable[[Any], None]:
     def install(module: Any) -> None:
         owner = getattr(module, cls)

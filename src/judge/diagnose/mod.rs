@@ -279,6 +279,8 @@ pub fn cautioned(p: &Parting, left: &str, right: &str) -> Diagnosis {
 #[cfg(test)]
 mod contract_tests;
 #[cfg(test)]
+mod stack_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod walk_tests;

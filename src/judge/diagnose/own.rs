@@ -77,13 +77,16 @@ fn divider(t: &Trace) -> Owner {
     let handed = t.header.loss_handed_by.filter(|f| *f != Framework::Plain);
     match (api, handed) {
         (Some(a), Some(h)) if a != h => match api_divided(t) {
+            // The API's words are the header's, joined, not written (advise writes causes).
             Some(true) => Owner::of_framework(
                 t,
                 h,
-                format!(
-                    "its division of the loss by its accumulation steps, applied in {}'s backward",
-                    library_of(a).unwrap_or("the backward")
-                ),
+                [
+                    "its division of the loss by its accumulation steps, applied in ",
+                    library_of(a).unwrap_or("the API"),
+                    "'s backward",
+                ]
+                .concat(),
             ),
             _ => Owner::of_framework(t, h, "its division of the loss by its accumulation steps before its backward"),
         },

@@ -83,3 +83,18 @@ fn an_epoch_its_framework_planned_short_is_that_frameworks_at_the_samples_stage(
     plan(&mut acc, 4, 14, 4);
     assert_ne!(judged_big(&acc).reason, Reason::EpochCutShort);
 }
+
+#[test]
+fn a_plan_of_absurd_size_is_judged_without_overflow() {
+    // A hand-made header: epochs and batches far past any run's. Named, not a panic.
+    let mut acc = leg(1, 0.25, sum(&G), &G, 3);
+    acc.header.steps = Some(3);
+    (acc.header.planned_steps, acc.header.planned_loader) = (Some(3), Some(usize::MAX - 1));
+    (acc.header.planned_accumulation, acc.header.planned_epochs) = (Some(4), Some(1e300));
+    acc.header.planned_by = Some(Framework::Transformers);
+    let mut other = leg(1, 0.25, sum(&G), &G, 4);
+    other.header.steps = Some(4);
+    let c = compare("accumulation", &acc, "big-batch", &other, &Tolerance::default());
+    let d = crate::judge::diagnose::big_batch(&acc, &other, &c, &Context::of_traces(&acc, &other), true);
+    assert_eq!(d.map(|d| d.reason), Some(Reason::EpochCutShort));
+}

@@ -32,7 +32,7 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                  per step (recorded: the plan its framework made from the loader), {} short of a step for each \
                  window: each epoch's last {left} batch(es), a partial window, never reach an optimizer step, which \
                  a run without accumulation takes; {fix}",
-                loader.div_ceil(accumulation) * epochs - steps
+                loader.div_ceil(accumulation).saturating_mul(epochs).saturating_sub(steps)
             )
         }
         &Numbers::UnreducedTail { engine, micro_batches: m, tail, moved } => {

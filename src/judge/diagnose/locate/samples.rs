@@ -18,7 +18,7 @@ pub fn epoch_cut_short(ev: &Evidence) -> Option<Parting> {
             (h.planned_steps?, h.planned_loader?, h.planned_accumulation?, h.planned_epochs?);
         (k > 0 && epochs >= 1.0 && epochs.fract() == 0.0 && loader % k != 0).then_some(())?;
         let epochs = epochs as usize;
-        (steps < loader.div_ceil(k) * epochs).then_some(())?;
+        (steps < loader.div_ceil(k).saturating_mul(epochs)).then_some(())?;
         (one_run || h.steps.zip(other.header.steps).is_some_and(|(x, y)| x < y)).then_some(())?;
         let numbers = Numbers::EpochCutShort { steps, loader, accumulation: k, epochs, left: loader % k };
         Some(Parting::new(ev.first, Some(Stage::Samples), Some(side), numbers))

@@ -247,3 +247,41 @@ def test_what_the_sample_hashes_were_taken_from_is_recorded():
     assert seen((torch.arange(4), torch.zeros(4, 8)), {}).kind == "int64[]"
     assert seen((torch.zeros(4, 8),), {}).kind == "float32[8]"
     assert seen((), {"input_ids": torch.zeros(2, 3, 5, dtype=torch.int32)}).kind == "int32[3,5]"
+
+
+class _ReturnsItsMean(nn.Module):
+    """A model that returns a loss of its own (a mean) beside its output, as a causal LM does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        out = self.lin(x)
+        return {"loss": F.mse_loss(out, y), "out": out}
+
+
+def test_the_forwards_loss_is_kept_only_where_backwards_root_was_made_from_it(tmp_path):
+    # A trainer that computes its own loss from the outputs (TRL's SFT: a sum over the tokens
+    # over a count of its own) backpropagates another graph than the model's returned mean:
+    # that mean is no base of the root's scaling, the peeled loss is.
+    torch.manual_seed(0)
+    model = _ReturnsItsMean()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    with ddp_verify_trace.recording(tmp_path / "t.safetensors"):
+        out = model(x, y)
+        ((out["out"] - y).pow(2).sum() / 10).backward()  # its own loss: the returned one unused
+        out = model(x, y)
+        (out["loss"] / 2).backward()  # the returned loss, scaled
+        out = model(x, y)
+        loss = out["loss"]
+        loss *= 3  # scaled in place after the forward (Transformers' `loss *= num_processes`)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    t, _ = load(tmp_path / "t.safetensors")
+    r = rows(t, 0)
+    assert r[0, FIELD["forward"]].isnan() and r[0, FIELD["peeled"]] == pytest.approx(r[0, FIELD["root"]] * 10)
+    assert r[1, FIELD["forward"]] == pytest.approx(r[1, FIELD["root"]] * 2)
+    assert r[2, FIELD["forward"]] == pytest.approx(r[2, FIELD["root"]] / 3)

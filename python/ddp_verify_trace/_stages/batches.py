@@ -32,6 +32,7 @@ class Batches:
         self._every = 1
         self._norm: Any = None
         self._loss: Any = None
+        self._loss_fn: Any = None  # the returned loss's graph node: was the root made from it?
         self._handed: Any = None
         self.handed_by: str | None = None  # who handed the loss to a framework API, or called backward
         self.backward_by: str | None = None  # whose code called torch's backward
@@ -57,7 +58,7 @@ class Batches:
             self._norm = norm
             if who is not None:
                 self.normalised_by = who
-        self._loss = None
+        self._loss = self._loss_fn = None
 
     def precision(self, autocast: torch.dtype | None) -> None:
         """This micro-batch's outermost forward ran under autocast in `autocast` (None: off)."""
@@ -65,7 +66,9 @@ class Batches:
 
     def returned(self, loss: torch.Tensor | None) -> None:
         if loss is not None:
-            self._loss = loss
+            # A copy: the trainer may scale the returned tensor in place after the forward
+            # (Transformers' `loss *= num_processes`), which would rewrite a view of it.
+            self._loss, self._loss_fn = loss.detach().clone(), loss.grad_fn
 
     def handed(self, loss: Any, api: str, who: str) -> None:
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
@@ -76,7 +79,13 @@ class Batches:
         self.backward_by = who
         if self._handed is None:
             self.handed_by = who
-        factor, node = peel_to(root)
+        path: list[Any] = []
+        factor, node = peel_to(root, path)
+        if self._loss is not None and not any(n is self._loss_fn for n in path):
+            # The root was not made from what the forward returned (a trainer that computes
+            # its own loss from the logits, TRL's): the peeled loss is the one backward took.
+            self._loss = None
+        self._loss_fn = None
         if self.loss_dtype is None or root.dtype.itemsize < self.loss_dtype.itemsize:
             self.loss_dtype = root.dtype
         if len(self._reductions) < 2:

@@ -14,7 +14,8 @@ def normaliser(kwargs: dict[str, Any]) -> Any:
 
 
 def forward_loss(out: Any) -> torch.Tensor | None:
-    """The scalar loss a forward returned (a tensor, or a ModelOutput's or dict's `loss`)."""
+    """The scalar loss a forward returned (a tensor, or a ModelOutput's or dict's `loss`), its
+    graph kept: whether backward's root was made from it is told there (`peel_to`'s path)."""
     loss = out if isinstance(out, torch.Tensor) else None
     if loss is None:
         try:
@@ -22,7 +23,7 @@ def forward_loss(out: Any) -> torch.Tensor | None:
         except (KeyError, TypeError, IndexError):
             loss = None
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
-        return loss.detach()
+        return loss
     return None
 
 
@@ -58,13 +59,16 @@ def reduction(node: Any) -> str | None:
     return {1: "mean", 2: "sum"}.get(saved) if isinstance(saved, int) else None
 
 
-def peel_to(root: torch.Tensor) -> tuple[Any, Any]:
-    """`peel`'s factor, and the node under the factors (the loss as the forward made it)."""
+def peel_to(root: torch.Tensor, path: list[Any] | None = None) -> tuple[Any, Any]:
+    """`peel`'s factor, and the node under the factors (the loss as the forward made it);
+    `path`, where given, gets every node passed on the way down, that one included."""
     factor: Any = 1.0
     node, nr = root.grad_fn, root.output_nr
     for _ in range(16):
         if node is None:
             break
+        if path is not None:
+            path.append(node)
         kind = type(node).__name__  # node.name() costs the backward more (measured)
         if kind in _SAME:
             # A copy to another device or dtype, or a view: the same loss (TRL's `.to(device)`).
@@ -101,6 +105,8 @@ def peel_to(root: torch.Tensor) -> tuple[Any, Any]:
         v: Any = c.item() if c.is_cpu else c.detach().double()
         factor = _divide(factor, v) if kind == "DivBackward0" else factor * v
         node, nr = nexts[live[0]]
+    if path is not None and node is not None and (not path or path[-1] is not node):
+        path.append(node)
     return factor, node
 
 

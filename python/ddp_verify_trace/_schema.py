@@ -67,6 +67,8 @@ HEADER = {
     "samples_from": ("text", None, False),
     "loss_dtype": ("one of", ("float32", "float64", "bfloat16", "float16",), False),
     "normalised_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
+    "normaliser_scope": ("one of", ("world", "rank",), False),
+    "normaliser_scope_by": ("one of", ("plain", "transformers", "lightning", "colossalai", "accelerate", "deepspeed",), False),
     "framework_accumulation": ("count", None, False),
     "planned_steps": ("count", None, False),
     "planned_loader": ("count", None, False),
@@ -143,6 +145,8 @@ class Key:
     SAMPLES_FROM = "samples_from"
     LOSS_DTYPE = "loss_dtype"
     NORMALISED_BY = "normalised_by"
+    NORMALISER_SCOPE = "normaliser_scope"
+    NORMALISER_SCOPE_BY = "normaliser_scope_by"
     FRAMEWORK_ACCUMULATION = "framework_accumulation"
     PLANNED_STEPS = "planned_steps"
     PLANNED_LOADER = "planned_loader"
@@ -202,7 +206,7 @@ class Magnitudes:
 
 
 class Framework:
-    """The words the framework and ddp_built_by and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by and planned_by keys hold."""
+    """The words the framework and ddp_built_by and loss_api and loss_handed_by and backward_by and zeroed_by and boundary_by and normalised_by and normaliser_scope_by and planned_by keys hold."""
 
     PLAIN = "plain"
     TRANSFORMERS = "transformers"
@@ -228,6 +232,13 @@ class Engine:
     DEEPSPEED_ZERO1 = "deepspeed-zero1"
     DEEPSPEED_ZERO2 = "deepspeed-zero2"
     DEEPSPEED_ZERO3 = "deepspeed-zero3"
+
+
+class NormaliserScope:
+    """The words the normaliser_scope key holds."""
+
+    WORLD = "world"
+    RANK = "rank"
 
 
 # kind: (name pattern, elements, shape)

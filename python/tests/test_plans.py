@@ -48,6 +48,8 @@ def test_trainers_plan_from_its_loader_is_recorded(tmp_path):
     # 14 batches of 2 at 4 per step: 4 windows, the last of 2 (this release rounds up).
     assert (meta["planned_loader"], meta["planned_accumulation"], meta["planned_epochs"]) == ("14", "4", "1.0")
     assert meta["planned_by"] == "transformers" and meta["planned_steps"] == meta["steps"] == "4"
+    # Whose tokens num_items_in_batch counts, as the setting resolved (this release: all ranks').
+    assert (meta["normaliser_scope"], meta["normaliser_scope_by"]) == ("world", "transformers")
 
 
 def test_a_plan_is_its_trainings_alone(tmp_path):
@@ -63,5 +65,7 @@ def test_a_plan_is_its_trainings_alone(tmp_path):
 
 
 def test_steps_the_script_set_itself_are_no_plan(tmp_path):
-    meta = _train(tmp_path, max_steps=2)
+    meta = _train(tmp_path, max_steps=2, average_tokens_across_devices=False)
     assert not [k for k in meta if k.startswith("planned")]
+    # The normaliser's scope is a setting, recorded however the steps were planned.
+    assert (meta["normaliser_scope"], meta["normaliser_scope_by"]) == ("rank", "plain")

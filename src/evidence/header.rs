@@ -65,6 +65,15 @@ vocabulary! {
 }
 
 vocabulary! {
+    /// Whose items the num_items_in_batch a framework passed counts, by its own setting
+    /// (Transformers' average_tokens_across_devices).
+    pub enum NormaliserScope {
+        World = "world",
+        Rank = "rank",
+    }
+}
+
+vocabulary! {
     /// Whether any DistributedDataParallel forward ran under the recorder.
     pub enum DdpForward {
         Seen = "seen",
@@ -188,6 +197,10 @@ header! {
             "the dtype of the values backward ran on (the losses), the narrowest where they differ";
         normalised_by: Framework = NORMALISED_BY "normalised_by" optional
             "whose code passed the forward its num_items_in_batch (plain: the script)";
+        normaliser_scope: NormaliserScope = NORMALISER_SCOPE "normaliser_scope" optional
+            "whose items the framework's num_items_in_batch counts, by its setting: every rank's (world) or this rank's (rank)";
+        normaliser_scope_by: Framework = NORMALISER_SCOPE_BY "normaliser_scope_by" optional
+            "whose choice normaliser_scope is: the script's, setting it (plain), or the framework's default";
         framework_accumulation: usize = FRAMEWORK_ACCUMULATION "framework_accumulation" optional
             "the micro-batches per step a framework's optimizer wrapper was told to accumulate";
         planned_steps: usize = PLANNED_STEPS "planned_steps" optional
@@ -537,7 +550,7 @@ mod tests {
                 assert_eq!($ty::parse("no such word"), None);
             )+};
         }
-        check!(RunKind, Leg, Magnitudes, Framework, Engine, DdpForward);
+        check!(RunKind, Leg, Magnitudes, Framework, Engine, DdpForward, NormaliserScope);
         assert_eq!(Magnitudes::parse("per tensor"), Some(Magnitudes::PerTensor));
         assert_eq!(Engine::DeepSpeed2.name(), "deepspeed-zero2");
     }

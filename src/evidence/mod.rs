@@ -22,7 +22,8 @@ mod writer;
 pub use golden::Golden;
 pub use groups::Group;
 pub use header::{
-    DdpForward, Engine, Framework, HeaderProblem, Leg, Magnitudes, OptimizerKind, OptimizerRecord, RunKind, TraceHeader,
+    DdpForward, Engine, Framework, HeaderProblem, Leg, Magnitudes, NormaliserScope, OptimizerKind, OptimizerRecord,
+    RunKind, TraceHeader,
 };
 pub use pair::{BigLeg, Legs};
 pub use sampled::{Sampled, Sampling, Summaries, Summary};

@@ -495,7 +495,10 @@ mod tests {
             assert_eq!(names.len(), want.len(), "{}", words.class);
             classes.push(words.class);
         }
-        assert_eq!(classes, ["RunKind", "Dtype", "Leg", "Magnitudes", "Framework", "DdpForward", "Engine"]);
+        assert_eq!(
+            classes,
+            ["RunKind", "Dtype", "Leg", "Magnitudes", "Framework", "DdpForward", "Engine", "NormaliserScope"]
+        );
         let want: Vec<(String, String)> = TENSORS.iter().map(|t| (python_name(t.prefix), t.prefix.into())).collect();
         assert_eq!(class("Tensor"), want);
     }

@@ -19,8 +19,8 @@ Api = tuple[str, str, str]
 Wrapper = tuple[str, str, str, Callable[[Any], Any]]
 
 # (module, class, method, reader): where a framework plans the run's optimizer steps; the
-# reader takes the call's arguments (self first) and returns (steps, loader batches per epoch,
-# micro-batches per step, epochs), or None where the script set the steps itself.
+# reader takes the call's arguments (self first) and returns the plan's header facts (`plan`'s
+# where it planned the steps; none where the script set them itself), `planned_by` added here.
 Planner = tuple[str, str, str, Callable[..., Any]]
 
 # The plan this process's framework made, as header facts (`planned`): it is made before
@@ -73,6 +73,14 @@ class Framework:
             patches.after_import(module, _planner_patch(patches, name, cls, method, reader))
 
 
+def plan(steps: Any, loader: Any, accumulation: Any, epochs: Any) -> dict[str, str]:
+    """A planned run's header facts: its optimizer steps, its loader's batches per epoch, its
+    micro-batches per step and its epochs."""
+    K = _schema.Key
+    return {K.PLANNED_STEPS: str(int(steps)), K.PLANNED_LOADER: str(int(loader)),
+            K.PLANNED_ACCUMULATION: str(int(accumulation)), K.PLANNED_EPOCHS: repr(float(epochs))}  # fmt: skip
+
+
 def planned() -> dict[str, str]:
     """The header facts of the steps a framework planned in this process (none: not seen)."""
     return dict(_PLAN)
@@ -92,12 +100,10 @@ def _planner_patch(patches: Patches, framework: str, cls: str, method: str, read
             try:
                 _PLAN.clear()  # a plan of this training's own, or none
                 got = reader(self, *args, **kwargs)
-                if got is not None:
-                    steps, loader, accumulation, epochs = got
-                    K = _schema.Key
-                    _PLAN.update({K.PLANNED_STEPS: str(int(steps)), K.PLANNED_LOADER: str(int(loader)),
-                                  K.PLANNED_ACCUMULATION: str(int(accumulation)), K.PLANNED_EPOCHS: repr(float(epochs)),
-                                  K.PLANNED_BY: framework})  # fmt: skip
+                if got:
+                    _PLAN.update(got)
+                    if _schema.Key.PLANNED_STEPS in got:
+                        _PLAN[_schema.Key.PLANNED_BY] = framework
             except Exception:  # noqa: BLE001 - a fact not taken; training goes on
                 pass
             return original(self, *args, **kwargs)

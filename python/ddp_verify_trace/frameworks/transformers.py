@@ -9,16 +9,27 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _schema
+from . import base
 from .base import Framework, SessionMaker
 
 
-def _plan(handler: Any, args: Any, state: Any, *rest: Any, **kwargs: Any) -> Any:
-    """Trainer's plan as training begins: its max_steps, computed from the loader's length
-    and the epochs where the script set no max_steps (then the steps are the script's)."""
+def _plan(handler: Any, args: Any, state: Any, *rest: Any, **kwargs: Any) -> dict[str, str]:
+    """Trainer's plan as training begins, as header facts: its max_steps, computed from the
+    loader's length and the epochs where the script set no max_steps (then the steps are the
+    script's); and whose tokens num_items_in_batch counts (average_tokens_across_devices,
+    resolved by now: off where the world cannot gather)."""
+    K = _schema.Key
+    facts: dict[str, str] = {}
+    across = getattr(args, "average_tokens_across_devices", None)
+    if isinstance(across, bool):
+        facts[K.NORMALISER_SCOPE] = "world" if across else "rank"
+        field = getattr(type(args), "__dataclass_fields__", {}).get("average_tokens_across_devices")
+        default = getattr(field, "default", None)
+        facts[K.NORMALISER_SCOPE_BY] = _schema.Framework.TRANSFORMERS if across == default else _schema.Framework.PLAIN
     if getattr(args, "max_steps", 0) > 0:
-        return None
+        return facts
     loader = getattr(handler, "train_dataloader", None)
-    return state.max_steps, len(loader), args.gradient_accumulation_steps, args.num_train_epochs
+    return {**facts, **base.plan(state.max_steps, len(loader), args.gradient_accumulation_steps, args.num_train_epochs)}
 
 
 class Transformers(Framework):

@@ -3,7 +3,8 @@
 //! owner named, and nothing named where the facts cannot tell.
 
 use crate::evidence::{
-    Batch, Engine, Framework, RankDrift, RankHeld, Rows, RunKind, StageStep, Trace, TraceHeader, Values,
+    Batch, Engine, Framework, NormaliserScope, RankDrift, RankHeld, Rows, RunKind, StageStep, Trace, TraceHeader,
+    Values,
 };
 use crate::judge::diagnose::{contracts, Diagnosis};
 use crate::judge::Comparer;
@@ -120,6 +121,12 @@ fn normalisers_counted_on_each_rank_are_named_and_counted_alike_are_not() {
     // Each rank counting its own N/W items of a window with as many on each: every item
     // weighs 1/N once DDP averages, as in one process.
     assert_eq!(judged(&normalised([40.0, 40.0])), None);
+    // Where the script's own setting made each rank count alone, the choice is the script's.
+    let mut t = normalised([43.0, 39.0]);
+    (t.header.normaliser_scope, t.header.normaliser_scope_by) = (Some(NormaliserScope::Rank), Some(Framework::Plain));
+    let d = judged(&t).expect("broken");
+    assert_eq!(said(&d), (Some(0), "loss", "script"));
+    assert!(d.detail.contains("average_tokens_across_devices=True"), "{}", d.detail);
 }
 
 #[test]
@@ -157,4 +164,26 @@ fn micro_batches_each_normalised_by_their_own_count_break_the_loss_contract() {
     // Counts passed and not followed (a loss of the script's own): not this contract's.
     let d = judged(&own(0.5, [10.0, 30.0, 20.0, 20.0], false));
     assert!(d.as_ref().is_none_or(|d| !d.detail.contains("a count of its own")), "{d:?}");
+}
+
+#[test]
+fn a_normaliser_of_a_declared_scope_is_read_as_the_framework_set_it() {
+    // A window's count over both ranks (N=80, loss = sum/N): DDP's average wants each rank's
+    // loss times W. Scaled by 1 it reads as a count of each rank's own (weighs 1/(W·N)),
+    // which it is not where the framework says it counted the world.
+    let counted = |scale: f64, scope: Option<NormaliserScope>| {
+        let mut t = run(scale, 1.0, false, 1);
+        t.header.loss_reduction = Some("sum".into());
+        t.header.normaliser_scope = scope;
+        for b in &mut t.facts.stages[0].batches {
+            b.normaliser = Some(80.0);
+        }
+        t
+    };
+    assert_eq!(judged(&counted(1.0, None)), None);
+    assert_eq!(judged(&counted(2.0, Some(NormaliserScope::World))), None);
+    let d = judged(&counted(1.0, Some(NormaliserScope::World))).expect("broken");
+    assert_eq!(said(&d).1, "scaling");
+    assert!(d.detail.contains("2.00x smaller"), "{}", d.detail);
+    assert_eq!(judged(&counted(1.0, Some(NormaliserScope::Rank))), None);
 }

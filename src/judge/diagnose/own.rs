@@ -6,7 +6,7 @@ use super::measure::legs::{engine_accumulates, ran_backward};
 use super::owner::{library_of, Owner};
 use super::parting::{Numbers, Parting, Scaled, Side, Synced};
 use super::source::Source;
-use crate::evidence::{DdpForward, Framework, Trace};
+use crate::evidence::{DdpForward, Framework, NormaliserScope, Trace};
 
 /// The owner of `p`: the leg it points at (else the right one, the DDP leg) read for who
 /// did what there.
@@ -27,6 +27,14 @@ pub fn own(p: &Parting, src: &dyn Source) -> Owner {
         Numbers::Unsynced { .. } | Numbers::RanksDiffer { .. } => engine_reducer(src).unwrap_or(Owner::Script),
         Numbers::Reduction { configured: true, .. } => Owner::Script,
         Numbers::Reduction { .. } | Numbers::Lost { .. } => reducer(t),
+        // Each rank counting its own because the script set it so (Trainer's
+        // average_tokens_across_devices=False): the script's choice, not the framework's.
+        Numbers::NormaliserPerRank { .. } | Numbers::NormalisersApart { .. }
+            if t.header.normaliser_scope == Some(NormaliserScope::Rank)
+                && t.header.normaliser_scope_by == Some(Framework::Plain) =>
+        {
+            Owner::Script
+        }
         Numbers::NormaliserPerRank { .. }
         | Numbers::NormalisersApart { .. }
         | Numbers::ScaledPerRank { .. }

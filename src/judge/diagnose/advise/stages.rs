@@ -75,9 +75,7 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                      TrainingArguments(average_tokens_across_devices=True))",
                     owner.describe()
                 ),
-                false => "your script passes each rank its own count: all-reduce the count over the ranks and \
-                          multiply the loss by W before backward (DDP averages)"
-                    .into(),
+                false => PER_RANK_COUNT.into(),
             };
             format!(
                 "at step {s} the ranks' micro-batches were normalised by counts of their own and their items weigh \
@@ -137,9 +135,7 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
                      (Transformers: TrainingArguments(average_tokens_across_devices=True))",
                     owner.describe()
                 ),
-                false => "your script passes each rank its own count: all-reduce the count over the ranks and \
-                          multiply the loss by W before backward (DDP averages)"
-                    .into(),
+                false => PER_RANK_COUNT.into(),
             };
             format!(
                 "the same inputs gave different losses at step {s}: {a} {lx:.6} with num_items_in_batch={nx} \
@@ -284,6 +280,11 @@ pub fn advice(p: &Parting, owner: &Owner, w: &Words) -> Option<String> {
 }
 
 /// Until an upgrade: how to make a framework that hands the loss to backward divide it.
+/// The script has each rank count its own normaliser (by hand, or by a framework's setting).
+const PER_RANK_COUNT: &str = "your script has each rank count its own normaliser: count it across the ranks \
+     (all-reduce the count and multiply the loss by W before backward, as DDP averages; Transformers: \
+     TrainingArguments(average_tokens_across_devices=True))";
+
 fn never_divided_workaround(f: Framework) -> &'static str {
     match f {
         // Trainer skips its division for a model whose forward takes loss kwargs (**kwargs),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::evidence::Batch;
+use crate::evidence::{Batch, NormaliserScope};
 use crate::judge::diagnose::measure::factor::is_whole;
 use crate::judge::diagnose::measure::legs::{engine_accumulates, how_scaled, scales_inside, Leg};
 use crate::judge::diagnose::measure::{median, near, FACTOR_REL};
@@ -240,12 +240,18 @@ fn scaling(l: &Leg, s: usize) -> Option<Parting> {
     if !normalised && !l.trace.header.loss_is_mean() {
         return None;
     }
+    let scope = l.trace.header.normaliser_scope;
     let dev = |b: &Batch| -> Option<f64> {
         match normalised {
             true => {
                 let (x, n) = (item_weight(b)? / w, b.normaliser?);
-                // The reading nearer its contract: N counted over all ranks, or by each alone.
-                [x * n, x * n * w].into_iter().min_by(|p, q| p.ln().abs().total_cmp(&q.ln().abs()))
+                match scope {
+                    // The framework's setting says whose items N counts.
+                    Some(NormaliserScope::World) => Some(x * n),
+                    Some(NormaliserScope::Rank) => Some(x * n * w),
+                    // Else the reading nearer its contract: N counted over all ranks, or by each alone.
+                    None => [x * n, x * n * w].into_iter().min_by(|p, q| p.ln().abs().total_cmp(&q.ln().abs())),
+                }
             }
             false => Some(b.scaling()? * k),
         }

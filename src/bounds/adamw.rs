@@ -48,7 +48,25 @@ impl AdamWTrack {
     /// and `w` its |weight| for parameter `i`.
     #[allow(clippy::too_many_arguments)]
     pub fn after_step(&mut self, i: usize, p: &AdamWParams, t: u32, lr: f64, m: &[f64], v: &[f64], w: &[f64]) {
+        self.after_step_within(i, p, t, (lr, lr), m, v, w);
+    }
+
+    /// `after_step` where the parameter's learning rate is known only to lie in `lrs` (low,
+    /// high): its param group is not recorded, the step's groups' rates are. The update is
+    /// carried at the highest rate, the decay's shrinking of a difference at the lowest.
+    #[allow(clippy::too_many_arguments)]
+    pub fn after_step_within(
+        &mut self,
+        i: usize,
+        p: &AdamWParams,
+        t: u32,
+        lrs: (f64, f64),
+        m: &[f64],
+        v: &[f64],
+        w: &[f64],
+    ) {
         let Some((a, g)) = self.pending[i].take() else { return };
+        let (lr_lo, lr) = lrs;
         let ((b1, b2), eps, u) = (p.betas, p.eps, p.u);
         let t = t as f64;
         let bc2_sqrt = (1.0 - b2.powf(t)).powf(0.5);
@@ -70,7 +88,7 @@ impl AdamWTrack {
             let du = (em[k] / lo + m * dd / (denom * lo)) * step_size + update * (6.0 * u);
             let rounding = w * (4.0 * u);
             ew[k] = match (&ew_prev, p.lockstep) {
-                (Some(f), false) => f[k] * (1.0 - lr * p.weight_decay) + du + rounding,
+                (Some(f), false) => f[k] * (1.0 - lr_lo * p.weight_decay) + du + rounding,
                 _ => du + rounding,
             };
         }
@@ -170,6 +188,28 @@ mod tests {
             for (i, (x, y)) in [(a.w, b.w), (a.m, b.m), (a.v, b.v)].into_iter().enumerate() {
                 prop_assert!(f64::from((x - y).abs()) <= bound(i), "{}: {x} vs {y}, bound {}", f[i].0, bound(i));
             }
+        }
+
+        /// Soundness where the parameter's group is unknown: it stepped at one of the
+        /// groups' rates (0.1x to 1x), the bound carried within them.
+        #[test]
+        fn a_parameter_of_an_unknown_group_ends_within_the_bound_of_the_groups_rates(
+            steps in proptest::collection::vec((-1.0f32..1.0, 0.0f32..1e-3, -1.0f32..1.0), 1..8),
+            slow in any::<bool>(),
+        ) {
+            let (p, lrs) = (params(0.1), (1e-4, 1e-3));
+            let lr = if slow { lrs.0 } else { lrs.1 };
+            let mut track = AdamWTrack::new(1);
+            let (mut a, mut b) = (Adam { w: 0.5, m: 0.0, v: 0.0 }, Adam { w: 0.5, m: 0.0, v: 0.0 });
+            for (t, &(g, allow, where_in)) in steps.iter().enumerate() {
+                track.before_step(0, vec![f64::from(allow)], vec![f64::from(g.abs())]);
+                a.step(&p, t as i32 + 1, lr, g);
+                b.step(&p, t as i32 + 1, lr, g + allow * where_in);
+                let (m, v, w) = ([f64::from(a.m)], [f64::from(a.v)], [f64::from(a.w.abs())]);
+                track.after_step_within(0, &p, t as u32 + 1, lrs, &m, &v, &w);
+            }
+            let f = track.finals(&["w".into()], &[vec![1]], 1.0, 0.0);
+            prop_assert!(f64::from((a.w - b.w).abs()) <= f[0].1.get(0), "{} vs {}, bound {}", a.w, b.w, f[0].1.get(0));
         }
     }
 }

@@ -52,6 +52,15 @@ fn settings(a: &Trace, b: &Trace, dtype: Dtype) -> Result<AdamWParams, String> {
     })
 }
 
+/// The learning rates a parameter may have stepped at in step `s` (low, high): the step's
+/// param groups' (a trace records each group's rate, not which group holds a parameter),
+/// else the one recorded.
+fn step_lrs(t: &Trace, s: usize) -> (f64, f64) {
+    let lr = t.facts.lrs[s];
+    let groups = t.facts.groups.get(s).into_iter().flatten().filter_map(|g| g.lr);
+    groups.fold((lr, lr), |(lo, hi), x| (lo.min(x), hi.max(x)))
+}
+
 /// What the fixed tolerance allows each element, measured at `at` (an ulp of x is at most
 /// ε·|x|).
 fn tolerance_allowance(tol: &Tolerance, at: &[f64], eps: f64) -> Vec<f64> {
@@ -132,7 +141,7 @@ pub fn adamw_finals(a: &Trace, b: &Trace, tol: &Tolerance, dtype: Dtype) -> Resu
                 None => (g.iter().map(|g| g * (1.0 - b1)).collect(), g.iter().map(|g| g * g * (1.0 - b2)).collect(), 1),
             };
             let w = peak(n).filter(|p| p.len() == g.len()).unwrap_or_else(|| abs(&a.finals[i].1));
-            track.after_step(i, &p, t, a.facts.lrs[s], &m, &v, &w);
+            track.after_step_within(i, &p, t, step_lrs(a, s), &m, &v, &w);
             moments[i] = Some((m, v, t));
         }
     }

@@ -15,6 +15,10 @@ Planted bugs and variants:
   (correct, K/W times the traffic: seed 002's slowdown).
 `--bf16`: `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` in the FSDP2 leg
   (the one-process leg trains under CPU autocast to bfloat16, float32 weights and gradients).
+`--no-reshard`: `fully_shard(reshard_after_forward=False)`, parameters kept gathered between
+  forward and backward (ZeRO-2's trade).
+`--lora`: PEFT's `inject_adapter_in_model(LoraConfig(...))` on the blocks' linears, everything
+  else frozen and left out of the optimizer (peft needed: bench/sweep's venv has it).
 """
 import argparse
 import os
@@ -66,6 +70,8 @@ def main():
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: NCCL, one GPU per rank")
     p.add_argument("--always-sync", action="store_true")
+    p.add_argument("--no-reshard", action="store_true", help="fully_shard(reshard_after_forward=False): ZeRO-2's way")
+    p.add_argument("--lora", action="store_true", help="PEFT LoRA adapters on the blocks' linears, the rest frozen")
     p.add_argument("--bug", default=None, choices=["divide-factor-sum", "sync-never-on"])
     args = p.parse_args()
 
@@ -77,7 +83,15 @@ def main():
     world = dist.get_world_size() if sharded else 1
     local = args.grad_accum // world
     torch.manual_seed(0)
-    model = Net(d=args.width).to(device)
+    model = Net(d=args.width)
+    if args.lora:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        torch.manual_seed(2)  # the adapters' own draw, after the frozen model's
+        model = inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, target_modules=["up", "down"]), model)
+        for name, param in model.named_parameters():
+            param.requires_grad_("lora_" in name)
+    model = model.to(device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(args.samples, 12, generator=g)
     y = torch.randint(0, 5, (args.samples,), generator=g)
@@ -89,8 +103,8 @@ def main():
         mesh = init_device_mesh(device.type, (world,))
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.bf16 else MixedPrecisionPolicy()
         for b in model.blocks:
-            fully_shard(b, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+            fully_shard(b, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.no_reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.no_reshard)
         if args.bug == "divide-factor-sum":
             for m in model.modules():
                 if isinstance(m, FSDPModule):
@@ -103,7 +117,7 @@ def main():
         sampler = AccumulationBatchSampler(len(dataset), world=args.world, batch_size=args.batch, shuffle=True, seed=0)
         loader = DataLoader(dataset, batch_sampler=sampler)
         local = args.grad_accum
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.01)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         batches = iter(loader)

@@ -31,6 +31,7 @@
 //! | shipped | bugs that shipped in real libraries: verdict, stage and owner on both versions |
 //! | subtle | small real bugs in a plain DDP loop (weight decay, schedules, EMA, clipping, ...) beside honest twins |
 //! | suite | named cases for a CI gate |
+//! | sweep | the sweep of current releases' cheapest configurations, as it found them (bench/sweep) |
 //! | tiny_lm | the language model, token-level loss and the big batch |
 //! | torch_optim | the optimizer step op for op against torch.optim and clip_grad_norm_ |
 //! | user_loops | users' own scripts unmodified (-- python train.py): nanoGPT, Trainer, Lightning, Accelerate |
@@ -116,6 +117,8 @@ mod shipped;
 mod subtle;
 #[path = "it/suite.rs"]
 mod suite;
+#[path = "it/sweep.rs"]
+mod sweep;
 #[path = "it/tiny_lm.rs"]
 mod tiny_lm;
 #[path = "it/torch_optim.rs"]

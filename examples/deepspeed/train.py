@@ -20,6 +20,9 @@ micro-batches by hand, on top of DeepSpeed's own division by gradient_accumulati
 `--bf16` trains in bfloat16 with float32 gradient accumulation (`"bf16": {"enabled": true}`,
 `"data_types": {"grad_accum_dtype": "fp32"}`): at stage 1 DeepSpeed steps through its
 BF16_Optimizer, not its ZeRO optimizer.
+`--every-batch` runs an epoch's partial last window too, as DeepSpeed's docs loop over every
+batch (`engine.backward(loss); engine.step()`): those micro-batches wait for the engine's next
+accumulation boundary, in the next epoch, or never.
 """
 import argparse
 import logging
@@ -79,6 +82,8 @@ def main():
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--bf16", action="store_true", help="bfloat16 training, float32 gradient accumulation")
     p.add_argument("--bug", default=None, choices=["reset-every-backward", "loss-divided-twice"])
+    p.add_argument("--every-batch", action="store_true",
+                   help="also run an epoch's partial last window (its micro-batches wait for the next boundary)")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = p.parse_args()
 
@@ -120,22 +125,28 @@ def main():
     config["gradient_clipping"] = args.clip if args.clip is not None else 0.0
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+
+    def micro(x, y):
+        if args.bf16:  # the engine cast the model to bfloat16
+            x, y = x.bfloat16(), y.bfloat16()
+        loss = engine(x, y)
+        if args.bug == "loss-divided-twice":
+            loss = loss / local
+        engine.backward(loss)
+        if args.bug != "reset-every-backward":
+            engine.step()  # steps the optimizer at DeepSpeed's accumulation boundary only
+
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         batches = iter(loader)
         for _ in range(len(loader) // local):
             for _ in range(local):
-                x, y = next(batches)
-                if args.bf16:  # the engine cast the model to bfloat16
-                    x, y = x.bfloat16(), y.bfloat16()
-                loss = engine(x, y)
-                if args.bug == "loss-divided-twice":
-                    loss = loss / local
-                engine.backward(loss)
-                if args.bug != "reset-every-backward":
-                    engine.step()  # steps the optimizer at DeepSpeed's accumulation boundary only
+                micro(*next(batches))
             if args.bug == "reset-every-backward":
                 engine.step()
+        if args.every_batch:  # DeepSpeed's docs' loop: every batch, an epoch's partial last window too
+            for x, y in batches:
+                micro(x, y)
     engine.destroy()
     if ddp:
         torch.distributed.destroy_process_group()

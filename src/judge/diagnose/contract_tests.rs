@@ -187,3 +187,20 @@ fn a_normaliser_of_a_declared_scope_is_read_as_the_framework_set_it() {
     assert!(d.detail.contains("2.00x smaller"), "{}", d.detail);
     assert_eq!(judged(&counted(1.0, Some(NormaliserScope::Rank))), None);
 }
+
+#[test]
+fn a_factor_read_off_a_narrow_dtypes_losses_is_known_to_its_rounding() {
+    // A bfloat16 loss divided by 3 (DeepSpeed's bf16 engine, K/W = 3): 1/3 and the product
+    // rounded to bfloat16: the factor 0.3340 where 1/3 is wanted, up to 2 roundings off (0.4% here).
+    let mut t = run(0.5 * 1.004, 1.0, false, 1);
+    t.header.loss_dtype = Some(crate::spec::Dtype::Bfloat16);
+    assert_eq!(judged(&t), None);
+    // Losses in float32: the same 0.4% is a factor apart.
+    t.header.loss_dtype = Some(crate::spec::Dtype::Float32);
+    let d = judged(&t).expect("broken");
+    assert_eq!(said(&d).1, "scaling");
+    // And in bfloat16 a factor well past its rounding still is.
+    let mut t = run(0.5 * 1.05, 1.0, false, 1);
+    t.header.loss_dtype = Some(crate::spec::Dtype::Bfloat16);
+    assert_eq!(said(&judged(&t).expect("broken")).1, "scaling");
+}

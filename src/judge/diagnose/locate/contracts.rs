@@ -27,6 +27,13 @@ fn leg<'a>(ev: &Evidence<'a>) -> Option<Leg<'a>> {
     Leg::at(ev.b, Side::Right, ev.first?)
 }
 
+/// How near two factors read off this run's losses must be to be one: a loss computed in a
+/// narrow dtype (DeepSpeed's bfloat16 engine) divided by 3 rounds the constant and the
+/// product to that dtype, so the factor is known to its epsilon, not to float32's.
+fn factor_rel(l: &Leg) -> f64 {
+    FACTOR_REL.max(2.0 * l.trace.header.loss_dtype.map_or(0.0, |t| t.epsilon()))
+}
+
 fn at(s: usize, stage: Stage, numbers: Numbers) -> Option<Parting> {
     Some(Parting::new(Some(s), Some(stage), Some(Side::Right), numbers))
 }
@@ -96,10 +103,11 @@ fn item_weight(b: &Batch) -> Option<f64> {
 /// window alike on every rank, as one process dividing the window's sum by its count does.
 /// Ranks that each count their own items weigh them otherwise wherever the counts differ.
 fn normalisers(l: &Leg, s: usize) -> Option<Parting> {
+    let rel = factor_rel(l);
     let weights: Vec<(usize, f64, f64)> =
         l.batches.iter().filter_map(|b| Some((b.rank, b.normaliser?, item_weight(b)?))).collect();
     let first = weights.first()?;
-    if weights.iter().all(|(_, _, w)| near(*w, first.2, FACTOR_REL)) {
+    if weights.iter().all(|(_, _, w)| near(*w, first.2, rel)) {
         return None;
     }
     let mut by_rank: Vec<(usize, f64, f64)> = Vec::new();
@@ -107,7 +115,7 @@ fn normalisers(l: &Leg, s: usize) -> Option<Parting> {
         match by_rank.iter().find(|(q, _, _)| *q == r) {
             // A rank whose own micro-batches weigh apart divides each by its own count: a
             // per-micro-batch mean, which the big batch judges, not the ranks' contract.
-            Some((_, _, v)) if !near(w, *v, FACTOR_REL) => return None,
+            Some((_, _, v)) if !near(w, *v, rel) => return None,
             Some(_) => {}
             None => by_rank.push((r, n, w)),
         }
@@ -123,6 +131,7 @@ fn normalisers(l: &Leg, s: usize) -> Option<Parting> {
 /// (a mean of its own, or a sum over a count the script made) is left to the scaling and the
 /// big batch: one run cannot tell its count.
 fn own_counts(l: &Leg, s: usize) -> Option<Parting> {
+    let rel = factor_rel(l);
     let mut ranks: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
     for b in l.batches {
         let (n, root, peeled) = (b.normaliser?, b.root?, b.peeled?);
@@ -131,7 +140,7 @@ fn own_counts(l: &Leg, s: usize) -> Option<Parting> {
     }
     ranks.into_iter().find_map(|(rank, v)| {
         let apart = v.iter().any(|(n, _)| !near(*n, v[0].0, 1e-9));
-        let follows = v.iter().all(|(n, f)| near(n * f, v[0].0 * v[0].1, FACTOR_REL));
+        let follows = v.iter().all(|(n, f)| near(n * f, v[0].0 * v[0].1, rel));
         (v.len() > 1 && apart && follows).then(|| {
             let counts = v.iter().map(|(n, _)| *n).collect();
             Parting::new(
@@ -147,11 +156,12 @@ fn own_counts(l: &Leg, s: usize) -> Option<Parting> {
 /// Scaling: each rank scaled every one of its micro-batches by a factor of its own, where
 /// one process scales all of the window's alike.
 fn scaled_per_rank(l: &Leg, s: usize) -> Option<Parting> {
+    let rel = factor_rel(l);
     if l.world < 2 || l.batches.iter().any(|b| b.normaliser.is_some()) {
         return None;
     }
     let by = l.scaling_per_rank()?;
-    if by.len() < 2 || by.iter().all(|(_, f)| near(*f, by[0].1, FACTOR_REL)) {
+    if by.len() < 2 || by.iter().all(|(_, f)| near(*f, by[0].1, rel)) {
         return None;
     }
     // Each rank dividing by a count of its own (1/n_r): one process divides by them all.
@@ -208,13 +218,14 @@ fn window(l: &Leg) -> Option<f64> {
 /// held/k of its samples' mean, in one process as on W ranks (the big batch's finding, read
 /// from one run: each window's count against the divisor its losses got).
 fn short_window(l: &Leg, s: usize) -> Option<Parting> {
+    let rel = factor_rel(l);
     if scales_inside(l.trace) || !l.trace.header.loss_is_mean() || l.batches.iter().any(|b| b.normaliser.is_some()) {
         return None;
     }
     let k = window(l)?;
     let held = l.batches.len() as f64 / l.world as f64;
     (held > 0.0 && held < k && k.fract() == 0.0 && held.fract() == 0.0).then_some(())?;
-    let by_k = l.batches.iter().all(|b| b.scaling().is_some_and(|f| near(f * k, 1.0, FACTOR_REL)));
+    let by_k = l.batches.iter().all(|b| b.scaling().is_some_and(|f| near(f * k, 1.0, rel)));
     by_k.then_some(())?;
     at(s, Stage::Scaling, Numbers::WindowDivided { held: held as usize, k: k as usize })
 }
@@ -225,6 +236,7 @@ fn short_window(l: &Leg, s: usize) -> Option<Parting> {
 /// normaliser N where it counts the window over all ranks, or W times it where each rank
 /// counts its own N/W items (and DDP averages).
 fn scaling(l: &Leg, s: usize) -> Option<Parting> {
+    let rel = factor_rel(l);
     // What the roots show is not what reached the gradient there.
     if scales_inside(l.trace) {
         return None;
@@ -258,12 +270,12 @@ fn scaling(l: &Leg, s: usize) -> Option<Parting> {
     };
     let apart = l.batches.iter().find_map(|b| {
         let d = dev(b)?;
-        (!near(d, 1.0, FACTOR_REL)).then_some((b, d))
+        (!near(d, 1.0, rel)).then_some((b, d))
     });
     let (b, d) = apart?;
     let sc = b.scaling()?;
     let how = how_scaled(l, sc, d, normalised);
-    let numbers = Numbers::Scaling { ratio: d, scales: (sc / d, sc), whole: is_whole(d, FACTOR_REL), how };
+    let numbers = Numbers::Scaling { ratio: d, scales: (sc / d, sc), whole: is_whole(d, rel), how };
     at(s, Stage::Scaling, numbers)
 }
 

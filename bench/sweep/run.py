@@ -49,7 +49,7 @@ def diagnosis(report, key=None):
     got = got.get(key) or {} if key else got
     d = got.get("diagnosis") or (got.get("big_batch") or {}).get("diagnosis") or {}
     owner = d.get("owner") or {}
-    who = " ".join(x for x in (owner.get("name"), owner.get("version")) if x)
+    who = " ".join(x for x in (owner.get("name"), owner.get("version")) if x) or owner.get("kind", "")
     return {"stage": d.get("stage"), "reason": d.get("reason"), "owner": who, "detail": d.get("detail", "")}
 
 

@@ -33,11 +33,15 @@ fn command(path: &str) -> Vec<String> {
     words.split_whitespace().map(at).collect()
 }
 
-/// What a report's diagnosis says: (stage, reason, owner's name and version).
+/// What a report's diagnosis says: (stage, reason, owner's name and version, or its kind).
 fn said(report: &serde_json::Value) -> (serde_json::Value, serde_json::Value, String) {
     let d = &report["diagnosis"];
     let owner = [&d["owner"]["name"], &d["owner"]["version"]].iter().filter_map(|v| v.as_str()).collect::<Vec<_>>();
-    (d["stage"].clone(), d["reason"].clone(), owner.join(" "))
+    let owner = match owner.is_empty() {
+        true => d["owner"]["kind"].as_str().unwrap_or_default().to_string(),
+        false => owner.join(" "),
+    };
+    (d["stage"].clone(), d["reason"].clone(), owner)
 }
 
 fn as_swept(path: &str, w: u64, k: u64) {

@@ -138,12 +138,22 @@ def write_table(rows, triage, pins):
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    at = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--at=")), None)
-    at = (int(at[0]), int(at[1]), at[2]) if at else None
+    at = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--at=")), None)
+    if at is not None:
+        w, k, dtype = (at.split(",") + ["", "", ""])[:3]
+        if not (w.isdigit() and k.isdigit() and dtype in ("float32", "bf16")):
+            print(f"sweep: --at={at}: give W,K,DTYPE (DTYPE float32 or bf16), e.g. --at=2,4,float32", file=sys.stderr)
+            sys.exit(2)
+        at = (int(w), int(k), dtype)
     cfg = tomllib.load(open(os.path.join(HERE, "configs.toml"), "rb"))
     triage = tomllib.load(open(os.path.join(HERE, "triage.toml"), "rb")).get("triage", [])
     pins = [line.split("#")[0].strip() for line in open(os.path.join(HERE, "requirements.txt"))]
     pins = [p for p in pins if p]
+    known = {p["name"] for p in cfg["path"]} | {p["library"] for p in cfg["path"]}
+    unknown = [a for a in args if a not in known]
+    if unknown:
+        print(f"sweep: no path or library named {', '.join(unknown)} in bench/sweep/configs.toml", file=sys.stderr)
+        sys.exit(2)
     previous = json.load(open(RESULTS)) if os.path.exists(RESULTS) else []
     if "--table-only" not in sys.argv:
         binary = os.path.abspath(os.environ.get("DDP_VERIFY", os.path.join(ROOT, "target/debug/ddp-verify")))
